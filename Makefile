@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# Both create .venv and install what they need (pinned by constraints.txt) on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-all bench install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/probust demo
+
+# The fast suite (what CI runs first); `make test-all` adds the tests marked slow.
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_mvn.py
+	$(BIN)/python benchmarks/bench_estimators.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

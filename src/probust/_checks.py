@@ -1,0 +1,103 @@
+"""Input checks shared by every estimator: fail early, name the argument and what was expected."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+
+def check_x(x: Tensor) -> Tensor:
+    """Validate a batch of inputs [B, ...]; returns it unchanged."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape [B, ...], got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"x must have a batch dimension and at least one input dimension [B, ...], got shape {tuple(x.shape)}"
+        )
+    if x.shape[0] == 0:
+        raise ValueError("x is an empty batch (shape[0] == 0)")
+    if not x.is_floating_point():
+        raise ValueError(
+            f"x must be floating point in the units the noise is measured in, got dtype {x.dtype}; "
+            "for uint8 images use x.float() / 255"
+        )
+    if not torch.isfinite(x).all():
+        bad = (~torch.isfinite(x.flatten(1))).any(1).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"x contains NaN or inf (rows {bad}{'...' if len(bad) == 5 else ''})")
+    return x
+
+
+def check_positive_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_positive_float(value: float, name: str) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def check_logits(logits: Tensor, batch: int) -> Tensor:
+    """The model's output for a batch of ``batch`` rows must be finite logits [batch, C], C >= 2."""
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"the model must return a tensor of logits [B, C], got {type(logits).__name__}")
+    if logits.ndim != 2 or logits.shape[0] != batch:
+        raise ValueError(f"the model must return logits of shape [B, C] = [{batch}, C], got {tuple(logits.shape)}")
+    if logits.shape[1] < 2:
+        raise ValueError(f"the model must have at least 2 classes, got C = {logits.shape[1]}")
+    if not torch.isfinite(logits).all():
+        raise ValueError("the model returned NaN or inf logits")
+    return logits
+
+
+def check_target(target: Tensor | None, logits: Tensor) -> Tensor:
+    """The class whose survival is measured: given, or the clean prediction (ties refused)."""
+    batch, classes = logits.shape
+    if target is None:
+        top2 = logits.topk(2, dim=1).values
+        tied = (top2[:, 0] == top2[:, 1]).nonzero().flatten()
+        if len(tied):
+            rows = tied[:5].tolist()
+            raise ValueError(
+                f"the prediction is tied between two classes at rows {rows}{'...' if len(tied) > 5 else ''}: "
+                "p_robust is undefined there; pass target= to choose the class"
+            )
+        return logits.argmax(dim=1)
+    target = torch.as_tensor(target, device=logits.device)
+    if target.is_floating_point() or target.shape != (batch,):
+        raise ValueError(f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}")
+    target = target.long()
+    if (target < 0).any() or (target >= classes).any():
+        raise ValueError(f"target must hold class indices in [0, {classes}), got values outside it")
+    return target
+
+
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter or buffer (None for a parameter-free model)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return None
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode, and give each its own mode back afterwards."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training

@@ -1,0 +1,75 @@
+"""From a linearisation (margins c, normals u) to a probability: the mvn-cdf and mv-sigmoid maps.
+
+With Q = u S u^T (S the noise covariance), the boundary i is crossed when
+u_i . eps < -c_i, and u_i . eps ~ N(0, Q_ii). Standardising gives
+z_i = c_i / sqrt(Q_ii) and the correlation R = Q / sqrt(diag Q diag Q^T), so
+
+    mvn-cdf:    p = P(Y_i <= z_i for all i != t),  Y ~ N(0, R)
+    mv-sigmoid: p = 1 / (1 + sum_i exp(-z_i))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from probust.mvn import mvn_cdf
+from probust.noise import Noise
+
+
+@dataclass
+class Standardised:
+    """z [B, C] (+inf at the target), z_others [B, C-1], corr [B, C-1, C-1] (float64)."""
+
+    z: Tensor
+    z_others: Tensor
+    corr: Tensor
+
+
+def other_classes(target: Tensor, classes: int) -> Tensor:
+    """int64 [B, C-1]: for each point the class indices other than its target, in order."""
+    everything = torch.arange(classes, device=target.device).expand(len(target), classes)
+    return everything[everything != target[:, None]].view(len(target), classes - 1)
+
+
+def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Standardised:
+    """Boundary distances in noise units and the boundaries' correlation.
+
+    Args:
+        margin: [B, C] margins c_i (any value at the target).
+        u: [B, C, *S] boundary normals (zero at the target).
+        target: long [B].
+        noise: supplies the quadratic form u S u^T.
+
+    A boundary with zero variance (u_i S u_i^T == 0) cannot be moved by the noise: it is
+    never crossed when c_i > 0 (z_i = +inf, it drops out of the CDF) and always when
+    c_i <= 0 (z_i = -inf, p = 0).
+    """
+    q = noise.quadratic_form(u)  # [B, C, C] float64
+    var = q.diagonal(dim1=1, dim2=2)
+    scale = var.clamp_min(0).sqrt()
+    c = margin.to(torch.float64)
+    frozen = scale <= 0
+    z = torch.where(frozen, torch.where(c > 0, torch.inf, -torch.inf), c / torch.where(frozen, 1.0, scale))
+    z.scatter_(1, target[:, None], torch.inf)
+    others = other_classes(target, margin.shape[1])
+    z_others = z.gather(1, others)
+    inv = torch.where(frozen, 0.0, 1.0 / torch.where(frozen, 1.0, scale))
+    corr = q * inv[:, :, None] * inv[:, None, :]
+    eye = torch.eye(corr.shape[-1], dtype=corr.dtype, device=corr.device)
+    corr = torch.where(eye.bool(), 1.0, corr.clamp(-1.0, 1.0))
+    rows = others[:, :, None].expand(-1, -1, margin.shape[1])
+    corr = corr.gather(1, rows).gather(2, others[:, None, :].expand(-1, others.shape[1], -1))
+    return Standardised(z=z, z_others=z_others, corr=corr)
+
+
+def mv_sigmoid(z_others: Tensor) -> Tensor:
+    """1 / (1 + sum_i exp(-z_i)) over the last dimension, computed stably: float64 [...]."""
+    return torch.sigmoid(-torch.logsumexp(-z_others.to(torch.float64), dim=-1))
+
+
+def mvn_probability(std: Standardised, *, tol: float, seed: int) -> tuple[Tensor, Tensor]:
+    """P(Y <= z) for Y ~ N(0, corr): (p [B], absolute error estimate [B]), float64."""
+    return mvn_cdf(std.z_others, std.corr, tol=tol, seed=seed, return_error=True)

@@ -1,0 +1,23 @@
+"""A progress bar that costs nothing when it is off."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress(total: int, description: str, enabled: bool) -> Iterator:
+    """A tqdm bar over ``total`` units (points or model evaluations), or a no-op."""
+    if not enabled:
+        yield _Silent()
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=description, unit="eval" if total > 10**5 else "pt", dynamic_ncols=True) as bar:
+        yield bar

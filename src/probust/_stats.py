@@ -1,0 +1,41 @@
+"""Binomial confidence intervals for Monte Carlo counts."""
+
+from __future__ import annotations
+
+import torch
+from scipy import special, stats
+from torch import Tensor
+
+INTERVALS = ("wilson", "clopper-pearson")
+
+
+def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, method: str) -> tuple[Tensor, Tensor]:
+    """Two-sided interval for a binomial proportion.
+
+    Args:
+        successes, trials: int [B] counts (trials >= 1).
+        confidence: e.g. 0.95.
+        method: "wilson" (score interval) or "clopper-pearson" (exact, conservative).
+
+    Returns:
+        (low, high) float64 [B] on the counts' device.
+    """
+    k = successes.double().cpu()
+    n = trials.double().cpu()
+    alpha = 1.0 - confidence
+    if method == "wilson":
+        zq = float(special.ndtri(1.0 - alpha / 2))
+        p = k / n
+        denom = 1 + zq**2 / n
+        centre = (p + zq**2 / (2 * n)) / denom
+        half = zq * torch.sqrt(p * (1 - p) / n + zq**2 / (4 * n**2)) / denom
+        low, high = (centre - half).clamp(0, 1), (centre + half).clamp(0, 1)
+    elif method == "clopper-pearson":
+        kn, nn = k.numpy(), n.numpy()
+        low = torch.from_numpy(stats.beta.ppf(alpha / 2, kn, nn - kn + 1))
+        high = torch.from_numpy(stats.beta.ppf(1 - alpha / 2, kn + 1, nn - kn))
+        low = torch.where(k == 0, 0.0, low)
+        high = torch.where(k == n, 1.0, high)
+    else:
+        raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
+    return low.to(successes.device), high.to(successes.device)

@@ -1,0 +1,63 @@
+"""``probust.estimate``: the functional form of every estimator."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from probust.estimators import MMSE, Estimator, MonteCarlo, Softmax, Taylor
+from probust.noise import Noise
+
+METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax")
+
+
+def make_estimator(
+    method: str,
+    model: nn.Module,
+    sigma: float | Tensor | Noise | None = None,
+    *,
+    n_samples: int | None = None,
+    **kwargs,
+) -> Estimator:
+    """Build the estimator that ``method`` names, with the same arguments as :func:`estimate`."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if method == "softmax":
+        return Softmax(model, **kwargs)
+    if method == "mc":
+        return MonteCarlo(model, sigma, **({} if n_samples is None else {"n_samples": n_samples}), **kwargs)
+    cdf = "mv-sigmoid" if method.endswith("_mvs") else "mvn"
+    if method.startswith("taylor"):
+        if n_samples is not None:
+            raise ValueError(f"n_samples does not apply to method {method!r} (it uses no noise samples)")
+        return Taylor(model, sigma, cdf=cdf, **kwargs)
+    return MMSE(model, sigma, **({} if n_samples is None else {"n_samples": n_samples}), cdf=cdf, **kwargs)
+
+
+def estimate(
+    model: nn.Module,
+    x: Tensor,
+    sigma: float | Tensor | Noise | None = None,
+    method: str = "mmse",
+    *,
+    n_samples: int | None = None,
+    target: Tensor | None = None,
+    index_offset: int = 0,
+    **kwargs,
+) -> Tensor:
+    """p_robust for each row of x: the probability that the prediction survives the noise.
+
+    Args:
+        model: maps [B, *S] to logits [B, C].
+        x: float inputs [B, *S].
+        sigma: noise standard deviation per input coordinate (units of x), or a Noise.
+            Ignored by "softmax" (pass temperature= instead).
+        method: one of "mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax".
+        n_samples: Monte Carlo copies (mc, default 10,000) or MMSE copies (mmse, default 5).
+        target: long [B] classes to measure; default the clean prediction.
+        index_offset: index of row 0 in the data set (per-point random streams).
+        **kwargs: passed to the estimator (seed, batch_size, tol, temperature, ...).
+
+    Returns:
+        float64 [B], the probability of keeping the prediction.
+    """
+    return make_estimator(method, model, sigma, n_samples=n_samples, **kwargs)(x, target, index_offset=index_offset).p

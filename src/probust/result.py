@@ -1,0 +1,49 @@
+"""The value every estimator returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from torch import Tensor
+
+
+@dataclass
+class Estimate:
+    """Average-case robustness of a batch of points, with the estimator's diagnostics.
+
+    Attributes:
+        p: float64 [B], the probability that the prediction stays ``target`` under the
+            noise (the probability of *keeping* the prediction, in [0, 1]).
+        target: int64 [B], the class whose survival is measured.
+        method: the estimator's name ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", ...).
+        stderr: float64 [B], standard error of ``p`` (Monte Carlo estimators).
+        ci_low, ci_high: float64 [B], a confidence interval for ``p`` at ``confidence``.
+        confidence: the interval's confidence level.
+        n_samples: int64 [B], the number of noisy model evaluations spent on each point.
+        margin: float32 [B, C], the linearisation's margins c_i = g_i (0 at the target).
+        grad_norm: float32 [B, C], ||u_i||_2 of the linearisation's boundary normals (0 at the target).
+        z: float64 [B, C], c_i / sqrt(u_i^T S u_i): the boundary distance in noise standard
+            deviations (+inf at the target and for boundaries the noise cannot cross).
+        cdf_error: float64 [B], the estimated absolute error of the mvn-cdf evaluation.
+    """
+
+    p: Tensor
+    target: Tensor
+    method: str
+    stderr: Tensor | None = None
+    ci_low: Tensor | None = None
+    ci_high: Tensor | None = None
+    confidence: float | None = None
+    n_samples: Tensor | None = None
+    margin: Tensor | None = None
+    grad_norm: Tensor | None = None
+    z: Tensor | None = None
+    cdf_error: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.p)
+
+    def cpu(self) -> Estimate:
+        """A copy with every tensor moved to the CPU."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Estimate(**{k: v.cpu() if isinstance(v, Tensor) else v for k, v in values.items()})
