@@ -1,0 +1,15 @@
+"""Errors raised by :mod:`probust.data`."""
+
+from __future__ import annotations
+
+
+class ProbustDataError(FileNotFoundError):
+    """A data set cannot be used: its files are missing, unreadable or corrupted.
+
+    The message says which files, where they were looked for, and how to get them. It is a
+    ``FileNotFoundError`` so that callers who only care about "no usable data" catch one type.
+    """
+
+
+class DataCorruptError(ProbustDataError):
+    """A data file was found but fails a format check (magic number, size, structure)."""
