@@ -1,0 +1,241 @@
+"""``probust estimate``: score a data set into a resumable results table (see probust.runner)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_EPILOG = """\
+examples:
+  probust estimate --data fashion-mnist --model cnn.pt --sigma 0.05 0.1 0.2 \\
+      --methods mc taylor mmse taylor_mvs mmse_mvs softmax --out results/
+  probust estimate --data digits --model m.pt --sigma 0.1 --methods mc --mc-samples 100 1000 10000 \\
+      --indices 0-99 --out convergence/
+  torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
+
+Run the same command again to resume an interrupted run: only missing rows are computed.
+Read the table with probust.store.read_results(OUT) (also while the run is going).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``estimate`` sub-command."""
+    from probust.functional import METHODS
+    from probust.runner import DEFAULT_METHODS
+
+    p = subparsers.add_parser(
+        "estimate",
+        help="score a data set's points with estimators of p_robust into a results table",
+        description="Estimate p_robust, the probability that a prediction survives Gaussian noise of\n"
+        "standard deviation sigma per input coordinate, for every selected point, noise level, method\n"
+        "and sample count, into a Parquet results folder that survives interruption.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Numbers are read as strings and checked by the runner, so that a bad value gets the same
+    # one-line message (exit status 2) from the CLI and from Python.
+    what = p.add_argument_group("what to score")
+    what.add_argument(
+        "--data", required=True, metavar="NAME", help="data set: mnist, fashion-mnist, cifar10, cifar100, digits"
+    )
+    what.add_argument("--split", default="test", choices=("train", "test"), help="data set split (default: test)")
+    what.add_argument(
+        "--model",
+        required=True,
+        metavar="FILE",
+        help="probust checkpoint, TorchScript file or torch.export (.pt2) file",
+    )
+    what.add_argument(
+        "--sigma",
+        required=True,
+        nargs="+",
+        metavar="S",
+        help="noise standard deviations per input coordinate, in pixel units ([0, 1] scale)",
+    )
+    what.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        metavar="M",
+        help=f"any of {' '.join(METHODS)} (default: the paper's six, {' '.join(DEFAULT_METHODS)})",
+    )
+    what.add_argument(
+        "--mc-samples",
+        nargs="+",
+        default=["10000"],
+        metavar="M",
+        help="Monte Carlo draws per point (mc, mc_cv, mc_is); several values for convergence studies (default: 10000)",
+    )
+    what.add_argument(
+        "--mmse-samples",
+        nargs="+",
+        default=["5"],
+        metavar="N",
+        help="MMSE noisy copies per point; several values allowed (default: 5)",
+    )
+    what.add_argument("--limit", metavar="N", help="score only the first N selected points")
+    what.add_argument(
+        "--indices",
+        nargs="+",
+        metavar="SPEC",
+        help="points to score: N, A-B (inclusive), A-B:STEP, comma- or space-separated",
+    )
+    what.add_argument(
+        "--target",
+        default="prediction",
+        choices=("prediction", "label"),
+        help="class whose survival is measured (default: the clean prediction)",
+    )
+
+    how = p.add_argument_group("how")
+    how.add_argument(
+        "--device",
+        default="auto",
+        help="cpu, cuda, cuda:N or auto (default); under torchrun each rank uses cuda:LOCAL_RANK",
+    )
+    how.add_argument("--seed", default="0", metavar="S", help="seed of the per-point random streams (default: 0)")
+    how.add_argument(
+        "--batch-size", default="256", metavar="B", help="points per work unit and part file (default: 256)"
+    )
+    how.add_argument(
+        "--eval-batch-size", metavar="R", help="most inputs per forward pass inside the estimators (default: theirs)"
+    )
+    how.add_argument(
+        "--temperature", default="1.0", metavar="T", help="softmax temperature of method softmax (default: 1)"
+    )
+    how.add_argument(
+        "--tol", default="1e-4", metavar="TOL", help="absolute error tolerance of the mvn-cdf (default: 1e-4)"
+    )
+    how.add_argument(
+        "--confidence", default="0.95", metavar="LEVEL", help="level of the Monte Carlo interval (default: 0.95)"
+    )
+    how.add_argument(
+        "--interval",
+        default="wilson",
+        choices=("wilson", "clopper-pearson"),
+        help="Monte Carlo interval (default: wilson)",
+    )
+    how.add_argument(
+        "--mmse-sampling", default="centred", choices=("centred", "iid"), help="MMSE noise draws (default: centred)"
+    )
+
+    io = p.add_argument_group("input and output")
+    io.add_argument(
+        "--out", required=True, metavar="DIR", help="results folder (created); holds config.json and Parquet files"
+    )
+    io.add_argument("--overwrite", action="store_true", help="replace results of a different run in --out")
+    io.add_argument(
+        "--extend",
+        action="store_true",
+        help="add points, sigmas, methods or sample counts to a run in --out with the same data, model and settings",
+    )
+    io.add_argument(
+        "--no-merge",
+        dest="merge",
+        action="store_false",
+        help="keep one Parquet file per work unit instead of merging them into results.parquet at the end",
+    )
+    io.add_argument(
+        "--data-root",
+        metavar="DIR",
+        help="folder holding the data sets (default: $PROBUST_DATA_DIR or ~/.cache/probust/data)",
+    )
+    io.add_argument("--download", action="store_true", help="download the data set if it is not on this machine")
+    io.add_argument(
+        "--allow-pickle", action="store_true", help="accept model files that run code when loaded (torch.save(model))"
+    )
+    io.add_argument("--quiet", action="store_true", help="no progress bars or summary (errors only)")
+    p.set_defaults(func=run)
+
+
+def _int(value: str | None, name: str) -> int | None:
+    from probust.cli import UsageError
+
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{name}: expected an integer, got {value!r}") from None
+
+
+def _ints(values: list[str], name: str) -> list[int]:
+    return [_int(v, name) for v in values]  # type: ignore[misc]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``probust estimate``; returns the exit status."""
+    from probust.cli import UsageError
+    from probust.runner import ConfigError, execute, prepare
+
+    try:
+        plan = prepare(
+            data=args.data,
+            model=args.model,
+            sigmas=args.sigma,
+            methods=args.methods,
+            out=args.out,
+            split=args.split,
+            mc_samples=_ints(args.mc_samples, "--mc-samples"),
+            mmse_samples=_ints(args.mmse_samples, "--mmse-samples"),
+            limit=_int(args.limit, "--limit"),
+            indices=args.indices,
+            device=args.device,
+            seed=_int(args.seed, "--seed"),
+            batch_size=_int(args.batch_size, "--batch-size"),
+            eval_batch_size=_int(args.eval_batch_size, "--eval-batch-size"),
+            temperature=args.temperature,
+            target=args.target,
+            tol=args.tol,
+            ci_level=_float(args.confidence, "--confidence"),
+            interval=args.interval,
+            mmse_sampling=args.mmse_sampling,
+            show_progress=not args.quiet,
+            overwrite=args.overwrite,
+            extend=args.extend,
+            merge=args.merge,
+            download=args.download,
+            data_root=args.data_root,
+            allow_pickle=args.allow_pickle,
+            argv=sys.argv[1:] if sys.argv else None,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc).replace("\n", "; ")) from None
+    main = plan.world.is_main
+    if not args.quiet and main:
+        for note in plan.warnings:
+            print(f"probust estimate: warning: {note}", file=sys.stderr)
+    try:
+        summary = execute(plan)
+    except (RuntimeError, ValueError, OSError) as exc:
+        # Failures after the checks (a damaged part file, a model returning NaN, a full disk):
+        # one line, and the finished work units stay for the next run.
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"probust estimate: error: {type(exc).__name__}: {text}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if main:
+            print(
+                f"probust estimate: interrupted; finished work units are kept in {args.out}: "
+                "run the same command again to compute the rest",
+                file=sys.stderr,
+            )
+        return 130
+    if not args.quiet and main:
+        where = summary.merged if summary.merged is not None else summary.path / "parts"
+        print(
+            f"probust estimate: {summary.rows_total} rows in {where} "
+            f"({summary.rows_present} already there, {summary.rows_total - summary.rows_present} computed) "
+            f"in {summary.seconds:.1f} s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _float(value: str, name: str) -> float:
+    from probust.cli import UsageError
+
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"{name}: expected a number, got {value!r}") from None

@@ -1,0 +1,468 @@
+"""The results table on disk: Parquet parts written atomically, resumable, readable mid-run.
+
+A results folder holds::
+
+    OUT/
+      config.json        the run's configuration (data, model hash, grid, seed, versions), once
+      parts/*.parquet    one file per completed work unit, each appearing atomically
+      results.parquet    all rows in one file, after :func:`merge` (parts are then removed)
+      .lock              held by the process writing into the folder
+
+Every part is written to a hidden temporary name in ``parts/``, flushed to disk and then
+``os.replace``d into place, so a reader (or a resumed run) sees a whole part or none of it,
+whatever kills the writer. :func:`read_results` reads either layout, or both at once.
+
+Example:
+    >>> df = probust.store.read_results("results/")     # works while the run is going
+    >>> df.pivot_table(index="index", columns=["sigma", "method"], values="p")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "CONFIG_NAME",
+    "KEY",
+    "MERGED_NAME",
+    "PARTS_DIR",
+    "SCHEMA",
+    "FolderLockedError",
+    "ResultStore",
+    "merge",
+    "read_config",
+    "read_results",
+]
+
+CONFIG_NAME = "config.json"
+PARTS_DIR = "parts"
+MERGED_NAME = "results.parquet"
+_LOCK_NAME = ".lock"
+_CONFIG_META_KEY = b"probust.config"
+
+#: Columns that identify a row: one row per (point, noise level, method, sample count).
+KEY: tuple[str, ...] = ("index", "sigma", "method", "n_samples")
+
+#: The table's columns, in order (see :func:`read_results` for their meaning).
+SCHEMA = pa.schema(
+    [
+        ("index", pa.int64()),
+        ("label", pa.int64()),
+        ("prediction", pa.int64()),
+        ("target", pa.int64()),
+        ("sigma", pa.float64()),
+        ("method", pa.string()),
+        ("n_samples", pa.int64()),
+        ("p", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("stderr", pa.float64()),
+        ("confidence", pa.float64()),
+        ("cdf_error", pa.float64()),
+        ("seconds", pa.float64()),
+        ("seed", pa.int64()),
+    ]
+)
+
+
+class FolderLockedError(RuntimeError):
+    """Another process holds the results folder's lock."""
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename itself must reach the disk for a part to survive a power loss.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files readable by the owner only; results are meant to be shared like any file.
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _chmod(fd: int) -> None:
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, _FILE_MODE)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        _chmod(fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _atomic_write_table(path: Path, table: pa.Table) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _chmod(fd)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _is_data_file(path: Path) -> bool:
+    return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ResultStore:
+    """One results folder: its configuration, its parts, and their merged form.
+
+    Args:
+        path: the folder (created by :meth:`create`, not by the constructor).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_NAME
+
+    @property
+    def parts_dir(self) -> Path:
+        return self.path / PARTS_DIR
+
+    @property
+    def merged_path(self) -> Path:
+        return self.path / MERGED_NAME
+
+    # -- folder ------------------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Create the folder and its ``parts/`` subfolder (OSError if that is impossible)."""
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+
+    def data_files(self) -> list[Path]:
+        """Every file holding rows: ``results.parquet`` first, then the parts by name."""
+        files = [self.merged_path] if self.merged_path.is_file() else []
+        if self.parts_dir.is_dir():
+            files += sorted(p for p in self.parts_dir.iterdir() if _is_data_file(p))
+        return files
+
+    def has_results(self) -> bool:
+        return bool(self.data_files())
+
+    def clear(self) -> None:
+        """Remove what probust wrote here (config, parts, merged table); other files are kept."""
+        for path in self.data_files():
+            path.unlink(missing_ok=True)
+        self.remove_temporaries()
+        self.config_path.unlink(missing_ok=True)
+
+    def remove_temporaries(self) -> int:
+        """Delete half-written files left by a killed writer; returns how many there were.
+
+        Only call this while no process writes into the folder.
+        """
+        removed = 0
+        for folder in (self.path, self.parts_dir):
+            if folder.is_dir():
+                for p in folder.iterdir():
+                    if p.name.startswith(".") and p.name.endswith(".tmp"):
+                        p.unlink(missing_ok=True)
+                        removed += 1
+        return removed
+
+    def acquire_lock(self) -> None:
+        """Take the folder's lock, so two runs cannot write into it at once; the folder must
+        exist. Held until :meth:`release_lock` or the process ends (even by SIGKILL).
+
+        Raises:
+            FolderLockedError: another process holds it.
+        """
+        if self._lock_fd is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no advisory locks
+            return
+        fd = os.open(self.path / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise FolderLockedError(
+                f"{self.path} is being written by another run ({other}); wait for it, or choose another output folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+        self._lock_fd = fd
+
+    def release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """:meth:`acquire_lock` for the duration of a ``with`` block."""
+        self.acquire_lock()
+        try:
+            yield
+        finally:
+            self.release_lock()
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def read_config(self) -> dict[str, Any] | None:
+        """The folder's ``config.json``, or None when there is none."""
+        try:
+            text = self.config_path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{self.config_path} is not valid JSON ({exc})") from None
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Write ``config.json`` atomically."""
+        _atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
+
+    # -- rows --------------------------------------------------------------------------------
+
+    def write_part(self, name: str, columns: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path:
+        """Write one work unit's rows as ``parts/<name>.parquet``, atomically.
+
+        Args:
+            name: a file stem unique to the work unit (no folder, no suffix).
+            columns: one array (or list) per :data:`SCHEMA` column, all the same length; None
+                for a column with no value in this unit (written as nulls).
+            metadata: JSON-serialisable, kept in the file's key-value metadata.
+
+        Returns:
+            The path of the part.
+        """
+        table = make_table(columns)
+        if metadata is not None:
+            table = table.replace_schema_metadata({_CONFIG_META_KEY: json.dumps(metadata).encode()})
+        path = self.parts_dir / f"{name}.parquet"
+        if path.exists():  # never overwrite rows that are already there
+            path = self.parts_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.parquet"
+        _atomic_write_table(path, table)
+        return path
+
+    def _read(self, columns: Sequence[str] | None) -> pa.Table:
+        # A concurrent merge() may delete parts between listing and reading them; their rows are
+        # then in results.parquet, so list again.
+        for attempt in range(10):
+            files = self.data_files()
+            try:
+                tables = [_read_file(p, columns) for p in files]
+            except FileNotFoundError:
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            if not tables:
+                schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+                return schema.empty_table()
+            return pa.concat_tables(tables)
+        raise RuntimeError(f"{self.path}: parts kept disappearing while being read (a merge running?)")
+
+    def read(self) -> Any:
+        """All rows as a pandas DataFrame; see :func:`read_results`."""
+        return _to_frame(self._read(None))
+
+    def completed(self, frame: Any = None) -> dict[tuple[float, str, int], np.ndarray]:
+        """The point indices already stored for each (sigma, method, n_samples): sorted int64.
+
+        Args:
+            frame: rows already read with :meth:`read` (saves reading the folder again).
+        """
+        if frame is None:
+            frame = self._read(KEY).to_pandas()
+        if len(frame) == 0:
+            return {}
+        done: dict[tuple[float, str, int], np.ndarray] = {}
+        for (sigma, method, n), group in frame.groupby(["sigma", "method", "n_samples"], sort=False):
+            done[(float(sigma), str(method), int(n))] = np.unique(group["index"].to_numpy(np.int64))
+        return done
+
+    def merge(self, config: dict[str, Any] | None = None, frame: Any = None) -> Path:
+        """Compact every row into ``results.parquet`` and delete the parts; see :func:`merge`.
+
+        Args:
+            config: kept in the file's metadata; default ``config.json``.
+            frame: every row, as :meth:`read` just gave it (saves reading the folder again).
+        """
+        files = self.data_files()
+        parts = [p for p in files if p != self.merged_path]
+        if not parts and self.merged_path.is_file():
+            return self.merged_path
+        frame = self.read() if frame is None else frame
+        table = pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False)
+        config = config if config is not None else self.read_config()
+        if config is not None:
+            table = table.replace_schema_metadata({_CONFIG_META_KEY: json.dumps(config).encode()})
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write_table(self.merged_path, table)
+        # Only now that every row is safely in results.parquet may the parts go; a kill in
+        # between leaves duplicates, which readers drop.
+        for p in parts:
+            p.unlink(missing_ok=True)
+        return self.merged_path
+
+
+def _read_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    try:
+        table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # a damaged file (only possible after disk trouble): name it
+        raise ValueError(f"cannot read results file {path}: {_first_line(exc)}; delete it and run again") from None
+    schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+    return table.select(schema.names).cast(schema).replace_schema_metadata(None)
+
+
+def make_table(columns: dict[str, Any]) -> pa.Table:
+    """A :data:`SCHEMA` table from one array per column (None: all nulls).
+
+    Raises:
+        ValueError: unknown or missing columns, or columns of different lengths.
+    """
+    unknown = set(columns) - set(SCHEMA.names)
+    missing = set(SCHEMA.names) - set(columns)
+    if unknown or missing:
+        raise ValueError(
+            f"results columns do not match the schema: unknown {sorted(unknown)}, missing {sorted(missing)}"
+        )
+    lengths = {len(v) for v in columns.values() if v is not None}
+    if len(lengths) != 1:
+        raise ValueError(f"results columns have different lengths: {sorted(lengths)}")
+    (n,) = lengths
+    arrays = [
+        pa.nulls(n, field.type) if columns[field.name] is None else pa.array(columns[field.name], type=field.type)
+        for field in SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _to_frame(table: pa.Table) -> Any:
+    frame = table.to_pandas()
+    frame = frame.sort_values(list(KEY), kind="stable")
+    # A kill during merge() can leave a row both in a part and in results.parquet.
+    frame = frame.drop_duplicates(subset=list(KEY), keep="first")
+    return frame.reset_index(drop=True)
+
+
+def read_results(path: str | os.PathLike) -> Any:
+    """The results table of a run, as a pandas DataFrame, also while the run is going.
+
+    Args:
+        path: a results folder (``--out``), or one Parquet file written by probust.
+
+    Returns:
+        One row per (index, sigma, method, n_samples), sorted by those four columns (method
+        alphabetically), with a fresh RangeIndex. Rows of a work unit still being written are
+        not there yet; rows stored twice (a merge interrupted midway) appear once. Columns:
+
+        - ``index`` (int64): the point's index in the data set split.
+        - ``label`` (int64): its true class.
+        - ``prediction`` (int64): the model's class on the clean input (argmax of the logits;
+          the lowest class wins an exact tie).
+        - ``target`` (int64): the class whose survival ``p`` measures (the prediction, or the
+          label with ``target="label"``).
+        - ``sigma`` (float64): noise standard deviation per input coordinate, in the units of
+          the inputs (pixels in [0, 1]). ``softmax`` does not depend on it and is repeated for
+          every sigma so that each sigma has the same methods.
+        - ``method`` (str): one of ``probust.METHODS``: ``mc``, ``taylor``, ``mmse``,
+          ``taylor_mvs``, ``mmse_mvs``, ``softmax``, ``mc_cv``, ``mc_is``.
+        - ``n_samples`` (int64): the method's sample count: Monte Carlo draws M for ``mc``,
+          ``mc_cv`` and ``mc_is``; noisy copies N for ``mmse``/``mmse_mvs``; 0 for ``taylor``,
+          ``taylor_mvs`` and ``softmax``.
+        - ``p`` (float64): the estimate of p_robust, in [0, 1].
+        - ``ci_low``, ``ci_high`` (float64, NaN where there is none): the Monte Carlo
+          confidence interval (``mc``, ``mc_cv``, ``mc_is``; level in ``config.json``).
+        - ``stderr`` (float64, NaN where there is none): the standard error of ``p`` (same).
+        - ``confidence`` (float64): softmax probability (temperature 1) of the clean prediction.
+        - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
+          mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
+        - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
+          its points (data loading and writing excluded).
+        - ``seed`` (int64): the seed of the random streams.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: a results file is damaged.
+    """
+    path = Path(path)
+    if path.is_file():
+        return _to_frame(_read_file(path, None))
+    if not path.is_dir():
+        raise FileNotFoundError(f"no results at {path}")
+    return ResultStore(path).read()
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The configuration of a results folder (``config.json``) or of a merged Parquet file."""
+    path = Path(path)
+    if path.is_file():
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta[_CONFIG_META_KEY]) if _CONFIG_META_KEY in meta else None
+    return ResultStore(path).read_config()
+
+
+def merge(path: str | os.PathLike) -> Path:
+    """Compact a results folder's parts into one ``results.parquet`` (with the configuration
+    in its key-value metadata) and delete the parts. Safe to interrupt: rows are never lost.
+
+    A run merges its folder itself at the end, unless asked not to (``--no-merge``).
+
+    Returns:
+        The path of ``results.parquet``.
+
+    Raises:
+        FolderLockedError: a run is writing into the folder.
+    """
+    store = ResultStore(path)
+    if not store.path.is_dir():
+        raise FileNotFoundError(f"no results folder at {path}")
+    with store.lock():
+        return store.merge()

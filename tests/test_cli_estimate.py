@@ -1,0 +1,298 @@
+"""``probust estimate`` end to end: output, one-line errors (exit 2), kills and resumption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from probust import models
+from probust.cli import main
+from probust.store import read_config, read_results
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Checkpoints for scikit-learn's digits (8x8, 10 classes), which are always on the machine."""
+    folder = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    paths = {}
+    for name, arch, classes, shape in [
+        ("linear", "linear", 10, (1, 8, 8)),
+        ("cnn", "cnn", 10, (1, 8, 8)),
+        ("three", "linear", 3, (1, 8, 8)),
+        ("mnist", "linear", 10, (1, 28, 28)),
+    ]:
+        paths[name] = models.save_checkpoint(
+            folder / f"{name}.pt", models.build(arch, classes, shape), {"dataset": "digits"}
+        )
+    return paths
+
+
+def estimate(*args: str) -> int:
+    return main(["estimate", *args])
+
+
+def base(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data", "digits", "--model", str(model), "--out", str(out), "--quiet", *extra]
+
+
+def test_the_command_writes_the_table(checkpoints, tmp_path, capsys):
+    out = tmp_path / "r"
+    args = base(
+        checkpoints["linear"],
+        out,
+        "--sigma",
+        "0.1",
+        "0.2",
+        "--methods",
+        "mc",
+        "softmax",
+        "taylor_mvs",
+        "--mc-samples",
+        "20",
+        "50",
+        "--indices",
+        "0-9",
+        "30",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+    )
+    assert estimate(*args) == 0
+    assert capsys.readouterr().err == ""  # --quiet
+    df = read_results(out)
+    assert len(df) == 11 * 2 * 4 and sorted(set(df["index"]))[-1] == 30
+    assert (out / "results.parquet").is_file()
+    assert read_config(out)["run"]["dataset"] == "digits"
+
+
+def test_progress_and_summary_go_to_stderr(checkpoints, tmp_path, capsys):
+    args = [
+        "--data",
+        "digits",
+        "--model",
+        str(checkpoints["linear"]),
+        "--out",
+        str(tmp_path / "r"),
+        "--sigma",
+        "0.1",
+        "--methods",
+        "mc",
+        "--mc-samples",
+        "10",
+        "--limit",
+        "8",
+        "--no-merge",
+    ]
+    assert estimate(*args) == 0
+    err = capsys.readouterr().err
+    assert "sigma=0.1 mc n=10" in err and "pt/s" in err and "8 rows" in err
+    assert list((tmp_path / "r" / "parts").glob("*.parquet"))
+
+
+def test_a_model_trained_on_another_data_set_is_flagged(tmp_path, capsys):
+    model = models.save_checkpoint(tmp_path / "m.pt", models.build("linear", 10, (1, 8, 8)), {"dataset": "mnist"})
+    args = [
+        "--data",
+        "digits",
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "r"),
+        "--sigma",
+        "0.1",
+        "--methods",
+        "softmax",
+        "--limit",
+        "2",
+    ]
+    assert estimate(*args) == 0
+    assert "warning: the model was trained on mnist, it is scored on digits" in capsys.readouterr().err
+
+
+def test_exported_and_torchscript_models_are_accepted(checkpoints, tmp_path):
+    model, _ = models.load_model(checkpoints["linear"])
+    x = torch.zeros(2, 1, 8, 8)
+    exported = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},)), exported)
+    scripted = tmp_path / "m.ts"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.trace(model, x), scripted)
+    tables = []
+    for i, path in enumerate([checkpoints["linear"], exported, scripted]):
+        args = base(
+            path,
+            tmp_path / f"r{i}",
+            "--sigma",
+            "0.2",
+            "--methods",
+            "mc",
+            "softmax",
+            "--mc-samples",
+            "30",
+            "--limit",
+            "6",
+        )
+        assert estimate(*args) == 0
+        tables.append(read_results(tmp_path / f"r{i}").drop(columns="seconds"))
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+
+
+def _one_line_error(capsys, match: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith("probust estimate: error: ")
+    assert match in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (["--methods", "mc", "montecarlo"], "unknown method 'montecarlo'"),
+        (["--sigma", "0"], "--sigma"),
+        (["--sigma", "-0.1"], "positive"),
+        (["--sigma", "abc"], "'abc' is not a number"),
+        (["--mc-samples", "ten"], "--mc-samples"),
+        (["--indices", "0-5000"], "out of range"),
+        (["--limit", "0"], "--limit"),
+        (["--model", "three"], "num_classes is 3, expected 10"),
+        (["--model", "mnist"], "input_shape is [1, 28, 28], expected [1, 8, 8]"),
+        (["--model", "missing"], "no model file"),
+        (["--data", "imagenet"], "unknown data set 'imagenet'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(checkpoints, tmp_path, capsys, change, match):
+    opts = {"--sigma": ["0.1"], "--methods": ["mc"], "--model": ["linear"], "--data": ["digits"]}
+    opts.update({change[0]: change[1:]} if change[0] in opts else {})
+    extra = change if change[0] not in opts else []
+    model = checkpoints.get(opts["--model"][0], tmp_path / "missing.pt")
+    args = [
+        "--data",
+        *opts["--data"],
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "r"),
+        "--sigma",
+        *opts["--sigma"],
+        "--methods",
+        *opts["--methods"],
+        "--mc-samples",
+        "10",
+        "--limit",
+        "4",
+        *extra,
+    ]
+    assert estimate(*args) == 2
+    _one_line_error(capsys, match)
+    assert not list(tmp_path.glob("r/parts/*.parquet"))
+
+
+def test_a_data_set_that_is_not_on_the_machine(checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PROBUST_DATA_DIR", str(tmp_path / "nowhere"))
+    args = base(
+        checkpoints["linear"], tmp_path / "r", "--sigma", "0.1", "--data", "cifar10", "--data-root", str(tmp_path)
+    )
+    assert estimate(*args) == 2
+    _one_line_error(capsys, "cifar10 (test split) not found")
+
+
+def test_an_output_folder_that_cannot_be_written(checkpoints, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert estimate(*base(checkpoints["linear"], tmp_path / "file" / "out", "--sigma", "0.1")) == 2
+    _one_line_error(capsys, "cannot write to")
+
+
+def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, capsys):
+    args = base(checkpoints["linear"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "4")
+    assert estimate(*args) == 0
+    assert estimate(*args, "--seed", "7") == 2
+    _one_line_error(capsys, "seed: 0 there, 7 here")
+    other = base(checkpoints["cnn"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "4")
+    assert estimate(*other) == 2
+    _one_line_error(capsys, "model_sha256")
+    assert estimate(*other, "--overwrite") == 0
+    assert estimate(*args, "--overwrite", "--extend") == 2
+
+
+def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, capsys):
+    args = base(checkpoints["linear"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "8",
+                "--batch-size", "4", "--no-merge")  # fmt: skip
+    assert estimate(*args) == 0
+    part = sorted((tmp_path / "r" / "parts").glob("*.parquet"))[0]
+    part.write_bytes(b"not parquet")  # only disk trouble does this: parts are renamed into place whole
+    assert estimate(*args) == 1
+    err = capsys.readouterr().err
+    assert part.name in err and "delete it and run again" in err and err.count("\n") == 1
+
+
+# -- interruption ---------------------------------------------------------------------------------
+
+KILL_ARGS = ["--sigma", "0.1", "0.3", "--methods", "mc", "softmax", "--mc-samples", "300", "--limit", "40",
+             "--batch-size", "4", "--device", "cpu", "--seed", "3"]  # fmt: skip
+
+
+def _start(checkpoints, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "probust", "estimate", *base(checkpoints["cnn"], out, *KILL_ARGS)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_parts(proc: subprocess.Popen, out: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(list((out / "parts").glob("*.parquet"))) < count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no part files appeared"
+        time.sleep(0.005)
+
+
+def _uninterrupted(checkpoints, tmp_path):
+    torch.set_num_threads(1)  # as in the killed subprocess, so float rounding is the same
+    try:
+        assert estimate(*base(checkpoints["cnn"], tmp_path / "reference", *KILL_ARGS)) == 0
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    return read_results(tmp_path / "reference").drop(columns="seconds")
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, pytest.param(signal.SIGINT, marks=pytest.mark.slow)], ids=["SIGKILL", "SIGINT"]
+)
+def test_a_killed_run_resumes_to_the_identical_table(checkpoints, tmp_path, sig):
+    out = tmp_path / "killed"
+    proc = _start(checkpoints, out)
+    _wait_for_parts(proc, out, 3)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=60)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "run the same command again" in err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    partial = read_results(out)  # readable as it was left
+    total = 40 * 2 * 2
+    assert 0 < len(partial) < total, "the run finished before it was killed: make it longer"
+    assert not (out / "results.parquet").exists()
+
+    assert estimate(*base(checkpoints["cnn"], out, *KILL_ARGS)) == 0  # the same command again
+    resumed = read_results(out).drop(columns="seconds")
+    assert len(resumed) == total
+    assert resumed.equals(_uninterrupted(checkpoints, tmp_path))
+    assert [p for p in (out / "parts").iterdir()] == []  # merged; temporaries cleaned

@@ -1,0 +1,219 @@
+"""probust.run_estimate: the grid, per-point seeds, resumption and configuration checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import probust
+from probust.data import ImageDataset
+from probust.runner import ConfigError, ConfigMismatchError, execute, parse_indices, prepare, run_estimate
+from probust.store import ResultStore, read_config, read_results
+
+SIGMAS = [0.1, 0.3]
+FAST = ["mc", "taylor_mvs", "mmse_mvs", "softmax"]
+
+
+def tiny_data(n: int = 20, seed: int = 0) -> ImageDataset:
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, 4, 4), generator=gen, dtype=torch.uint8)
+    labels = torch.randint(0, 3, (n,), generator=gen)
+    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def run(out, **kwargs):
+    args = dict(
+        data=tiny_data(),
+        model=tiny_model(),
+        sigmas=SIGMAS,
+        methods=FAST,
+        out=out,
+        mc_samples=200,
+        mmse_samples=3,
+        batch_size=6,
+        device="cpu",
+        show_progress=False,
+    )
+    args.update(kwargs)
+    return run_estimate(**args)
+
+
+def no_time(df):
+    return df.drop(columns="seconds")
+
+
+def test_one_row_per_point_sigma_method_and_sample_count(tmp_path):
+    df = run(tmp_path / "r", mc_samples=[50, 200], limit=7)
+    assert len(df) == 7 * len(SIGMAS) * (2 + 3)
+    counts = df.groupby(["method", "n_samples"]).size().to_dict()
+    assert counts == {("mc", 50): 14, ("mc", 200): 14, ("mmse_mvs", 3): 14, ("softmax", 0): 14, ("taylor_mvs", 0): 14}
+    assert not df.duplicated(["index", "sigma", "method", "n_samples"]).any()
+    mc = df[df.method == "mc"]
+    assert ((mc.ci_low <= mc.p) & (mc.p <= mc.ci_high)).all() and mc.stderr.notna().all()
+    assert df[df.method != "mc"][["ci_low", "ci_high", "stderr"]].isna().all().all()
+    assert (df.target == df.prediction).all() and (df.seed == 0).all() and (df.seconds > 0).all()
+    assert df.p.between(0, 1).all()
+    # softmax's p is the clean prediction's confidence at temperature 1
+    soft = df[df.method == "softmax"]
+    np.testing.assert_allclose(soft.p, soft.confidence, rtol=1e-12)
+
+
+def test_rows_equal_direct_estimator_calls_at_the_true_data_set_indices(tmp_path):
+    # Sparse indices: each point must get the random stream of its own data-set index.
+    ds, model = tiny_data(), tiny_model()
+    df = run(tmp_path / "r", methods=["mc", "softmax"], indices=["2", "5-7", "15-19:2"], sigmas=[0.3])
+    chosen = [2, 5, 6, 7, 15, 17, 19]
+    assert sorted(set(df["index"])) == chosen
+    x, labels = ds.tensors()
+    for i in chosen:
+        direct = probust.MonteCarlo(model, 0.3, n_samples=200)(x[i : i + 1], index_offset=i)
+        row = df[(df["index"] == i) & (df.method == "mc")].iloc[0]
+        assert row.p == direct.p.item() and row.ci_low == direct.ci_low.item()
+        assert row.label == labels[i].item() and row.prediction == direct.target.item()
+
+
+def test_table_does_not_depend_on_the_batch_size(tmp_path):
+    # Float32 forward passes over batches of other sizes round differently (~1e-7), so only
+    # the Monte Carlo counts are exactly equal; the rest agrees to float32 precision.
+    a = no_time(run(tmp_path / "a", batch_size=4, sigmas=[0.3]))
+    b = no_time(run(tmp_path / "b", batch_size=7, eval_batch_size=5, sigmas=[0.3]))
+    mc = a.method == "mc"
+    assert a[mc].drop(columns="confidence").equals(b[mc].drop(columns="confidence"))
+    pd.testing.assert_frame_equal(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_every_method(tmp_path):
+    df = run(tmp_path / "r", methods=list(probust.METHODS), sigmas=[0.2], limit=4)
+    assert set(df.method) == set(probust.METHODS)
+    sampled = df.method.str.startswith("mc")
+    assert (df[sampled].n_samples == 200).all() and df[sampled][["ci_low", "ci_high", "stderr"]].notna().all().all()
+    assert (df[df.method.str.startswith("mmse")].n_samples == 3).all()
+    assert df[df.method.isin(["taylor", "mmse"])].cdf_error.notna().all()
+    assert df[df.method.isin(["mc", "softmax", "taylor_mvs", "mmse_mvs"])].cdf_error.isna().all()
+
+
+def test_the_default_methods_are_the_papers_six(tmp_path):
+    df = run(tmp_path / "r", methods=probust.runner.DEFAULT_METHODS, sigmas=[0.2], limit=2)
+    assert sorted(set(df.method)) == sorted(["mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax"])
+
+
+def test_resuming_computes_only_missing_rows_and_gives_the_same_table(tmp_path):
+    args = dict(data=tiny_data(), model=tiny_model(), sigmas=SIGMAS, methods=FAST, mc_samples=200, mmse_samples=3,
+                limit=12, batch_size=4, device="cpu", show_progress=False)  # fmt: skip
+    full = run_estimate(out=tmp_path / "full", **args)
+    out = tmp_path / "resumed"
+    run_estimate(out=out, merge=False, **args)
+    for p in sorted((out / "parts").glob("*.parquet"))[::3]:  # as if the run had died before these units
+        p.unlink()
+    lost = len(full) - len(read_results(out))
+    assert lost > 0
+    summary = execute(prepare(out=out, **args))
+    assert summary.rows_computed == lost and summary.rows_present == summary.rows_total - lost
+    assert no_time(read_results(out)).equals(no_time(full))
+    assert summary.merged is not None and not list((out / "parts").glob("*.parquet"))
+    assert execute(prepare(out=out, **args)).rows_computed == 0  # nothing left to do
+
+
+def test_a_different_configuration_is_refused_naming_what_differs(tmp_path):
+    out = tmp_path / "r"
+    run(out, limit=4)
+    with pytest.raises(ConfigMismatchError, match=r"seed: 0 there, 1 here") as info:
+        run(out, limit=4, seed=1)
+    assert "--overwrite" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigMismatchError, match="model_sha256"):
+        run(out, limit=4, model=tiny_model(seed=1))
+    with pytest.raises(ConfigMismatchError, match=r"sigmas: \[0.1, 0.3\] there, \[0.1\] here.*--extend"):
+        run(out, limit=4, sigmas=[0.1])
+    with pytest.raises(ConfigMismatchError, match="n_points"):
+        run(out, limit=5)
+    # the order of the arguments does not make a run different
+    assert len(run(out, limit=4, sigmas=SIGMAS[::-1], methods=FAST[::-1])) == 4 * 2 * 4
+
+
+def test_overwrite_replaces_and_extend_adds(tmp_path):
+    out = tmp_path / "r"
+    run(out, limit=4)
+    df = run(out, limit=3, seed=5, overwrite=True)
+    assert len(df) == 3 * 2 * 4 and (df.seed == 5).all()
+    extended = run(out, limit=6, seed=5, sigmas=[0.1, 0.2], extend=True)
+    assert len(extended) == 3 * 2 * 4 + 6 * 2 * 4 - 3 * 1 * 4
+    assert len(read_config(out)["requests"]) == 2
+    with pytest.raises(ConfigMismatchError, match="seed"):
+        run(out, limit=6, seed=6, extend=True)
+
+
+def test_target_label_measures_the_true_class(tmp_path):
+    df = run(tmp_path / "r", target="label", methods=["softmax"], sigmas=[0.1])
+    assert (df.target == df.label).all()
+    wrong = df[df.label != df.prediction]
+    assert len(wrong) and (wrong.p < wrong.confidence).all()
+
+
+def test_a_plain_torch_dataset_works(tmp_path):
+    ds = tiny_data()
+    x, y = ds.tensors()
+    plain = torch.utils.data.TensorDataset(x, y)
+    a = run(tmp_path / "a", data=plain, limit=5, methods=["mc"])
+    b = run(tmp_path / "b", limit=5, methods=["mc"])
+    assert no_time(a).equals(no_time(b))
+    assert read_config(tmp_path / "a")["run"]["dataset"] == "TensorDataset"
+
+
+def test_config_records_the_run(tmp_path):
+    run(tmp_path / "r", limit=5, indices="0-9")
+    cfg = read_config(tmp_path / "r")
+    assert cfg["run"]["model_sha256"] == probust.runner.hash_state_dict(tiny_model())
+    assert cfg["requests"][0]["indices"] == [[0, 5]] and cfg["requests"][0]["sigmas"] == SIGMAS
+    assert cfg["probust_version"] == probust.__version__ and cfg["torch_version"] == torch.__version__
+    assert cfg["device"] == "cpu" and cfg["history"][-1]["finished"] is not None
+    assert read_config(tmp_path / "r" / "results.parquet")["run"] == cfg["run"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"methods": ["mc", "nope"]}, "unknown method 'nope'"),
+        ({"sigmas": [0.1, 0]}, "positive"),
+        ({"sigmas": [-1]}, "positive"),
+        ({"mc_samples": 0}, "mc-samples"),
+        ({"indices": "3-1"}, "empty range"),
+        ({"indices": "25"}, "out of range"),
+        ({"model": nn.Sequential(nn.Flatten(), nn.Linear(16, 4))}, "4 classes.*3"),
+        ({"model": nn.Sequential(nn.Flatten(), nn.Linear(9, 3))}, "does not accept inputs of shape"),
+        ({"device": "cuda:9" if torch.cuda.is_available() else "cuda"}, "--device"),
+        ({"target": "other"}, "--target"),
+    ],
+)
+def test_bad_arguments_fail_before_any_work(tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        run(tmp_path / "r", **kwargs)
+    assert not list(tmp_path.glob("r/parts/*.parquet"))
+
+
+def test_an_unwritable_output_folder_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot write"):
+        run(tmp_path / "file" / "out")
+
+
+def test_parse_indices():
+    assert parse_indices(["0-3", "10,12", "20-26:3", 2]).tolist() == [0, 1, 2, 3, 10, 12, 20, 23, 26]
+    for bad in ("a", "1-", "-3", "5-2"):
+        with pytest.raises(ConfigError):
+            parse_indices(bad)
+
+
+def test_the_folder_lock_refuses_a_concurrent_run(tmp_path):
+    out = tmp_path / "r"
+    run(out, limit=2)
+    holder = ResultStore(out)
+    with holder.lock(), pytest.raises(ConfigError, match="another run"):
+        run(out, limit=2)

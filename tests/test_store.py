@@ -1,0 +1,152 @@
+"""The results folder: atomic parts, reading mid-run, merging, locking."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probust import store
+from probust.store import KEY, SCHEMA, FolderLockedError, ResultStore, read_config, read_results
+
+
+def _columns(indices, sigma=0.1, method="mc", n=100, p=None):
+    indices = np.asarray(indices, dtype=np.int64)
+    k = len(indices)
+    mc = method == "mc"
+    return {
+        "index": indices,
+        "label": indices % 3,
+        "prediction": indices % 3,
+        "target": indices % 3,
+        "sigma": np.full(k, sigma),
+        "method": [method] * k,
+        "n_samples": np.full(k, n if method in ("mc", "mmse") else 0),
+        "p": np.linspace(0, 1, k) if p is None else p,
+        "ci_low": np.zeros(k) if mc else None,
+        "ci_high": np.ones(k) if mc else None,
+        "stderr": np.full(k, 0.01) if mc else None,
+        "confidence": np.full(k, 0.9),
+        "cdf_error": None,
+        "seconds": np.full(k, 0.5),
+        "seed": np.zeros(k, dtype=np.int64),
+    }
+
+
+@pytest.fixture
+def folder(tmp_path):
+    s = ResultStore(tmp_path / "out")
+    s.create()
+    return s
+
+
+def test_parts_are_read_back_sorted_with_the_documented_columns(folder):
+    folder.write_part("b", _columns([5, 6], sigma=0.2))
+    folder.write_part("a", _columns([7, 0, 1], method="softmax"))
+    folder.write_part("c", _columns([0, 1], sigma=0.2))
+    df = read_results(folder.path)
+    assert list(df.columns) == SCHEMA.names
+    assert len(df) == 7
+    assert df[list(KEY)].equals(df[list(KEY)].sort_values(list(KEY)).reset_index(drop=True))
+    assert df["index"].dtype == np.int64 and df["p"].dtype == np.float64
+    soft = df[df.method == "softmax"]
+    assert soft["ci_low"].isna().all() and soft["stderr"].isna().all() and (soft["n_samples"] == 0).all()
+    assert df["cdf_error"].isna().all()
+    for name in SCHEMA.names:  # every documented column is in the docstring
+        assert f"``{name}``" in store.read_results.__doc__
+
+
+def test_half_written_files_are_never_read_and_are_cleaned_up(folder):
+    folder.write_part("a", _columns([0, 1]))
+    (folder.parts_dir / ".b.parquet.123.tmp").write_bytes(b"PAR1 half a file")
+    (folder.parts_dir / "notes.txt").write_text("not data")
+    assert len(read_results(folder.path)) == 2
+    assert folder.remove_temporaries() == 1
+    assert (folder.parts_dir / "notes.txt").exists()
+
+
+def test_writing_a_part_leaves_no_temporary_and_never_overwrites(folder):
+    folder.write_part("a", _columns([0, 1]))
+    second = folder.write_part("a", _columns([2, 3]))
+    assert second.name != "a.parquet"
+    assert sorted(p.name.startswith(".") for p in folder.parts_dir.iterdir()) == [False, False]
+    assert read_results(folder.path)["index"].tolist() == [0, 1, 2, 3]
+
+
+def test_merge_compacts_parts_and_keeps_the_config(folder):
+    folder.write_config({"format": "probust.results", "run": {"seed": 3}})
+    folder.write_part("a", _columns([3, 4]))
+    folder.write_part("b", _columns([0, 1, 2]))
+    before = read_results(folder.path)
+    merged = store.merge(folder.path)
+    assert merged.name == "results.parquet"
+    assert not list(folder.parts_dir.glob("*.parquet"))
+    assert read_results(folder.path).equals(before)
+    assert read_results(merged).equals(before)
+    assert read_config(merged)["run"]["seed"] == 3
+    assert pd.read_parquet(merged).shape == before.shape  # plain pandas reads it too
+
+
+def test_both_layouts_are_read_together_and_duplicates_appear_once(folder):
+    folder.write_part("a", _columns([0, 1, 2]))
+    folder.merge()
+    folder.write_part("b", _columns([2, 3]))  # index 2 again: a merge killed before deleting parts
+    df = read_results(folder.path)
+    assert df["index"].tolist() == [0, 1, 2, 3]
+    assert set(folder.completed()) == {(0.1, "mc", 100)}
+    assert folder.completed()[(0.1, "mc", 100)].tolist() == [0, 1, 2, 3]
+
+
+def test_empty_folder_gives_an_empty_table_with_the_schema(folder):
+    df = read_results(folder.path)
+    assert len(df) == 0 and list(df.columns) == SCHEMA.names
+    assert folder.completed() == {}
+    with pytest.raises(FileNotFoundError):
+        read_results(folder.path / "nope")
+
+
+def test_a_damaged_part_is_named(folder):
+    (folder.parts_dir / "x.parquet").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="x.parquet"):
+        read_results(folder.path)
+
+
+def test_bad_columns_are_refused(folder):
+    cols = _columns([0, 1])
+    del cols["seed"]
+    with pytest.raises(ValueError, match="missing"):
+        folder.write_part("a", cols)
+    cols = _columns([0, 1])
+    cols["p"] = np.zeros(3)
+    with pytest.raises(ValueError, match="lengths"):
+        folder.write_part("a", cols)
+
+
+def test_the_lock_keeps_a_second_writer_out(folder):
+    other = ResultStore(folder.path)
+    with folder.lock():
+        with pytest.raises(FolderLockedError, match="another run"):
+            other.acquire_lock()
+        with pytest.raises(FolderLockedError):
+            store.merge(folder.path)
+    with other.lock():
+        pass
+
+
+def test_clear_removes_only_what_probust_wrote(folder):
+    folder.write_config({"format": "probust.results"})
+    folder.write_part("a", _columns([0]))
+    folder.merge()
+    (folder.path / "mine.txt").write_text("keep")
+    folder.clear()
+    assert sorted(p.name for p in folder.path.iterdir() if not p.name.startswith(".")) == ["mine.txt", "parts"]
+    assert folder.read_config() is None
+
+
+def test_config_is_written_atomically_and_is_world_readable(folder):
+    folder.write_config({"a": 1})
+    assert json.loads(folder.config_path.read_text()) == {"a": 1}
+    assert folder.config_path.stat().st_mode & 0o044
+    assert [p.name for p in folder.path.iterdir() if p.name.endswith(".tmp")] == []
