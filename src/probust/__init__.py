@@ -8,11 +8,15 @@ of scale sigma. The estimators share one call convention::
     p = probust.estimate(model, x, sigma=0.1, method="taylor")
 """
 
+from probust.control_variate import MonteCarloCV
 from probust.estimators import MMSE, Estimator, MonteCarlo, Softmax, Taylor
 from probust.functional import METHODS, estimate, make_estimator
+from probust.importance import MonteCarloIS
 from probust.mvn import mvn_cdf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.result import Estimate
+from probust.robust_loss import RobustLoss
+from probust.tails import mvn_sf
 
 __version__ = "0.1.0"
 
@@ -24,7 +28,10 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "MonteCarlo",
+    "MonteCarloCV",
+    "MonteCarloIS",
     "Noise",
+    "RobustLoss",
     "Softmax",
     "Taylor",
     "Uniform",
@@ -32,4 +39,5 @@ __all__ = [
     "estimate",
     "make_estimator",
     "mvn_cdf",
+    "mvn_sf",
 ]

@@ -6,6 +6,8 @@ z_i = c_i / sqrt(Q_ii) and the correlation R = Q / sqrt(diag Q diag Q^T), so
 
     mvn-cdf:    p = P(Y_i <= z_i for all i != t),  Y ~ N(0, R)
     mv-sigmoid: p = 1 / (1 + sum_i exp(-z_i))
+
+and their complements p_fail = 1 - p, computed directly with relative accuracy.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import Tensor
 
 from probust.mvn import mvn_cdf
 from probust.noise import Noise
+from probust.tails import mvn_sf
 
 
 @dataclass
@@ -49,14 +52,16 @@ def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Stan
     """
     q = noise.quadratic_form(u)  # [B, C, C] float64
     var = q.diagonal(dim1=1, dim2=2)
-    scale = var.clamp_min(0).sqrt()
+    frozen = var <= 0
+    # The square root is taken on the safe side of the where: sqrt'(0) = inf would turn the
+    # where's zero gradient into NaN (the target's row is always frozen).
+    scale = torch.where(frozen, 1.0, var).sqrt()
     c = margin.to(torch.float64)
-    frozen = scale <= 0
-    z = torch.where(frozen, torch.where(c > 0, torch.inf, -torch.inf), c / torch.where(frozen, 1.0, scale))
-    z.scatter_(1, target[:, None], torch.inf)
+    z = torch.where(frozen, torch.where(c > 0, torch.inf, -torch.inf), c / scale)
+    z = z.scatter(1, target[:, None], torch.inf)
     others = other_classes(target, margin.shape[1])
     z_others = z.gather(1, others)
-    inv = torch.where(frozen, 0.0, 1.0 / torch.where(frozen, 1.0, scale))
+    inv = torch.where(frozen, 0.0, 1.0 / scale)
     corr = q * inv[:, :, None] * inv[:, None, :]
     eye = torch.eye(corr.shape[-1], dtype=corr.dtype, device=corr.device)
     corr = torch.where(eye.bool(), 1.0, corr.clamp(-1.0, 1.0))
@@ -73,3 +78,13 @@ def mv_sigmoid(z_others: Tensor) -> Tensor:
 def mvn_probability(std: Standardised, *, tol: float, seed: int) -> tuple[Tensor, Tensor]:
     """P(Y <= z) for Y ~ N(0, corr): (p [B], absolute error estimate [B]), float64."""
     return mvn_cdf(std.z_others, std.corr, tol=tol, seed=seed, return_error=True)
+
+
+def mv_sigmoid_fail(z_others: Tensor) -> Tensor:
+    """1 - mv_sigmoid(z) = s / (1 + s), s = sum_i exp(-z_i), with relative accuracy: float64 [...]."""
+    return torch.sigmoid(torch.logsumexp(-z_others.to(torch.float64), dim=-1))
+
+
+def mvn_fail_probability(std: Standardised, *, rtol: float, seed: int) -> tuple[Tensor, Tensor]:
+    """P(Y_i > z_i for some i), Y ~ N(0, corr): (p_fail [B], relative error [B]), float64."""
+    return mvn_sf(std.z_others.detach(), std.corr.detach(), rtol=rtol, seed=seed, return_error=True)

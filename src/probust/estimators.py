@@ -232,6 +232,9 @@ class _Linearised(Estimator):
         tol: float = 1e-4,
         class_chunk_size: int | None = None,
         batch_size: int = 256,
+        differentiable: bool = False,
+        p_fail: bool = False,
+        fail_rtol: float = 1e-2,
         **kwargs,
     ) -> None:
         super().__init__(model, batch_size=batch_size, **kwargs)
@@ -241,6 +244,13 @@ class _Linearised(Estimator):
         self.cdf = cdf
         self.tol = check_positive_float(tol, "tol")
         self.class_chunk_size = None if class_chunk_size is None else check_positive_int(class_chunk_size, "class_chunk_size")
+        if not isinstance(differentiable, bool) or not isinstance(p_fail, bool):
+            raise ValueError(f"differentiable and p_fail must be bools, got {differentiable!r} and {p_fail!r}")
+        self.differentiable = differentiable
+        self.p_fail = p_fail
+        self.fail_rtol = check_positive_float(fail_rtol, "fail_rtol")
+        if self.fail_rtol >= 1:
+            raise ValueError(f"fail_rtol must be in (0, 1), got {fail_rtol!r}")
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -264,7 +274,7 @@ class _Linearised(Estimator):
                 name: torch.cat([getattr(part, name) for part in parts])
                 if getattr(parts[0], name) is not None
                 else None
-                for name in ("p", "target", "margin", "grad_norm", "z", "cdf_error")
+                for name in ("p", "target", "margin", "grad_norm", "z", "cdf_error", "p_fail", "p_fail_error")
             },
             method=self.method,
         )
@@ -274,18 +284,26 @@ class _Linearised(Estimator):
 
     def _from_linearisation(self, target: Tensor, c: Tensor, u: Tensor) -> Estimate:
         std = _maps.standardise(c, u, target, self.noise)
+        p_fail = fail_error = None
         if self.cdf == "mvn":
             p, err = _maps.mvn_probability(std, tol=self.tol, seed=self.seed)
+            if self.p_fail:
+                p_fail, fail_error = _maps.mvn_fail_probability(std, rtol=self.fail_rtol, seed=self.seed)
         else:
             p, err = _maps.mv_sigmoid(std.z_others), None
+            if self.p_fail:  # a closed form: exact up to rounding
+                p_fail = _maps.mv_sigmoid_fail(std.z_others)
+                fail_error = torch.zeros_like(p_fail)
         return Estimate(
             p=p,
             target=target,
             method=self.method,
             margin=c,
-            grad_norm=u.flatten(2).norm(dim=2),
+            grad_norm=u.detach().flatten(2).norm(dim=2),  # a diagnostic: no graph (norm'(0) is NaN)
             z=std.z,
             cdf_error=err,
+            p_fail=p_fail,
+            p_fail_error=fail_error,
         )
 
 
@@ -301,12 +319,23 @@ class Taylor(_Linearised):
         cdf: "mvn" (multivariate normal CDF) or "mv-sigmoid" (the paper's closed form).
         tol: absolute error tolerance of the mvn-cdf.
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
+        differentiable: keep the autograd graph, so that ``r.p`` (and ``r.z``, ``r.margin``)
+            can be differentiated with respect to the model's parameters and, when it requires
+            grad, the input x (double backpropagation through the margins' Jacobian, then
+            through the mvn-cdf or the mv-sigmoid). Off by default: the graph costs memory and
+            time. The mvn-cdf's gradient holds its QMC points fixed (see :mod:`probust.mvn`).
+        p_fail: also compute ``r.p_fail`` = 1 - p directly, with relative accuracy, and its
+            relative error ``r.p_fail_error`` (:func:`probust.tails.mvn_sf`; the mv-sigmoid's
+            is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
+        fail_rtol: target relative error of ``r.p_fail``.
     """
 
     base_method = "taylor"
 
     def _linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, jacobian = logit_jacobian(self.model, x, class_chunk_size=self.class_chunk_size)
+        logits, jacobian = logit_jacobian(
+            self.model, x, class_chunk_size=self.class_chunk_size, differentiable=self.differentiable
+        )
         target = check_target(target, check_logits(logits, x.shape[0]))
         return target, margins(logits, target), margin_gradients(jacobian, target)
 
@@ -316,7 +345,9 @@ class MMSE(_Linearised):
     over N noisy copies x + eps_j, eps_j drawn from the same noise.
 
     Args:
-        model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress: see :class:`Taylor`.
+        model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
+            p_fail, fail_rtol: see :class:`Taylor`. Differentiable MMSE differentiates through the
+            N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
         n_samples: N, noisy copies per point (the paper uses 5 to 500).
         sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to
             zero and rescaled by sqrt(N / (N - 1)), so each copy is still exactly N(0, S)
@@ -364,5 +395,6 @@ class MMSE(_Linearised):
             self._draws(keys, x.shape[1:]),
             batch_size=self.batch_size,
             class_chunk_size=self.class_chunk_size,
+            differentiable=self.differentiable,
         )
         return target, c, u

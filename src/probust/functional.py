@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from probust.control_variate import MonteCarloCV
 from probust.estimators import MMSE, Estimator, MonteCarlo, Softmax, Taylor
+from probust.importance import MonteCarloIS
 from probust.noise import Noise
 
-METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax")
+#: The paper's six methods, then those beyond it: Monte Carlo with the linearised model as a
+#: control variate ("mc_cv") and importance-sampled Monte Carlo for small p_fail ("mc_is").
+METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is")
 
 
 def make_estimator(
@@ -23,8 +27,13 @@ def make_estimator(
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if method == "softmax":
         return Softmax(model, **kwargs)
+    samples = {} if n_samples is None else {"n_samples": n_samples}
     if method == "mc":
-        return MonteCarlo(model, sigma, **({} if n_samples is None else {"n_samples": n_samples}), **kwargs)
+        return MonteCarlo(model, sigma, **samples, **kwargs)
+    if method == "mc_cv":
+        return MonteCarloCV(model, sigma, **samples, **kwargs)
+    if method == "mc_is":
+        return MonteCarloIS(model, sigma, **samples, **kwargs)
     cdf = "mv-sigmoid" if method.endswith("_mvs") else "mvn"
     if method.startswith("taylor"):
         if n_samples is not None:
@@ -51,8 +60,10 @@ def estimate(
         x: float inputs [B, *S].
         sigma: noise standard deviation per input coordinate (units of x), or a Noise.
             Ignored by "softmax" (pass temperature= instead).
-        method: one of "mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax".
-        n_samples: Monte Carlo copies (mc, default 10,000) or MMSE copies (mmse, default 5).
+        method: one of :data:`METHODS`: "mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs",
+            "softmax", "mc_cv", "mc_is".
+        n_samples: Monte Carlo draws (mc, mc_cv, mc_is: default 10,000) or MMSE copies (mmse,
+            default 5).
         target: long [B] classes to measure; default the clean prediction.
         index_offset: index of row 0 in the data set (per-point random streams).
         **kwargs: passed to the estimator (seed, batch_size, tol, temperature, ...).

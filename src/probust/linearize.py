@@ -33,13 +33,15 @@ def _jacobian_torch_func(model: nn.Module, x: Tensor, class_chunk_size: int | No
     return logits, grads.transpose(0, 1)
 
 
-def _jacobian_autograd(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
-    x = x.detach().requires_grad_(True)
+def _jacobian_autograd(model: nn.Module, x: Tensor, create_graph: bool = False) -> tuple[Tensor, Tensor]:
+    if not (create_graph and x.requires_grad):
+        x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(x)
         classes = logits.shape[1]
         grads = [
-            torch.autograd.grad(logits[:, i].sum(), x, retain_graph=i < classes - 1)[0] for i in range(classes)
+            torch.autograd.grad(logits[:, i].sum(), x, retain_graph=create_graph or i < classes - 1, create_graph=create_graph)[0]
+            for i in range(classes)
         ]
     return logits, torch.stack(grads, dim=1)
 
@@ -47,14 +49,21 @@ def _jacobian_autograd(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
 _FALLBACK_WARNED: set[type] = set()
 
 
-def logit_jacobian(model: nn.Module, x: Tensor, *, class_chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
-    """Logits [B, C] and their input Jacobian [B, C, *S] at x (both detached).
+def logit_jacobian(
+    model: nn.Module, x: Tensor, *, class_chunk_size: int | None = None, differentiable: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Logits [B, C] and their input Jacobian [B, C, *S] at x.
 
     Args:
         model: maps [B, *S] to logits [B, C]; rows must be independent (eval mode).
         x: inputs [B, *S].
         class_chunk_size: how many classes' backward passes run at once (bounds memory
             for large C); None means all C together.
+        differentiable: keep the autograd graph, so that both outputs can be differentiated
+            with respect to the model's parameters and (if it requires grad) ``x``; the default
+            returns detached tensors. torch.func's vjp and vmap compose with ordinary autograd
+            on the tensors they capture, so the Jacobian's own graph is built by the same
+            vectorised pass (double backpropagation).
     """
     try:
         logits, grads = _jacobian_torch_func(model, x, class_chunk_size)
@@ -67,7 +76,9 @@ def logit_jacobian(model: nn.Module, x: Tensor, *, class_chunk_size: int | None 
                 RuntimeWarning,
                 stacklevel=3,
             )
-        logits, grads = _jacobian_autograd(model, x)
+        logits, grads = _jacobian_autograd(model, x, create_graph=differentiable)
+    if differentiable:
+        return logits, grads
     return logits.detach(), grads.detach()
 
 
@@ -98,11 +109,12 @@ def smoothed_margin_jacobian(
     *,
     batch_size: int,
     class_chunk_size: int | None = None,
+    differentiable: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The MMSE (SmoothGrad) linearisation: mean of g and of grad g over noisy copies.
 
     Args:
-        model, class_chunk_size: as in :func:`logit_jacobian`.
+        model, class_chunk_size, differentiable: as in :func:`logit_jacobian`.
         x: clean inputs [B, *S].
         target: long [B], the class whose boundaries are measured (fixed for all copies).
         eps: noise [B, N, *S]; copy j of point b is x[b] + eps[b, j].
@@ -119,12 +131,27 @@ def smoothed_margin_jacobian(
     g_sum = u_sum = None
     for first in range(0, len(rows), batch_size):
         block = slice(first, first + batch_size)
-        logits, jacobian = logit_jacobian(model, rows[block], class_chunk_size=class_chunk_size)
+        logits, jacobian = logit_jacobian(
+            model, rows[block], class_chunk_size=class_chunk_size, differentiable=differentiable
+        )
         g = margins(logits, row_target[block])
         u = margin_gradients(jacobian, row_target[block])
         if g_sum is None:
             g_sum = g.new_zeros(points, *g.shape[1:])
             u_sum = u.new_zeros(points, *u.shape[1:])
-        g_sum.index_add_(0, row_point[block], g)
-        u_sum.index_add_(0, row_point[block], u)
+        if differentiable:  # out of place: the sums carry a graph
+            g_sum = g_sum.index_add(0, row_point[block], g)
+            u_sum = u_sum.index_add(0, row_point[block], u)
+        else:
+            g_sum.index_add_(0, row_point[block], g)
+            u_sum.index_add_(0, row_point[block], u)
     return g_sum / copies, u_sum / copies
+
+
+def project(u: Tensor, eps: Tensor) -> Tensor:
+    """u_i . eps_j for every boundary and noise draw: u [B, C, *S], eps [B, n, *S] -> [B, n, C].
+
+    With margins c [B, C] this evaluates the linearised model c + u . eps at every draw: one
+    batched matrix product, far cheaper than a forward pass.
+    """
+    return torch.bmm(eps.flatten(2).to(u.dtype), u.flatten(2).transpose(1, 2))

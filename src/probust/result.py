@@ -15,7 +15,8 @@ class Estimate:
         p: float64 [B], the probability that the prediction stays ``target`` under the
             noise (the probability of *keeping* the prediction, in [0, 1]).
         target: int64 [B], the class whose survival is measured.
-        method: the estimator's name ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", ...).
+        method: the estimator's name ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax",
+            "mc_cv", "mc_is").
         stderr: float64 [B], standard error of ``p`` (Monte Carlo estimators).
         ci_low, ci_high: float64 [B], a confidence interval for ``p`` at ``confidence``.
         confidence: the interval's confidence level.
@@ -25,6 +26,15 @@ class Estimate:
         z: float64 [B, C], c_i / sqrt(u_i^T S u_i): the boundary distance in noise standard
             deviations (+inf at the target and for boundaries the noise cannot cross).
         cdf_error: float64 [B], the estimated absolute error of the mvn-cdf evaluation.
+        p_fail: float64 [B], the failure probability 1 - p computed directly, accurate in
+            *relative* terms when it is tiny (``p_fail=True`` on the analytic estimators; "mc_is").
+        p_fail_error: float64 [B], the relative error of ``p_fail``: an error bound over
+            ``p_fail`` for the analytic estimators (about 99%; 0 for closed forms), the standard
+            error over ``p_fail`` for importance sampling (inf when no failure was seen).
+        p_mc: float64 [B], "mc_cv": the plain Monte Carlo fraction over the same noise samples.
+        p_linearised: float64 [B], "mc_cv": the control variate's exact mean, the linearised
+            model's p_robust (mvn-cdf).
+        cv_beta: float64 [B], "mc_cv": the fitted control-variate coefficient.
     """
 
     p: Tensor
@@ -39,6 +49,11 @@ class Estimate:
     grad_norm: Tensor | None = None
     z: Tensor | None = None
     cdf_error: Tensor | None = None
+    p_fail: Tensor | None = None
+    p_fail_error: Tensor | None = None
+    p_mc: Tensor | None = None
+    p_linearised: Tensor | None = None
+    cv_beta: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.p)

@@ -1,0 +1,185 @@
+"""``probust train``: train one of the paper's models on a data set and save a checkpoint.
+
+Example::
+
+    probust train --data fashion-mnist --arch cnn --epochs 10 --grad-reg 0 --out models/fmnist_cnn.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from probust.cli import UsageError
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``train`` sub-command."""
+    from probust.data import DATASETS
+    from probust.models import ARCHS
+    from probust.train import DEFAULTS, SCHEDULES
+
+    defaults = ", ".join(
+        f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}" for a, d in DEFAULTS.items()
+    )
+    p = subparsers.add_parser(
+        "train",
+        help="train a model (optionally gradient-norm regularised) and save a checkpoint",
+        description="Train a model with SGD and save a checkpoint (plus <out>.json metadata) after every "
+        "epoch. Running the same command again resumes an interrupted run.",
+        epilog=f"Defaults per architecture: {defaults}.",
+    )
+    p.add_argument("--data", required=True, metavar="NAME", help=f"data set: {', '.join(DATASETS)}")
+    p.add_argument("--arch", required=True, metavar="ARCH", help=f"architecture: {', '.join(ARCHS)}")
+    p.add_argument("--out", required=True, metavar="PATH", help="checkpoint to write, e.g. models/fmnist_cnn.pt")
+    p.add_argument("--epochs", type=int, help="number of epochs (default per architecture)")
+    p.add_argument("--lr", type=float, help="initial learning rate (default per architecture)")
+    p.add_argument("--batch-size", type=int, help="batch size (default per architecture)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, help="weight decay (default per architecture)")
+    p.add_argument("--schedule", default="cosine", metavar="NAME", help=f"lr schedule: {', '.join(SCHEDULES)} (default cosine)")
+    p.add_argument(
+        "--grad-reg", type=float, default=0.0, metavar="LAMBDA",
+        help="gradient-norm regularisation weight lambda; the paper uses 0, 1e-4, 1e-3, 1e-2 (default 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--robust-loss", type=float, default=0.0, metavar="MU",
+        help="weight mu of the average-case robustness term mu * mean(-log p_robust(x)) added to the "
+        "cross-entropy (probust.RobustLoss; needs --robust-sigma; default 0: off)",
+    )  # fmt: skip
+    p.add_argument("--robust-sigma", type=float, metavar="S", help="noise sigma of --robust-loss, in pixel units")
+    p.add_argument(
+        "--robust-cdf", default="mv-sigmoid", choices=("mv-sigmoid", "mvn"),
+        help="probability map of --robust-loss: mv-sigmoid (default) or mvn (slower)",
+    )  # fmt: skip
+    p.add_argument(
+        "--robust-warmup", type=int, default=500, metavar="STEPS",
+        help="steps over which the --robust-loss weight ramps up from 0 (default 500; from scratch "
+        "the full term at once can collapse the model to a constant classifier)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed for initialisation and shuffling (default 0)")
+    aug = p.add_mutually_exclusive_group()
+    aug.add_argument("--augment", dest="augment", action="store_true", default=None, help="random crop + flip (default: CIFAR only)")
+    aug.add_argument("--no-augment", dest="augment", action="store_false", help="no data augmentation")
+    p.add_argument("--root", metavar="DIR", help="data folder (default $PROBUST_DATA_DIR or ~/.cache/probust/data)")
+    p.add_argument("--download", action="store_true", help="download the data set if it is not found locally")
+    p.add_argument("--pretrained", metavar="NAME_OR_DIR", help="vit only: pretrained Hugging Face checkpoint to fine-tune")
+    p.add_argument(
+        "--arch-kwargs", metavar="JSON", default="{}",
+        help='architecture options as a JSON object, e.g. \'{"pool": false}\' or \'{"dropout": 0.25}\' for cnn, '
+        '\'{"config": {"hidden_size": 192}}\' for vit',
+    )  # fmt: skip
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default auto)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default torch's choice)")
+    p.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if --out holds a run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from probust.data import canonical_name
+    from probust.models import check_arch
+    from probust.train import SCHEDULES
+
+    try:
+        args.data = canonical_name(args.data)
+        check_arch(args.arch)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.schedule not in SCHEDULES:
+        raise UsageError(f"--schedule: unknown schedule {args.schedule!r}; known schedules: {', '.join(SCHEDULES)}")
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    for flag, value in (("--lr", args.lr),):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"{flag} must be a positive number, got {value}")
+    for flag, value in (("--grad-reg", args.grad_reg), ("--weight-decay", args.weight_decay)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise UsageError(f"{flag} must be >= 0, got {value}")
+    if not (args.robust_loss >= 0 and math.isfinite(args.robust_loss)):
+        raise UsageError(f"--robust-loss must be >= 0, got {args.robust_loss}")
+    if args.robust_loss > 0 and args.robust_sigma is None:
+        raise UsageError("--robust-loss needs --robust-sigma S, the noise level whose p_robust is trained")
+    if args.robust_sigma is not None and not (args.robust_sigma > 0 and math.isfinite(args.robust_sigma)):
+        raise UsageError(f"--robust-sigma must be a positive number, got {args.robust_sigma}")
+    if args.robust_warmup < 0:
+        raise UsageError(f"--robust-warmup must be >= 0, got {args.robust_warmup}")
+    if not 0 <= args.momentum < 1:
+        raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
+    if args.pretrained is not None and args.arch != "vit":
+        raise UsageError("--pretrained applies to --arch vit only")
+    try:
+        args.arch_kwargs = json.loads(args.arch_kwargs)
+    except ValueError as exc:
+        raise UsageError(f"--arch-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(args.arch_kwargs, dict):
+        raise UsageError(f"--arch-kwargs must be a JSON object, got {args.arch_kwargs!r}")
+    if args.device != "auto":
+        import torch
+
+        try:
+            dev = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise UsageError(f"--device: not a device: {args.device!r}; use cpu, cuda, cuda:N or auto") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device}: CUDA is not available here; use cpu or auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``probust train``; returns the exit status."""
+    _check(args)
+    from probust.data import ProbustDataError
+    from probust.models import CheckpointError
+    from probust.train import train
+
+    arch_kwargs = dict(args.arch_kwargs)
+    if args.pretrained:
+        arch_kwargs["pretrained"] = args.pretrained
+    extra_loss = None
+    if args.robust_loss > 0:
+        from probust.robust_loss import RobustLoss
+
+        extra_loss = RobustLoss(args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup)
+    try:
+        result = train(
+            dataset=args.data,
+            arch=args.arch,
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            grad_reg=args.grad_reg,
+            seed=args.seed,
+            out=args.out,
+            resume=args.resume,
+            device=args.device,
+            show_progress=not args.quiet,
+            momentum=args.momentum,
+            weight_decay=args.weight_decay,
+            schedule=args.schedule,
+            augment=args.augment,
+            root=args.root,
+            download=args.download,
+            arch_kwargs=arch_kwargs,
+            num_threads=args.threads,
+            extra_loss=extra_loss,
+        )
+    except (ProbustDataError, CheckpointError, ImportError, FloatingPointError) as exc:
+        # Not usage errors: the command was fine, the data, files or installation are not.
+        print(f"probust train: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # settings only training can check, e.g. an unknown --arch-kwargs key
+        raise UsageError(str(exc)) from None
+    if not args.quiet:
+        meta = result.meta
+        acc = meta.get("test_accuracy")
+        acc_text = f"test accuracy {acc:.4f}" if acc is not None else "no test split"
+        print(
+            f"{result.path}: {meta['arch']} on {meta['dataset']}, lambda={meta['grad_reg']:g}, "
+            f"{meta['epochs_completed']} epochs, {acc_text}, {meta.get('train_seconds', 0):.0f} s"
+            + (f", extra loss {meta['extra_loss']}" if meta.get("extra_loss") else "")
+        )
+    return 0

@@ -1,0 +1,205 @@
+"""Importance-sampling Monte Carlo for small failure probabilities (method ``"mc_is"``).
+
+Plain Monte Carlo needs ~100 / p_fail draws to see p_fail = 1 - p_robust at all. Here the draws
+come from a mixture centred on the linearised decision boundaries, where failures happen, and
+are reweighted by the Gaussian density ratio, so the estimate stays unbiased for any model.
+
+For Gaussian noise N(0, S) and a linearised boundary c_i + u_i . eps = 0 (Taylor at x by
+default), the most likely crossing point is delta_i = -(c_i / q_i) S u_i with q_i = u_i S u_i^T,
+at Mahalanobis distance z_i = c_i / sqrt(q_i). The proposal is
+
+    g = a N(0, S) + (1 - a) sum_i pi_i N(delta_i, S),      pi_i proportional to Phi(-z_i),
+
+(the defensive share ``a`` bounds every weight by 1 / a, so a model that fails where no
+linearised boundary points still gets a finite-variance estimate), and the weight of a draw is
+
+    w(eps) = 1 / (a + (1 - a) sum_i pi_i exp(-(c_i / q_i) u_i . eps - z_i^2 / 2)),
+
+which needs only the projections u_i . eps (no inverse covariance). With F = [argmax f(x + eps)
+!= t], p_fail = E_g[w F], estimated by the sample mean with a CLT interval; the relative error
+reported is the standard error over the estimate. ``components=1`` keeps only the nearest
+boundary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy import special
+from torch import Tensor, nn
+
+from probust import _maps, _rng
+from probust._checks import check_positive_int
+from probust._progress import progress
+from probust.control_variate import LINEARISATIONS
+from probust.estimators import MMSE, Estimator, Taylor
+from probust.linearize import plan_blocks, project
+from probust.noise import Gaussian, Noise, as_noise
+from probust.result import Estimate
+
+# Derived from the reserved control stream so the two draws of a sample (which component,
+# and the Gaussian around it) are independent of each other and of every other estimator's.
+_STREAM_NOISE = _rng.STREAM_CONTROL
+_STREAM_COMPONENT = (_rng.STREAM_CONTROL << 8) | 1
+
+
+def covariance_times(noise: Gaussian, u: Tensor) -> Tensor:
+    """S u for boundary normals u [B, C, *S] under Gaussian noise N(0, S): same shape, u's dtype."""
+    if noise.sigma is not None:
+        return noise.sigma**2 * u
+    if noise.std is not None:
+        return u * noise.std.to(u.device, u.dtype) ** 2
+    flat = u.flatten(2).to(torch.float64) @ noise.cov.to(u.device)
+    return flat.to(u.dtype).view_as(u)
+
+
+class MonteCarloIS(Estimator):
+    """p_fail (and p = 1 - p_fail) by importance sampling around the linearised boundaries.
+
+    Args:
+        model, batch_size, seed, show_progress: see :class:`probust.Estimator`.
+        sigma: noise standard deviation per input coordinate, or a Gaussian Noise.
+        n_samples: draws per point.
+        linearisation: "taylor" (default) or "mmse": where the proposal's components sit.
+        mmse_samples: copies of the MMSE linearisation.
+        components: keep only this many most likely boundaries (by Phi(-z_i)); None: all.
+        defensive: share ``a`` of the draws from the nominal noise (0 <= a < 1).
+        confidence: level of the interval.
+        tol, jacobian_batch_size, class_chunk_size: passed to the linearisation.
+
+    Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p = 1 - p_fail``,
+    ``p_fail``, ``p_fail_error`` (standard error / p_fail; inf when no failure was drawn,
+    where the interval is degenerate), ``stderr``, ``ci_low``/``ci_high`` (CLT, for p),
+    ``n_samples``, ``z``.
+    """
+
+    method = "mc_is"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise = None,
+        n_samples: int = 10_000,
+        *,
+        linearisation: str = "taylor",
+        mmse_samples: int = 5,
+        components: int | None = None,
+        defensive: float = 0.1,
+        confidence: float = 0.95,
+        tol: float = 1e-4,
+        batch_size: int = 4096,
+        jacobian_batch_size: int = 256,
+        class_chunk_size: int | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, batch_size=batch_size, **kwargs)
+        self.noise = as_noise(sigma)
+        if not isinstance(self.noise, Gaussian):
+            raise ValueError(
+                f"mc_is needs Gaussian noise (its weights are Gaussian density ratios), got {type(self.noise).__name__}"
+            )
+        self.n_samples = check_positive_int(n_samples, "n_samples")
+        if linearisation not in LINEARISATIONS:
+            raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
+        self.components = None if components is None else check_positive_int(components, "components")
+        if not 0 <= defensive < 1:
+            raise ValueError(f"defensive must be in [0, 1), got {defensive!r}")
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        self.defensive = float(defensive)
+        self.confidence = confidence
+        self.linearisation = linearisation
+        common = dict(tol=tol, batch_size=jacobian_batch_size, class_chunk_size=class_chunk_size, seed=self.seed)
+        self.linear = (
+            Taylor(model, self.noise, **common)
+            if linearisation == "taylor"
+            else MMSE(model, self.noise, n_samples=mmse_samples, **common)
+        )
+
+    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
+        self.noise.check_shape(x.shape[1:])
+        parts = []
+        chunk = self.linear._points_per_chunk()
+        with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
+            for first in range(0, x.shape[0], chunk):
+                rows = slice(first, min(first + chunk, x.shape[0]))
+                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
+                parts.append(self._estimate_chunk(x[rows], chunk_target, indices[rows], bar))
+        names = ("p", "target", "stderr", "ci_low", "ci_high", "n_samples", "z", "p_fail", "p_fail_error")
+        return Estimate(
+            **{name: torch.cat([getattr(part, name) for part in parts]) for name in names},
+            method=self.method,
+            confidence=self.confidence,
+        )
+
+    def _proposal(self, target: Tensor, c: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Mixture log-weights [B, 1 + C] (nominal first), shifts delta [B, C, *S], the
+        coefficients (c_i / q_i [B, C], z_i^2 / 2 [B, C]) of the density ratio (float64), and z."""
+        q = self.noise.quadratic_form(u).diagonal(dim1=1, dim2=2)
+        std = _maps.standardise(c, u, target, self.noise)
+        usable = torch.isfinite(std.z)  # not the target, not a boundary the noise cannot move
+        safe_q = torch.where(usable, q, 1.0)
+        ratio = torch.where(usable, c.to(torch.float64) / safe_q, 0.0)
+        half_z2 = torch.where(usable, std.z, 0.0) ** 2 / 2
+        log_pi = torch.where(usable, torch.special.log_ndtr(-std.z), -torch.inf)
+        if self.components is not None and self.components < log_pi.shape[1]:
+            kth = log_pi.topk(self.components, dim=1).values[:, -1:]
+            log_pi = torch.where(log_pi >= kth, log_pi, -torch.inf)
+        any_boundary = torch.isfinite(log_pi).any(1, keepdim=True)
+        log_pi = torch.where(any_boundary, log_pi - torch.logsumexp(log_pi, 1, keepdim=True), -torch.inf)
+        # No movable boundary: all draws nominal (the estimate is then plain Monte Carlo).
+        share = torch.where(any_boundary, self.defensive, 1.0)
+        log_mix = torch.cat([share.log(), (1 - share).log() + log_pi], dim=1)
+        delta = -(ratio[:, :, None].to(u.dtype) * covariance_times(self.noise, u).flatten(2)).view_as(u)
+        return log_mix, delta, ratio, half_z2, std.z
+
+    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar) -> Estimate:
+        target, c, u = self.linear._linearise(x, target, indices)
+        log_mix, delta, ratio, half_z2, z = self._proposal(target, c, u)
+        noise_keys = _rng.point_keys(self.seed, indices, _STREAM_NOISE)
+        component_keys = _rng.point_keys(self.seed, indices, _STREAM_COMPONENT)
+        shape = x.shape[1:]
+        batch = x.shape[0]
+        sum_w = torch.zeros(batch, dtype=torch.float64, device=x.device)
+        sum_w2 = torch.zeros_like(sum_w)
+        cumulative = log_mix.exp().cumsum(1)
+        with torch.no_grad():
+            for points, first, count in plan_blocks(batch, self.n_samples, self.batch_size):
+                pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]
+                which = torch.searchsorted(cumulative[points], pick.contiguous(), right=True)
+                which = which.clamp_max(cumulative.shape[1] - 1)  # rounding of the last cumsum
+                shift = torch.cat([torch.zeros_like(delta[points, :1]), delta[points]], dim=1)
+                eps = self.noise.sample(noise_keys[points], first, count, shape)
+                eps = eps + shift.gather(1, which.view(*which.shape, *([1] * len(shape))).expand(-1, -1, *shape))
+                logits = self.model((x[points, None] + eps).view(-1, *shape))
+                fail = logits.argmax(dim=1).view(-1, count) != target[points, None]
+                proj = project(u[points], eps).to(torch.float64)  # [P, n, C]
+                exponent = -ratio[points, None, :] * proj - half_z2[points, None, :]
+                log_g = torch.logsumexp(
+                    torch.cat([log_mix[points, None, :1].expand(-1, count, -1), log_mix[points, None, 1:] + exponent], 2),
+                    dim=2,
+                )
+                w = torch.where(fail, torch.exp(-log_g), 0.0)
+                sum_w[points] += w.sum(1)
+                sum_w2[points] += (w * w).sum(1)
+                bar.update(fail.numel())
+        n = float(self.n_samples)
+        p_fail = sum_w / n
+        var = ((sum_w2 / n - p_fail**2) * n / max(n - 1, 1)).clamp_min(0.0)
+        stderr = torch.sqrt(var / n)
+        half = float(special.ndtri(1 - (1 - self.confidence) / 2)) * stderr
+        rel = torch.where(p_fail > 0, stderr / torch.where(p_fail > 0, p_fail, 1.0), math.inf)
+        p = (1 - p_fail).clamp(0.0, 1.0)
+        return Estimate(
+            p=p,
+            target=target,
+            method=self.method,
+            stderr=stderr,
+            ci_low=(1 - p_fail - half).clamp(0.0, 1.0),
+            ci_high=(1 - p_fail + half).clamp(0.0, 1.0),
+            n_samples=torch.full((batch,), self.n_samples, dtype=torch.int64, device=x.device),
+            z=z,
+            p_fail=p_fail,
+            p_fail_error=rel,
+        )
