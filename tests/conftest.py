@@ -17,6 +17,15 @@ def linear_model(d: int, classes: int, seed: int = 0) -> nn.Linear:
     return model
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Two OpenMP threads on a shared 2-core machine are many times slower than one.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def make_linear():
     return linear_model

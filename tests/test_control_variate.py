@@ -18,14 +18,6 @@ from probust.control_variate import cv_statistics
 from conftest import linear_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two OpenMP threads on a shared 2-core machine are many times slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def _toy(seed: int = 0) -> nn.Module:
     """A small tanh network on R^10 with 4 classes: clearly non-linear at sigma ~ 0.3."""

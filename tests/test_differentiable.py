@@ -21,13 +21,6 @@ import probust
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def _correlation(k: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)

@@ -14,14 +14,6 @@ from torch import nn
 import probust.models as pm
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two OpenMP threads on a shared 2-core machine are many times slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def _inputs(shape, batch=3, seed=0):
     return torch.rand((batch, *shape), generator=torch.Generator().manual_seed(seed))

@@ -15,16 +15,6 @@ from probust.mvn import mvn_cdf
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: the suite runs next to scipy oracles (and on shared machines), where
-    torch's thread pool is oversubscribed and many small ops slow down badly. The batching test
-    below also runs with more threads on purpose."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # --------------------------------------------------------------------------------------------
 # problem generators and oracles

@@ -23,14 +23,6 @@ from conftest import linear_model
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two OpenMP threads on a shared 2-core machine are many times slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def _orthogonal_fail(z: np.ndarray) -> float:
     """1 - prod Phi(z_i) = -expm1(sum log1p(-Phi(-z_i))): no cancellation."""

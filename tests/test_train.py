@@ -30,14 +30,6 @@ FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 QUICK = {"epochs": 1, "lr": 0.05, "batch_size": 64, "show_progress": False}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two OpenMP threads on a shared 2-core machine are many times slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(scope="module")
 def digits():

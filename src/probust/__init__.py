@@ -20,6 +20,15 @@ from probust.tails import mvn_sf
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # run_estimate pulls in pandas and pyarrow: import it only when it is asked for.
+    if name == "run_estimate":
+        from probust.runner import run_estimate
+
+        return run_estimate
+    raise AttributeError(f"module 'probust' has no attribute {name!r}")
+
 __all__ = [
     "METHODS",
     "MMSE",
@@ -40,4 +49,5 @@ __all__ = [
     "make_estimator",
     "mvn_cdf",
     "mvn_sf",
+    "run_estimate",
 ]
