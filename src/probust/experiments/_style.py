@@ -123,6 +123,19 @@ def lambda_label(lam: float | None) -> str:
     return "λ=0" if lam == 0 else f"λ={lam:g}"
 
 
+def method_boxplot(ax, data: Sequence, positions, width: float, method: str) -> None:
+    """Boxes (5-95% whiskers, mean as a diamond) of one estimator, in its colour, with a legend entry."""
+    boxes = ax.boxplot(
+        data, positions=positions, widths=width * 0.85, whis=(5, 95), showfliers=False, patch_artist=True,
+        showmeans=True, meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white", "markeredgecolor": "black"},
+        medianprops={"color": "black", "linewidth": 1},
+    )  # fmt: skip
+    for box in boxes["boxes"]:
+        box.set_facecolor(method_color(method))
+        box.set_alpha(0.75)
+    ax.plot([], [], color=method_color(method), linewidth=6, alpha=0.75, label=method_label(method))
+
+
 def sigma_label() -> str:
     return "noise σ (per pixel, pixel values in [0, 1])"
 

@@ -105,16 +105,7 @@ def _plot(run: Run, stem: Path) -> Path:
                 keep = [i for i, d in enumerate(data) if d.size]
                 if not keep:
                     continue
-                bp = ax.boxplot(
-                    [data[i] for i in keep], positions=pos[keep], widths=width * 0.85, whis=(5, 95), showfliers=False,
-                    patch_artist=True, showmeans=True, meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white",
-                                                                  "markeredgecolor": "black"},
-                    medianprops={"color": "black", "linewidth": 1},
-                )  # fmt: skip
-                for box in bp["boxes"]:
-                    box.set_facecolor(_style.method_color(method))
-                    box.set_alpha(0.75)
-                ax.plot([], [], color=_style.method_color(method), linewidth=6, alpha=0.75, label=_style.method_label(method))
+                _style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
             ax.set_xticks(range(len(classes)))
             if row == len(sigmas) - 1:
                 ax.set_xticklabels([names[c] if c < len(names) else str(c) for c in classes], rotation=25 if len(classes) > 6 else 0,
