@@ -296,3 +296,13 @@ def test_a_killed_run_resumes_to_the_identical_table(checkpoints, tmp_path, sig)
     assert len(resumed) == total
     assert resumed.equals(_uninterrupted(checkpoints, tmp_path))
     assert [p for p in (out / "parts").iterdir()] == []  # merged; temporaries cleaned
+
+
+def test_p_fail_option_fills_the_p_fail_column(checkpoints, tmp_path):
+    out = tmp_path / "r"
+    args = base(checkpoints["linear"], out, "--sigma", "0.05", "--methods", "taylor_mvs", "mc", "mc_is",
+                "--mc-samples", "50", "--indices", "0-3", "--device", "cpu", "--p-fail")  # fmt: skip
+    assert estimate(*args) == 0
+    df = read_results(out)
+    assert df[df.method != "mc"].p_fail.notna().all() and df[df.method == "mc"].p_fail.isna().all()
+    assert read_config(out)["run"]["p_fail"] is True

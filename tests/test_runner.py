@@ -217,3 +217,84 @@ def test_the_folder_lock_refuses_a_concurrent_run(tmp_path):
     holder = ResultStore(out)
     with holder.lock(), pytest.raises(ConfigError, match="another run"):
         run(out, limit=2)
+
+
+NEWER = ["p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta"]
+
+
+def test_the_estimates_newer_fields_are_stored_where_the_method_has_them(tmp_path):
+    methods = ["mc", "taylor", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is"]
+    df = run(tmp_path / "r", methods=methods, sigmas=[0.3], limit=4, p_fail=True)
+    has = df[NEWER].notna()
+    fail = df.method.isin(["taylor", "taylor_mvs", "mmse_mvs", "mc_is"])
+    cv = df.method == "mc_cv"
+    assert has[fail][["p_fail", "p_fail_error"]].all().all() and not has[~fail][["p_fail", "p_fail_error"]].any().any()
+    assert has[cv][["p_mc", "p_linearised", "cv_beta"]].all().all()
+    assert not has[~cv][["p_mc", "p_linearised", "cv_beta"]].any().any()
+    # the values are the estimators' own, at the points' data-set indices
+    ds, model = tiny_data(), tiny_model()
+    x, _ = ds.tensors()
+    rows = df.set_index(["method", "index"]).sort_index()
+    direct = {
+        "taylor": probust.Taylor(model, 0.3, p_fail=True)(x[:4]),
+        "mc_is": probust.MonteCarloIS(model, 0.3, n_samples=200)(x[:4]),
+        "mc_cv": probust.MonteCarloCV(model, 0.3, n_samples=200)(x[:4]),
+    }
+    for method, r in direct.items():
+        names = ["p_mc", "p_linearised", "cv_beta"] if method == "mc_cv" else ["p_fail", "p_fail_error"]
+        for name in names:
+            np.testing.assert_allclose(rows.loc[method][name].to_numpy(), getattr(r, name).numpy(), rtol=1e-5, atol=1e-9)
+    # without the option the analytic methods leave p_fail out; mc_is always has it
+    df = run(tmp_path / "s", methods=["taylor", "mc_is"], sigmas=[0.3], limit=4)
+    assert df[df.method == "taylor"].p_fail.isna().all() and df[df.method == "mc_is"].p_fail.notna().all()
+    assert read_config(tmp_path / "s")["run"]["p_fail"] is False
+
+
+def test_p_fail_is_a_run_setting(tmp_path):
+    out = tmp_path / "r"
+    run(out, limit=4, methods=["taylor_mvs"])
+    with pytest.raises(ConfigMismatchError, match=r"p_fail: False there, True here"):
+        run(out, limit=4, methods=["taylor_mvs"], p_fail=True, extend=True)
+    with pytest.raises(ConfigError, match="--p-fail"):
+        run(tmp_path / "s", p_fail="yes")
+
+
+def _make_old(out) -> None:
+    """Turn a results folder into one written before the newer columns and the p_fail setting."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from probust import store
+
+    config = json.loads((out / "config.json").read_text())
+    del config["run"]["p_fail"]
+    (out / "config.json").write_text(json.dumps(config))
+    for path in [out / "results.parquet", *(out / "parts").glob("*.parquet")]:
+        if path.is_file():
+            table = pq.read_table(path)
+            meta = table.schema.metadata
+            table = table.drop_columns(list(store.OPTIONAL_COLUMNS)).replace_schema_metadata(meta)
+            pq.write_table(table, path)
+
+
+def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
+    args = dict(methods=["mc", "taylor_mvs"], limit=8, sigmas=[0.3])
+    out = tmp_path / "r"
+    full = run(tmp_path / "full", **args)
+    run(out, merge=False, **args)
+    parts = sorted((out / "parts").glob("*.parquet"))
+    parts[0].unlink()  # as if the run had died before this unit
+    _make_old(out)
+    old = read_results(out)
+    lost = len(full) - len(old)
+    assert old[NEWER].isna().all().all() and lost > 0
+    # resume: the missing rows are computed, the table is the uninterrupted run's
+    summary = execute(prepare(out=out, data=tiny_data(), model=tiny_model(), mc_samples=200, mmse_samples=3,
+                              batch_size=6, device="cpu", show_progress=False, **args))  # fmt: skip
+    assert summary.rows_computed == lost
+    assert no_time(read_results(out)).equals(no_time(full))
+    # extend with mc_is: its rows carry p_fail, the old rows stay null
+    df = run(out, extend=True, **{**args, "methods": ["mc", "taylor_mvs", "mc_is"]})
+    assert df[df.method == "mc_is"].p_fail.notna().all() and df[df.method != "mc_is"].p_fail.isna().all()
+    assert "p_fail" not in read_config(out)["run"]  # the folder's config is kept as it was

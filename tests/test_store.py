@@ -150,3 +150,44 @@ def test_config_is_written_atomically_and_is_world_readable(folder):
     assert json.loads(folder.config_path.read_text()) == {"a": 1}
     assert folder.config_path.stat().st_mode & 0o044
     assert [p.name for p in folder.path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _old_table(columns: dict):
+    """A table in the first results format: no optional columns."""
+    table = store.make_table(columns)
+    return table.drop_columns(list(store.OPTIONAL_COLUMNS))
+
+
+def test_the_estimate_fields_are_nullable_columns_that_may_be_left_out(folder):
+    cols = _columns([0, 1, 2], method="mc_is")
+    cols["p_fail"] = np.array([1e-9, 0.0, 2e-3])
+    cols["p_fail_error"] = np.array([0.01, np.inf, 0.1])
+    folder.write_part("a", cols)
+    folder.write_part("b", _columns([0, 1]))  # no optional column given: nulls
+    df = read_results(folder.path)
+    is_ = df[df.method == "mc_is"]
+    assert is_.p_fail.tolist() == [1e-9, 0.0, 2e-3] and np.isinf(is_.p_fail_error.iloc[1])
+    assert df[df.method == "mc"][list(store.OPTIONAL_COLUMNS)].isna().all().all()
+    assert df[["p_mc", "p_linearised", "cv_beta"]].isna().all().all()
+    assert all(df[c].dtype == np.float64 for c in store.OPTIONAL_COLUMNS)
+
+
+def test_files_written_before_the_optional_columns_still_read_and_merge(folder):
+    import pyarrow.parquet as pq
+
+    pq.write_table(_old_table(_columns([0, 1])), folder.merged_path)
+    pq.write_table(_old_table(_columns([2, 3])), folder.parts_dir / "old.parquet")
+    cols = _columns([4], method="mc_is")
+    cols["p_fail"] = np.array([1e-6])
+    folder.write_part("new", cols)
+    df = read_results(folder.path)
+    assert list(df.columns) == SCHEMA.names and len(df) == 5
+    assert df.p_fail.isna().sum() == 4 and df.p_fail.dropna().tolist() == [1e-6]
+    assert folder.completed()[(0.1, "mc", 100)].tolist() == [0, 1, 2, 3]
+    merged = folder.merge()
+    assert pq.read_schema(merged).names == SCHEMA.names
+    pd.testing.assert_frame_equal(read_results(merged), df)
+    # a file lacking a column that was always there is not a probust file
+    pq.write_table(_old_table(_columns([5])).drop_columns(["seed"]), folder.parts_dir / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet lacks the columns \['seed'\]"):
+        read_results(folder.path)

@@ -39,3 +39,20 @@ def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, meth
     else:
         raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
     return low.to(successes.device), high.to(successes.device)
+
+
+def upper_rate(k: Tensor, n: Tensor | float, level: float) -> Tensor:
+    """One-sided Clopper-Pearson upper bound of a binomial rate from k successes in n trials.
+
+    Args:
+        k: counts [B] (any numeric dtype).
+        n: trials, [B] or a scalar (>= 1).
+        level: e.g. 0.975: P(rate <= bound) >= level.
+
+    Returns:
+        float64 [B] on k's device; 1 where k == n.
+    """
+    kk = k.double().cpu().numpy()
+    nn_ = torch.as_tensor(n, dtype=torch.float64).cpu().numpy() + 0 * kk
+    bound = torch.from_numpy(stats.beta.ppf(level, kk + 1, (nn_ - kk).clip(min=1e-300))).to(k.device)
+    return torch.where(torch.from_numpy(kk >= nn_).to(k.device), 1.0, bound)

@@ -36,12 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from scipy import special, stats
+from scipy import special
 from torch import Tensor, nn
 
 from probust import _maps, _rng
 from probust._checks import check_positive_float, check_positive_int
 from probust._progress import progress
+from probust._stats import upper_rate
 from probust.estimators import MMSE, Estimator, Taylor
 from probust.linearize import plan_blocks, project
 from probust.noise import Noise, as_noise
@@ -96,7 +97,7 @@ def cv_statistics(
     dof = torch.where(x_varies, nf - 2, nf - 1).clamp_min(1.0)
     disagree = (sy + sx - 2 * sxy).to(torch.float64)
     alpha = 1.0 - confidence
-    q_up = _upper_rate(disagree, nf, 1.0 - alpha / 2)
+    q_up = upper_rate(disagree, nf, 1.0 - alpha / 2)
     s2 = torch.maximum(sse / dof, q_up - disagree / nf)
     stderr = torch.sqrt(s2 / nf)
     half = float(special.ndtri(1.0 - alpha / 2)) * stderr + beta.abs() * mu_error
@@ -108,13 +109,6 @@ def cv_statistics(
         beta=beta,
         p_mc=p_mc,
     )
-
-
-def _upper_rate(k: Tensor, n: Tensor, level: float) -> Tensor:
-    """One-sided Clopper-Pearson upper bound of a binomial rate k / n at ``level``."""
-    kk, nn_ = k.cpu().numpy(), n.cpu().numpy()
-    bound = torch.from_numpy(stats.beta.ppf(level, kk + 1, (nn_ - kk).clip(min=1e-300))).to(k.device)
-    return torch.where(k >= n, 1.0, bound)
 
 
 class MonteCarloCV(Estimator):

@@ -28,6 +28,7 @@ QMC points held fixed (the variable ordering is a detached, discrete choice).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -94,13 +95,75 @@ def mvn_cdf(
     points held fixed (exact for k_eff <= 2); the variable ordering and the number of samples a
     point used are discrete choices made without gradient.
     """
+    problem = _prepare(upper, cov, tol=tol, max_samples=max_samples, seed=seed)
+    p, err = _mvn_cdf_flat(problem)
+    p, err = problem.unflatten(p), problem.unflatten(err)
+    return (p, err) if return_error else p
+
+
+# --------------------------------------------------------------------------------------------
+# the checked, standardised problem (shared with probust.tails)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A checked batch of problems about X ~ N(0, cov) and bounds ``upper``, flattened to [n, k]
+    and standardised: what :func:`mvn_cdf` and :func:`probust.tails.mvn_sf` both start from.
+
+    Attributes:
+        upper: float64 [n, k], the bounds as given (+-inf kept).
+        z: float64 [n, k], upper_i / sd_i where upper_i is finite, 0 elsewhere (no infinity
+            reaches autograd); sd_i is taken as 1 for zero-variance coordinates.
+        corr: float64 [n, k, k], the correlation matrix of the symmetrised cov (clamped to
+            [-1, 1], 1 on the diagonal).
+        frozen: bool [n, k], zero variance: X_i == 0 exactly.
+        finite: bool [n, k], upper_i is finite.
+        batch_shape: the broadcast batch shape, n = its product.
+        tol, max_samples, seed: the checked options.
+    """
+
+    upper: Tensor
+    z: Tensor
+    corr: Tensor
+    frozen: Tensor
+    finite: Tensor
+    batch_shape: torch.Size
+    tol: float
+    max_samples: int
+    seed: int
+
+    @property
+    def limits(self) -> Tensor:
+        """float64 [n, k] standardised bounds with their meaning kept: +inf never crossed
+        (an infinite bound, or X_i == 0 <= upper_i), -inf always crossed."""
+        crossed = torch.where(self.upper < 0, -torch.inf, torch.inf)
+        return torch.where(self.frozen, crossed, torch.where(self.finite, self.z, self.upper))
+
+    def unflatten(self, values: Tensor) -> Tensor:
+        """[n] -> [*batch_shape]."""
+        return values.reshape(self.batch_shape)
+
+
+def _prepare(
+    upper: Tensor, cov: Tensor, *, tol: float = 1e-4, max_samples: int = 200_000, seed: int = 0
+) -> _Problem:
+    """Check the inputs and options (ValueError naming the argument), broadcast, flatten and
+    standardise them: the one entry point of every public function over (upper, cov)."""
     upper, cov, batch_shape = _check_inputs(upper, cov)
     tol, max_samples, seed = _check_options(tol, max_samples, seed)
     k = upper.shape[-1]
     n = math.prod(batch_shape)
-    p, err = _mvn_cdf_flat(upper.reshape(n, k), cov.reshape(n, k, k), tol, max_samples, seed)
-    p, err = p.reshape(batch_shape), err.reshape(batch_shape)
-    return (p, err) if return_error else p
+    upper, cov = upper.reshape(n, k), cov.reshape(n, k, k)
+    cov = 0.5 * (cov + cov.mT)  # symmetric use of both triangles -> a symmetric gradient
+    var = cov.diagonal(dim1=-2, dim2=-1)
+    frozen = (var <= 0).detach()  # X_i == 0 exactly
+    sd = torch.sqrt(torch.where(frozen, 1.0, var))
+    finite = torch.isfinite(upper)
+    z = torch.where(finite, upper, 0.0) / sd  # infinities kept out of autograd
+    corr = (cov / (sd[:, :, None] * sd[:, None, :])).clamp(-1.0, 1.0)
+    eye = torch.eye(k, dtype=torch.bool, device=upper.device)
+    corr = torch.where(eye, 1.0, corr)
+    return _Problem(upper, z, corr, frozen, finite, batch_shape, tol, max_samples, seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,25 +272,16 @@ def _ndtr(x: Tensor) -> Tensor:
 # reduction of each point to its effective problem
 
 
-def _mvn_cdf_flat(
-    upper: Tensor, cov: Tensor, tol: float, max_samples: int, seed: int
-) -> tuple[Tensor, Tensor]:
-    """upper [B, k], cov [B, k, k] float64 -> (p [B], err [B])."""
+def _mvn_cdf_flat(problem: _Problem) -> tuple[Tensor, Tensor]:
+    """A prepared problem [n, k] -> (p [n], err [n]), float64."""
+    upper, z, corr, frozen, finite = problem.upper, problem.z, problem.corr, problem.frozen, problem.finite
+    tol, max_samples, seed = problem.tol, problem.max_samples, problem.seed
     n, k = upper.shape
     device = upper.device
     p = torch.ones(n, dtype=torch.float64, device=device)
     err = torch.zeros(n, dtype=torch.float64, device=device)
     if n == 0 or k == 0:
         return p, err
-    cov = 0.5 * (cov + cov.mT)  # symmetric use of both triangles -> a symmetric gradient
-    var = cov.diagonal(dim1=-2, dim2=-1)
-    frozen = (var <= 0).detach()  # X_i == 0 exactly
-    sd = torch.sqrt(torch.where(frozen, 1.0, var))
-    finite = torch.isfinite(upper)
-    z = torch.where(finite, upper, 0.0) / sd  # infinities kept out of autograd
-    corr = (cov / (sd[:, :, None] * sd[:, None, :])).clamp(-1.0, 1.0)
-    eye = torch.eye(k, dtype=torch.bool, device=device)
-    corr = torch.where(eye, 1.0, corr)
 
     with torch.no_grad():
         dead = (upper == -torch.inf) | (frozen & (upper < 0))
@@ -661,12 +715,14 @@ class _Recomputed(torch.autograd.Function):
         return (None, None, *(next(grads) if need else None for need in ctx.needs_input_grad[2:]))
 
 
-def _qmc_cdf(z: Tensor, corr: Tensor, pad: Tensor, *, target: Tensor, max_samples: int,
+def _qmc_cdf(z: Tensor, corr: Tensor, pad: Tensor | None = None, *, target: Tensor, max_samples: int,
              seed: int) -> tuple[Tensor, Tensor]:
-    """Adaptive randomised QMC for a group of problems with k_eff >= 3.
+    """Adaptive randomised QMC for a group of problems with k_eff >= 3 (also the engine of
+    :mod:`probust.tails`' orthant terms).
 
     Args:
-        z: [G, K] standardised bounds; corr: [G, K, K]; pad: [G, K] (see _genz_bretz_cholesky).
+        z: [G, K] standardised finite bounds; corr: [G, K, K] correlations; pad: [G, K] padding
+            coordinates (see _genz_bretz_cholesky), None: none.
         target: [G] error at which a problem stops.
         max_samples: cap on samples per problem; seed: the randomisation.
 
@@ -687,6 +743,8 @@ def _qmc_cdf(z: Tensor, corr: Tensor, pad: Tensor, *, target: Tensor, max_sample
     whole regions, so it is not trusted to stop before _MIN_FOLDED points per replicate.
     """
     g, kk = z.shape
+    if pad is None:
+        pad = torch.zeros(g, kk, dtype=torch.bool, device=z.device)
     fac = _factorise(z, corr, pad)
     needs_grad = torch.is_grad_enabled() and (z.requires_grad or corr.requires_grad)
     reps = _REPLICATES

@@ -42,7 +42,7 @@ from probust._checks import eval_mode
 from probust._stats import INTERVALS
 from probust.estimators import MMSE
 from probust.functional import METHODS, make_estimator
-from probust.store import ResultStore, read_results
+from probust.store import OPTIONAL_COLUMNS, ResultStore, read_results
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -65,6 +65,11 @@ TARGETS = ("prediction", "label")
 MMSE_SAMPLINGS = MMSE.SAMPLINGS
 _FORMAT = "probust.results"
 _FORMAT_VERSION = 1
+#: Settings added to ``config.json``'s "run" after the first format, with the value a folder
+#: written before them implicitly has (compared as such, so such folders still resume).
+_SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False}
+#: The analytic methods that compute ``p_fail`` on request (``p_fail=True``, ``--p-fail``).
+P_FAIL_METHODS = ("taylor", "mmse", "taylor_mvs", "mmse_mvs")
 
 
 class ConfigError(ValueError):
@@ -133,6 +138,7 @@ class RunPlan:
     mmse_sampling: str
     show_progress: bool
     merge: bool
+    p_fail: bool = False
     warnings: list[str] = field(default_factory=list)
 
     def blocks(self) -> list[np.ndarray]:
@@ -513,12 +519,14 @@ def _compare(old: dict[str, Any], new: dict[str, Any], extend: bool, path: Path)
         raise ConfigMismatchError(
             f"{path}/config.json is not a probust results configuration; use --overwrite to replace it"
         )
-    # Everything under "run" must match: the data, the model and the settings of the estimators.
-    keys = list(new["run"]) + [k for k in old["run"] if k not in new["run"]]
+    # Everything under "run" must match: the data, the model and the settings of the estimators
+    # (a setting newer than the folder's config counts as its default there).
+    old_run = {**_SETTING_DEFAULTS, **old["run"]}
+    keys = list(new["run"]) + [k for k in old_run if k not in new["run"]]
     diffs = [
-        f"{k}: {_show(old['run'].get(k))} there, {_show(new['run'].get(k))} here"
+        f"{k}: {_show(old_run.get(k))} there, {_show(new['run'].get(k))} here"
         for k in keys
-        if old["run"].get(k) != new["run"].get(k)
+        if old_run.get(k) != new["run"].get(k)
     ]
     if diffs:
         raise ConfigMismatchError(
@@ -611,6 +619,7 @@ def prepare(
     ci_level: float = 0.95,
     interval: str = "wilson",
     mmse_sampling: str = "centred",
+    p_fail: bool = False,
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,
@@ -652,6 +661,9 @@ def prepare(
     ):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    if not isinstance(p_fail, (bool, np.bool_)):
+        raise ConfigError(f"--p-fail: must be True or False, got {p_fail!r}")
+    p_fail = bool(p_fail)
     if overwrite and extend:
         raise ConfigError("--overwrite and --extend exclude each other")
     selected = parse_indices(indices) if indices is not None else None
@@ -687,6 +699,7 @@ def prepare(
                 "ci_level": ci_level,
                 "interval": interval,
                 "mmse_sampling": mmse_sampling,
+                "p_fail": p_fail,
             }
             request = _request(sigmas_, methods_, mc_, mmse_, selected)
             config = _new_config(ds, split, model_info, settings, request, dev, world)
@@ -808,6 +821,8 @@ def _make_estimator(plan: RunPlan, task: Task):
         kwargs.update(n_samples=task.n_samples, tol=plan.tol, sampling=plan.mmse_sampling)
     else:
         kwargs["tol"] = plan.tol
+    if task.method in P_FAIL_METHODS and plan.p_fail:
+        kwargs["p_fail"] = True
     sigma = None if task.method == "softmax" else task.sigma
     return make_estimator(task.method, plan.model, sigma, **kwargs)
 
@@ -821,7 +836,7 @@ def _accepts_indices(estimator_type: type) -> bool:
         return False
 
 
-_FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error")
+_FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *OPTIONAL_COLUMNS)
 
 
 def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) -> dict[str, np.ndarray | None]:
@@ -894,6 +909,7 @@ def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo
             "stderr": est["stderr"],
             "confidence": confidence.numpy(),
             "cdf_error": est["cdf_error"],
+            **{name: est[name] for name in OPTIONAL_COLUMNS},
             "seconds": np.full(n, seconds),
             "seed": np.full(n, plan.seed, dtype=np.int64),
         },
@@ -1022,6 +1038,7 @@ def run_estimate(
     ci_level: float = 0.95,
     interval: str = "wilson",
     mmse_sampling: str = "centred",
+    p_fail: bool = False,
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,
@@ -1061,10 +1078,19 @@ def run_estimate(
         temperature: softmax temperature of the "softmax" method.
         target: "prediction" (p of keeping the clean prediction, the paper's definition) or
             "label" (p of predicting the true class).
-        tol: absolute error tolerance of the mvn-cdf ("taylor", "mmse").
+        tol: absolute error tolerance of the mvn-cdf ("taylor", "mmse", and the linearisation
+            inside "mc_cv" and "mc_is").
         ci_level: level of the Monte Carlo confidence interval.
-        interval: "wilson" or "clopper-pearson".
+        interval: "wilson" or "clopper-pearson" (method "mc"; "mc_cv" and "mc_is" give their
+            own intervals at ``ci_level``, see :class:`probust.MonteCarloCV` and
+            :class:`probust.MonteCarloIS`).
         mmse_sampling: "centred" or "iid" (see :class:`probust.MMSE`).
+        p_fail: also compute the failure probability 1 - p directly, with relative accuracy,
+            for the analytic methods (taylor, mmse, taylor_mvs, mmse_mvs; columns ``p_fail``
+            and ``p_fail_error``, see :func:`probust.store.read_results`). Free for the
+            mv-sigmoid; for the mvn-cdf up to C - 1 extra QMC integrals per point, so off by
+            default. ``mc_is`` always fills these columns. A run setting: a folder computed
+            without it cannot be extended with it (use another ``out``, or ``overwrite``).
         show_progress: a progress bar per (sigma, method, sample count).
         overwrite: replace the results of a different run in ``out``.
         extend: add this grid (more points, sigmas, methods, sample counts) to a folder holding

@@ -36,6 +36,7 @@ __all__ = [
     "CONFIG_NAME",
     "KEY",
     "MERGED_NAME",
+    "OPTIONAL_COLUMNS",
     "PARTS_DIR",
     "SCHEMA",
     "FolderLockedError",
@@ -70,10 +71,20 @@ SCHEMA = pa.schema(
         ("stderr", pa.float64()),
         ("confidence", pa.float64()),
         ("cdf_error", pa.float64()),
+        ("p_fail", pa.float64()),
+        ("p_fail_error", pa.float64()),
+        ("p_mc", pa.float64()),
+        ("p_linearised", pa.float64()),
+        ("cv_beta", pa.float64()),
         ("seconds", pa.float64()),
         ("seed", pa.int64()),
     ]
 )
+
+#: Columns added after the first results format (the Estimate fields of "mc_cv", "mc_is" and
+#: ``p_fail``): a writer may leave them out and files written before them still read, both
+#: giving nulls.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta")
 
 
 class FolderLockedError(RuntimeError):
@@ -275,7 +286,8 @@ class ResultStore:
         Args:
             name: a file stem unique to the work unit (no folder, no suffix).
             columns: one array (or list) per :data:`SCHEMA` column, all the same length; None
-                for a column with no value in this unit (written as nulls).
+                for a column with no value in this unit (written as nulls). Columns of
+                :data:`OPTIONAL_COLUMNS` may be left out (nulls too).
             metadata: JSON-serialisable, kept in the file's key-value metadata.
 
         Returns:
@@ -351,24 +363,34 @@ class ResultStore:
 
 
 def _read_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
     try:
-        table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+        with pq.ParquetFile(path) as parquet:
+            present = set(parquet.schema_arrow.names)
+            table = parquet.read(columns=[c for c in schema.names if c in present])
     except FileNotFoundError:
         raise
     except Exception as exc:  # a damaged file (only possible after disk trouble): name it
         raise ValueError(f"cannot read results file {path}: {_first_line(exc)}; delete it and run again") from None
-    schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+    absent = [name for name in schema.names if name not in present]
+    required = [name for name in absent if name not in OPTIONAL_COLUMNS]
+    if required:
+        raise ValueError(f"results file {path} lacks the columns {required}; it was not written by probust")
+    # A file written before the optional columns existed: they are null in its rows.
+    for name in absent:
+        table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
     return table.select(schema.names).cast(schema).replace_schema_metadata(None)
 
 
 def make_table(columns: dict[str, Any]) -> pa.Table:
-    """A :data:`SCHEMA` table from one array per column (None: all nulls).
+    """A :data:`SCHEMA` table from one array per column (None, or an optional column left out:
+    all nulls).
 
     Raises:
         ValueError: unknown or missing columns, or columns of different lengths.
     """
     unknown = set(columns) - set(SCHEMA.names)
-    missing = set(SCHEMA.names) - set(columns)
+    missing = set(SCHEMA.names) - set(columns) - set(OPTIONAL_COLUMNS)
     if unknown or missing:
         raise ValueError(
             f"results columns do not match the schema: unknown {sorted(unknown)}, missing {sorted(missing)}"
@@ -378,7 +400,9 @@ def make_table(columns: dict[str, Any]) -> pa.Table:
         raise ValueError(f"results columns have different lengths: {sorted(lengths)}")
     (n,) = lengths
     arrays = [
-        pa.nulls(n, field.type) if columns[field.name] is None else pa.array(columns[field.name], type=field.type)
+        pa.nulls(n, field.type)
+        if columns.get(field.name) is None
+        else pa.array(columns[field.name], type=field.type)
         for field in SCHEMA
     ]
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
@@ -424,9 +448,23 @@ def read_results(path: str | os.PathLike) -> Any:
         - ``confidence`` (float64): softmax probability (temperature 1) of the clean prediction.
         - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
           mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
+        - ``p_fail`` (float64, NaN where there is none): the failure probability 1 - p computed
+          directly, accurate in relative terms when tiny: ``mc_is`` always; ``taylor``,
+          ``mmse``, ``taylor_mvs``, ``mmse_mvs`` when the run asked for it (``p_fail=True``,
+          ``--p-fail``). Sort by it to rank the most robust points.
+        - ``p_fail_error`` (float64, NaN where there is none): the relative error of
+          ``p_fail``: an error bound over ``p_fail`` for the analytic methods (about 99%; 0
+          for the mv-sigmoid's closed form), the standard error over ``p_fail`` for ``mc_is``
+          (inf when no failure was drawn).
+        - ``p_mc``, ``p_linearised``, ``cv_beta`` (float64, NaN where there is none):
+          ``mc_cv`` only: the plain Monte Carlo fraction over the same draws, the linearised
+          model's p_robust (the control variate's exact mean) and the fitted coefficient.
         - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
           its points (data loading and writing excluded).
         - ``seed`` (int64): the seed of the random streams.
+
+        The columns from ``p_fail`` to ``cv_beta`` (:data:`OPTIONAL_COLUMNS`) came after the
+        first results format: files written before them read with nulls there.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.

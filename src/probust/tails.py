@@ -24,8 +24,6 @@ QMC terms) over p_fail.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -64,44 +62,27 @@ def mvn_sf(
     """
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
-    upper, cov, batch_shape = _mvn._check_inputs(upper, cov)
-    _, max_samples, seed = _mvn._check_options(1e-4, max_samples, seed)
-    k = upper.shape[-1]
-    n = math.prod(batch_shape)
     with torch.no_grad():
-        p, err = _sf_flat(upper.reshape(n, k), cov.reshape(n, k, k), rtol, max_samples, seed)
-    p, err = p.reshape(batch_shape), err.reshape(batch_shape)
+        problem = _mvn._prepare(upper, cov, max_samples=max_samples, seed=seed)
+        p, err = _sf_flat(problem, rtol)
+    p, err = problem.unflatten(p), problem.unflatten(err)
     return (p, err) if return_error else p
 
 
-def _ndtr(x: Tensor) -> Tensor:
-    """Phi(x) with relative accuracy in the lower tail.
-
-    torch.special.ndtr loses relative accuracy there on CPU (about 2e-6 at x = -7, 2% at -8);
-    erfc does not.
-    """
-    return 0.5 * torch.special.erfc(-x / math.sqrt(2.0))
+# Phi(x) with relative accuracy in the lower tail (erfc; torch.special.ndtr loses it on CPU:
+# about 2e-6 at x = -7, 2% at -8).
+_ndtr = _mvn._ndtr
 
 
-def _standardise(upper: Tensor, cov: Tensor) -> tuple[Tensor, Tensor]:
-    """z [n, k] (+inf: never crossed, -inf: always) and correlation [n, k, k]."""
-    var = cov.diagonal(dim1=-2, dim2=-1)
-    frozen = var <= 0  # X_i == 0 exactly: crossed iff upper_i < 0
-    sd = torch.where(frozen, 1.0, var).sqrt()
-    z = torch.where(frozen, torch.where(upper < 0, -torch.inf, torch.inf), upper / sd)
-    corr = (cov / (sd[:, :, None] * sd[:, None, :])).clamp(-1.0, 1.0)
-    eye = torch.eye(cov.shape[-1], dtype=torch.bool, device=cov.device)
-    return z, torch.where(eye, 1.0, corr)
-
-
-def _sf_flat(upper: Tensor, cov: Tensor, rtol: float, max_samples: int, seed: int) -> tuple[Tensor, Tensor]:
-    """upper [n, k], cov [n, k, k] float64 -> (p_fail [n], relative error [n])."""
-    n, k = upper.shape
-    device = upper.device
+def _sf_flat(problem: _mvn._Problem, rtol: float) -> tuple[Tensor, Tensor]:
+    """A prepared problem [n, k] -> (p_fail [n], relative error [n]), float64."""
+    max_samples, seed = problem.max_samples, problem.seed
+    n, k = problem.upper.shape
+    device = problem.upper.device
     if n == 0 or k == 0:
         zeros = torch.zeros(n, dtype=torch.float64, device=device)
         return zeros, zeros.clone()
-    z, corr = _standardise(upper, cov)
+    z, corr = problem.limits, problem.corr  # z: +inf never crossed, -inf always
     z, order = z.sort(dim=1)  # largest tail first; +inf (never crossed) last
     corr = corr.gather(1, order[:, :, None].expand(-1, -1, k)).gather(2, order[:, None, :].expand(-1, k, -1))
     tails = _ndtr(-z)  # [n, k], the bound of each term
@@ -140,8 +121,6 @@ def _orthant_term(z: Tensor, corr: Tensor, tol: Tensor, max_samples: int, seed: 
     The sign of Y_m is flipped, making it an orthant probability, integrated by the adaptive QMC
     of :mod:`probust.mvn` with a per-problem absolute tolerance ``tol`` [G].
     """
-    g, d = z.shape
-    sign = torch.ones(d, dtype=torch.float64, device=z.device)
+    sign = torch.ones(z.shape[1], dtype=torch.float64, device=z.device)
     sign[-1] = -1.0
-    pad = torch.zeros(g, d, dtype=torch.bool, device=z.device)
-    return _mvn._qmc_cdf(z * sign, corr * sign[:, None] * sign[None, :], pad, target=tol, max_samples=max_samples, seed=seed)
+    return _mvn._qmc_cdf(z * sign, corr * sign[:, None] * sign[None, :], target=tol, max_samples=max_samples, seed=seed)

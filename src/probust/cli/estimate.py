@@ -11,6 +11,7 @@ examples:
       --methods mc taylor mmse taylor_mvs mmse_mvs softmax --out results/
   probust estimate --data digits --model m.pt --sigma 0.1 --methods mc --mc-samples 100 1000 10000 \\
       --indices 0-99 --out convergence/
+  probust estimate --data digits --model m.pt --sigma 0.02 --methods taylor mc_is --p-fail --out tails/
   torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
 
 Run the same command again to resume an interrupted run: only missing rows are computed.
@@ -118,6 +119,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     how.add_argument(
         "--mmse-sampling", default="centred", choices=("centred", "iid"), help="MMSE noise draws (default: centred)"
     )
+    how.add_argument(
+        "--p-fail",
+        action="store_true",
+        help="also compute p_fail = 1 - p directly, with relative accuracy, for taylor, mmse, taylor_mvs and "
+        "mmse_mvs (columns p_fail, p_fail_error; up to C-1 extra mvn integrals per point for taylor and mmse)",
+    )
 
     io = p.add_argument_group("input and output")
     io.add_argument(
@@ -190,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
             ci_level=_float(args.confidence, "--confidence"),
             interval=args.interval,
             mmse_sampling=args.mmse_sampling,
+            p_fail=args.p_fail,
             show_progress=not args.quiet,
             overwrite=args.overwrite,
             extend=args.extend,
