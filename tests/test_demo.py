@@ -24,7 +24,8 @@ def test_quick_configuration_is_tiny_and_default_follows_the_paper_grid():
 def test_model_specs_train_the_family_and_score_pool_and_convergence_on_the_main_models(tmp_path):
     cfg = demo.config_for("fashion-mnist")
     specs = {s["name"]: s for s in demo._model_specs(cfg, tmp_path)}
-    assert set(specs) == {"fashion-mnist-linear", *(f"fashion-mnist-cnn-lambda{v}" for v in ("0", "0.001", "0.01", "0.1"))}
+    robust = f"fashion-mnist-cnn-robust1-sigma{cfg.robust_sigma:g}"
+    assert set(specs) == {"fashion-mnist-linear", robust, *(f"fashion-mnist-cnn-lambda{v}" for v in ("0", "0.001", "0.01", "0.1"))}
     main_cnn = specs["fashion-mnist-cnn-lambda0"]
     assert len(main_cnn["requests"]) == 3  # main grid, pool, convergence
     assert main_cnn["requests"][0]["methods"] == list(demo.PAPER_METHODS)
@@ -34,6 +35,55 @@ def test_model_specs_train_the_family_and_score_pool_and_convergence_on_the_main
     assert specs["fashion-mnist-linear"]["requests"][1]["mc_samples"][-1] == 100_000
     # the checkpoint's name records what it was trained with, so other settings never reuse it
     assert specs["fashion-mnist-cnn-lambda0.01"]["checkpoint"].endswith("fashion-mnist-cnn-lambda0.01-e1-nall-s0.pt")
+
+
+def test_robust_loss_cnns_are_trained_like_the_family_and_scored_on_its_grid(tmp_path):
+    cfg = demo.config_for("fashion-mnist", robust_mus=(0.5, 2.0))
+    specs = {s["name"]: s for s in demo._model_specs(cfg, tmp_path)}
+    member = specs["fashion-mnist-cnn-lambda0.01"]
+    for mu in ("0.5", "2"):
+        s = specs[f"fashion-mnist-cnn-robust{mu}-sigma{cfg.robust_sigma:g}"]
+        assert s["grad_reg"] == 0 and s["epochs"] == member["epochs"] and s["requests"] == member["requests"]
+        assert s["robust"] == {"mu": float(mu), "sigma": cfg.robust_sigma, "max_points": cfg.robust_max_points, "warmup": cfg.robust_warmup}
+        # the checkpoint's name records mu and sigma (the loss's other settings are checked when resuming)
+        assert s["checkpoint"].endswith(f"fashion-mnist-cnn-robust{mu}-sigma{cfg.robust_sigma:g}-e1-nall-s0.pt")
+    assert cfg.robust_sigma in cfg.sigmas
+    assert not any(s.get("robust") for s in demo._model_specs(demo.config_for("fashion-mnist", robust_mus=()), tmp_path))
+    quick = demo.config_for("fashion-mnist", quick=True)
+    assert quick.robust_mus and quick.robust_sigma in quick.sigmas
+    assert sum(bool(s.get("robust")) for s in demo._model_specs(quick, tmp_path)) == 1
+
+
+def test_the_robust_loss_ramps_up_over_a_fraction_of_the_training_steps(tmp_path, monkeypatch):
+    import probust.train
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(train_ds, arch, resume=True, **kwargs):
+        seen.update(kwargs, n=len(train_ds))
+        raise Stop
+
+    monkeypatch.setattr(probust.train, "train", fake_train)
+    cfg = demo.config_for("digits", quick=True, robust_warmup=0.5)
+    spec = next(s for s in demo._model_specs(cfg, tmp_path) if s.get("robust"))
+    with pytest.raises(Stop):
+        demo._job(cfg.to_dict(), spec, 1, False)
+    loss = seen["extra_loss"]
+    steps = cfg.cnn_epochs * -(-seen["n"] // 128)
+    assert loss.mu == cfg.robust_mus[0] and loss.noise.sigma == cfg.robust_sigma and loss.max_points == cfg.robust_max_points
+    assert loss.warmup_steps == round(0.5 * steps) and seen["grad_reg"] == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"robust_sigma": 0.3}, "robust_sigma"), ({"robust_mus": (0.0,)}, "robust_mus"), ({"robust_warmup": 1.5}, "robust_warmup")],
+)
+def test_bad_robust_settings_are_refused(overrides, message):
+    with pytest.raises(demo.DemoConfigError, match=message):
+        demo._check(demo.config_for("fashion-mnist", **overrides))
 
 
 def test_falls_back_to_digits_with_a_message_when_fashion_mnist_is_missing(monkeypatch):

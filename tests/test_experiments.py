@@ -29,10 +29,13 @@ MC_N, MMSE_N = 300, 4
 CONV_MC, CONV_MMSE = [100, 300, 1000], [1, 2, 4, 8]
 # (name, arch, lambda, epochs, has pool and convergence rows)
 MODELS = [("linear-0", "linear", 0.0, 5, True), ("linear-0.05", "linear", 0.05, 5, False), ("cnn-0", "cnn", 0.0, 8, True)]
+# and the linear model trained like the family with a RobustLoss (mu, sigma), scored with mc only (experiment 11)
+ROBUST = ("linear-robust", 1.0, 0.3)
 
 
 def build_results(root: Path) -> Path:
     """Train the tiny models and score them (once: reused when ``root/complete`` exists)."""
+    from probust.robust_loss import RobustLoss
     from probust.runner import run_estimate
     from probust.train import train
 
@@ -49,6 +52,11 @@ def build_results(root: Path) -> Path:
             if extra:
                 run_estimate(sigmas=[0.3], methods=["mmse", "softmax"], mmse_samples=MMSE_N, indices=f"0-{POOL_POINTS - 1}", extend=True, **kw)
                 run_estimate(sigmas=[0.3], methods=["mc", "mmse"], mc_samples=CONV_MC, mmse_samples=CONV_MMSE, indices="0-5", extend=True, **kw)
+        name, mu, sigma = ROBUST
+        ckpt = root / "models" / f"{name}.pt"
+        train("digits", "linear", epochs=5, seed=0, out=ckpt, show_progress=False, extra_loss=RobustLoss(sigma, mu, warmup_steps=20))
+        run_estimate(data="digits", model=ckpt, out=root / "results" / name, device="cpu", seed=0, show_progress=False, sigmas=SIGMAS,
+                     methods=["mc"], mc_samples=MC_N, indices=f"0-{MAIN_POINTS - 1}")  # fmt: skip
     finally:
         torch.set_num_threads(previous)
     (root / "complete").write_text("")
@@ -92,7 +100,7 @@ def assert_figures(output) -> None:
 
 
 def test_load_results_finds_every_run_and_names_them_from_the_checkpoint(results, results_dir):
-    assert [r.label for r in results] == ["digits linear", "digits linear, λ=0.05", "digits CNN"]
+    assert [r.label for r in results] == ["digits linear", "digits linear, λ=0.05", "digits linear, robust μ=1 (σ=0.3)", "digits CNN"]
     assert experiments.find_runs(results_dir) == sorted((results_dir / "results").iterdir())
     assert [[r.label for r in f] for f in results.families()] == [["digits linear", "digits linear, λ=0.05"]]
     assert results.primary().label in ("digits linear", "digits CNN")  # standard, with the pool
@@ -118,7 +126,9 @@ def test_wide_table_has_one_row_per_point_and_sigma_at_the_principal_counts(resu
 def test_unknown_experiment_names_are_refused(results, out_dir):
     with pytest.raises(ValueError, match="unknown experiment"):
         experiments.run("nope", results, out_dir)
-    assert len(experiments.EXPERIMENTS) == 10
+    assert len(experiments.EXPERIMENTS) == 11
+    # titles are numbered in the registry's order
+    assert [experiments.describe(n)[0].split(".")[0] for n in experiments.EXPERIMENTS] == [str(i) for i in range(1, 12)]
 
 
 # -- 1. estimation error ----------------------------------------------------------------------------
@@ -235,7 +245,7 @@ def test_softmax_correlations_match_scipy(results, out_dir):
     assert_figures(out)
     t = out.table
     assert set(t["p_robust"]) == {"mmse", "mc"}
-    assert len(t) == 3 * len(SIGMAS) * 2
+    assert len(t) == 3 * len(SIGMAS) * 2 + len(SIGMAS)  # the robust-loss model has mc only
     for row in t.itertuples():
         run = results.by_label(row.model)
         w = run.wide(core=True)
@@ -275,6 +285,24 @@ def test_robust_models_is_skipped_without_a_family(results, out_dir):
     single = Results(root=results.root, runs=[results.by_label("digits CNN")])
     out = experiments.run("robust_models", single, out_dir / "single")
     assert out.skipped and "λ" in out.skipped and not out.figures
+
+
+# -- 11. robust training ----------------------------------------------------------------------------
+
+
+def test_robust_training_compares_the_robust_loss_model_with_the_family_it_was_trained_like(results, out_dir):
+    out = experiments.run("robust_training", results, out_dir)
+    assert_figures(out)
+    t = out.table
+    assert list(dict.fromkeys(t["model"])) == ["digits linear", "digits linear, λ=0.05", "digits linear, robust μ=1 (σ=0.3)"]
+    assert list(t["kind"].unique()) == ["plain", "grad-norm", "robust-loss"] and sorted(t["sigma"].unique()) == SIGMAS
+    for row in t.itertuples():
+        p = raw(results, row.model)
+        p = p[(p.method == "mc") & (p.sigma == row.sigma) & (p.n_samples == MC_N)]["p"].to_numpy()
+        assert row.n_points == MAIN_POINTS and row.median_p == pytest.approx(np.median(p)) and row.mean_p == pytest.approx(p.mean())
+    m = out.tables["matched"]
+    assert len(m) == len(SIGMAS) and set(m["model"]) == {"digits linear, robust μ=1 (σ=0.3)"}
+    assert out.reading[0].startswith("At σ = 0.3, RobustLoss μ=1 (σ=0.3)")
 
 
 # -- 7. class bias ----------------------------------------------------------------------------------
@@ -377,16 +405,17 @@ def test_distribution_quantiles_and_models_table(results, results_dir, out_dir):
     out = experiments.run("distribution", results, out_dir)
     assert_figures(out)
     t = out.table
-    assert len(t) == 3 * len(SIGMAS) * 2
+    assert len(t) == 3 * len(SIGMAS) * 2 + len(SIGMAS)  # the robust-loss model has mc only
     for row in t.itertuples():
         w = results.by_label(row.model).wide(core=True)
         v = w[w.sigma == row.sigma][f"p_{row.method}"].to_numpy()
         assert row.mean == pytest.approx(v.mean()) and row.median == pytest.approx(np.median(v))
         assert row.q25 == pytest.approx(np.quantile(v, 0.25))
     models = out.tables["models"]
-    assert list(models["model"]) == ["digits linear", "digits linear, λ=0.05", "digits CNN"]
+    assert list(models["model"]) == ["digits linear", "digits linear, λ=0.05", "digits linear, robust μ=1 (σ=0.3)", "digits CNN"]
+    assert list(models["robust_loss_mu"].isna()) == [True, True, False, True] and models["robust_loss_sigma"].iloc[2] == 0.3
     for row in models.itertuples():
-        name = {"digits linear": "linear-0", "digits linear, λ=0.05": "linear-0.05", "digits CNN": "cnn-0"}[row.model]
+        name = {"digits linear": "linear-0", "digits linear, λ=0.05": "linear-0.05", "digits CNN": "cnn-0", "digits linear, robust μ=1 (σ=0.3)": "linear-robust"}[row.model]
         meta = json.loads((results_dir / "models" / f"{name}.pt.json").read_text())
         assert row.test_accuracy == pytest.approx(meta["test_accuracy"])
         assert row.architecture == meta["arch"] and row.dataset == "digits"

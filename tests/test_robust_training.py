@@ -68,6 +68,32 @@ def test_cli_trains_with_the_robust_loss_and_records_it(tmp_path, capsys):
     assert main(other) == 1  # CheckpointMismatchError: exit 1 with a message
 
 
+def test_config_names_the_settings_and_is_stored_in_the_checkpoint(tmp_path, digits):
+    loss = probust.RobustLoss(0.2, mu=0.5, max_points=16, warmup_steps=7)
+    cfg = loss.config()
+    assert cfg == {"name": "RobustLoss", "mu": 0.5, "sigma": 0.2, "noise": {"noise": "gaussian", "sigma": 0.2}, "cdf": "mv-sigmoid",
+                   "linearisation": "taylor", "target": "label", "tol": 1e-3, "max_points": 16, "min_p": 1e-30, "mmse_samples": 5,
+                   "warmup_steps": 7}  # fmt: skip
+    diagonal = probust.RobustLoss(torch.full((1, 8, 8), 0.1), mu=1.0).config()
+    assert diagonal["sigma"] is None and diagonal["noise"]["noise"] == "gaussian-diagonal"
+    json.dumps(diagonal)
+    train_ds, test_ds = digits
+    out = tmp_path / "m.pt"
+    kwargs = dict(epochs=1, batch_size=64, seed=0, test_dataset=test_ds, show_progress=False, out=out)
+    result = train(train_ds, "linear", extra_loss=loss, **kwargs)
+    assert result.meta["extra_loss_config"] == cfg and result.meta["extra_loss"] == repr(loss)
+    saved = json.loads(probust.models.sidecar_path(out).read_text())
+    assert saved["extra_loss_config"] == cfg
+    # the same settings find the run complete; other settings are another run
+    again = train(train_ds, "linear", extra_loss=probust.RobustLoss(0.2, mu=0.5, max_points=16, warmup_steps=7), **kwargs)
+    assert again.meta["created"] == result.meta["created"]
+    with pytest.raises(probust.models.CheckpointMismatchError, match="extra_loss"):
+        train(train_ds, "linear", extra_loss=probust.RobustLoss(0.2, mu=0.5, max_points=16, warmup_steps=8), **kwargs)
+    # a plain callable has no config: only its name is recorded
+    plain = train(train_ds, "linear", extra_loss=lambda m, x, y, logits: x.new_zeros(()), **{**kwargs, "out": None})
+    assert plain.meta["extra_loss"].endswith("<lambda>") and "extra_loss_config" not in plain.meta
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -4,11 +4,15 @@ The pipeline (every step reuses what an earlier run with the same settings left 
 
 1. **Train** the paper's Fashion-MNIST models: the linear model and the CNN, and a small robust
    family, the same CNN trained with gradient-norm regularisation at a few lambdas (the CNN at
-   lambda = 0 is both the main CNN and the family's first member). A checkpoint whose name
-   encodes its settings is reused when it exists.
+   lambda = 0 is both the main CNN and the family's first member); and, beyond the paper, the
+   same CNN trained with the robust loss CE + mu * mean(-log p_robust) (:class:`probust.RobustLoss`
+   at ``robust_sigma``, one model per ``robust_mus``), compared with the family at matched
+   accuracy by the last experiment. A checkpoint whose name encodes its settings is reused when
+   it exists.
 2. **Score** the first ``points`` test images at several sigma with every estimator into one
    results folder per model (:func:`probust.runner.run_estimate`): Monte Carlo at a modest n,
-   MMSE at N copies; for the main models also a convergence subset (Monte Carlo up to 10^4 or
+   MMSE at N copies (the family members and the robust-loss CNNs with mc, taylor, mmse and
+   softmax); for the main models also a convergence subset (Monte Carlo up to 10^4 or
    10^5 samples, MMSE N = 1 ... 100), and for the main CNN a larger pool scored with MMSE and
    softmax at one sigma, for the image grids and the case study.
 3. **Report**: every experiment (:mod:`probust.experiments`) on those folders, and
@@ -62,6 +66,14 @@ class DemoConfig:
         pool_points: points of the main CNN scored with MMSE and softmax at ``case_sigma``.
         case_sigma: the noise level of the image grids and the case study.
         lambdas: gradient-norm regularisation weights of the CNN family (0 first: the main CNN).
+        robust_mus: weights mu of the CNNs trained with :class:`probust.RobustLoss` (one model
+            each, trained like the family; () for none).
+        robust_sigma: the noise level those are trained for (one of ``sigmas``).
+        robust_max_points: the robust term is evaluated on the first this many images of each
+            batch (its cost: a double-backpropagated Jacobian per image).
+        robust_warmup: the term's weight ramps up over this fraction of the training steps
+            (RobustLoss's ``warmup_steps``; a term at full weight from a random start flattens
+            the network into a constant classifier).
         linear_epochs, cnn_epochs: training epochs.
         train_size: train on the first ``train_size`` training images (None: all).
         convergence_points: points of the convergence subset (main models, at ``case_sigma``).
@@ -82,6 +94,10 @@ class DemoConfig:
     pool_points: int = 1000
     case_sigma: float = 0.2
     lambdas: tuple[float, ...] = (0.0, 1e-3, 1e-2, 1e-1)
+    robust_mus: tuple[float, ...] = (1.0,)
+    robust_sigma: float = 0.4
+    robust_max_points: int = 32
+    robust_warmup: float = 0.3
     linear_epochs: int = 5
     cnn_epochs: int = 1
     train_size: int | None = None
@@ -114,6 +130,10 @@ def config_for(data: str = "fashion-mnist", *, quick: bool = False, **overrides:
             mmse_samples=3,
             pool_points=120,
             lambdas=(0.0, 1e-1),
+            robust_mus=(0.3,),  # at 16 steps a stronger term, or a shorter ramp, flattens the model
+            robust_sigma=0.2,
+            robust_max_points=16,
+            robust_warmup=1.0,
             linear_epochs=1 if data != "digits" else 5,
             cnn_epochs=1 if data != "digits" else 5,
             train_size=2000 if data != "digits" else None,
@@ -165,13 +185,16 @@ def _model_specs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     size = "all" if cfg.train_size is None else str(cfg.train_size)
     specs = []
 
-    def spec(arch: str, lam: float, epochs: int, requests: list[dict[str, Any]], cost: float) -> dict[str, Any]:
-        name = f"{cfg.data}-{arch}" + (f"-lambda{_slug(lam)}" if arch == "cnn" else "")
+    def spec(arch: str, lam: float, epochs: int, requests: list[dict[str, Any]], cost: float, robust: dict[str, Any] | None = None) -> dict[str, Any]:
+        name = f"{cfg.data}-{arch}" + (f"-lambda{_slug(lam)}" if arch == "cnn" and robust is None else "")
+        if robust is not None:  # the name records mu and sigma; the rest of the loss is checked on resumption
+            name += f"-robust{_slug(robust['mu'])}-sigma{_slug(robust['sigma'])}"
         ckpt = out / "models" / f"{name}-e{epochs}-n{size}-s{cfg.seed}.pt"
         return {
             "name": name,
             "arch": arch,
             "grad_reg": lam,
+            "robust": robust,
             "epochs": epochs,
             "checkpoint": str(ckpt),
             "results": str(out / "results" / name),
@@ -193,6 +216,10 @@ def _model_specs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
             requests.append({**conv, "mc_samples": list(cfg.mc_convergence)})
             cost += 0.6
         specs.append(spec("cnn", lam, cfg.cnn_epochs, requests, cost))
+    for mu in sorted(set(float(v) for v in cfg.robust_mus)):
+        # scored like the family's regularised members (the comparison needs their mc rows)
+        robust = {"mu": mu, "sigma": float(cfg.robust_sigma), "max_points": cfg.robust_max_points, "warmup": cfg.robust_warmup}
+        specs.append(spec("cnn", 0.0, cfg.cnn_epochs, [{**main, "methods": list(FAMILY_METHODS)}], 2.5, robust))
     specs.append(
         spec("linear", 0.0, cfg.linear_epochs, [{**main, "methods": list(PAPER_METHODS)}, {**conv, "mc_samples": list(cfg.mc_convergence_linear)}], 0.4)
     )
@@ -230,7 +257,7 @@ def _job(cfg_dict: dict[str, Any], spec: dict[str, Any], threads: int, verbose: 
     from probust import data as pdata
     from probust import models as pmodels
     from probust.runner import run_estimate
-    from probust.train import train
+    from probust.train import DEFAULTS, steps_per_epoch, train
 
     torch.set_num_threads(threads)
     cfg = DemoConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.items()})
@@ -244,6 +271,14 @@ def _job(cfg_dict: dict[str, Any], spec: dict[str, Any], threads: int, verbose: 
         train_ds = train_ds.subset(list(range(cfg.train_size)))
     reused = ckpt.exists()
     kwargs = dict(epochs=spec["epochs"], grad_reg=spec["grad_reg"], seed=cfg.seed, out=ckpt, show_progress=False, test_dataset=test_ds)
+    robust = spec.get("robust")
+    if robust is not None:
+        from probust.robust_loss import RobustLoss
+
+        steps = spec["epochs"] * steps_per_epoch(len(train_ds), DEFAULTS[spec["arch"]]["batch_size"])
+        kwargs["extra_loss"] = RobustLoss(
+            robust["sigma"], robust["mu"], max_points=robust["max_points"], warmup_steps=round(robust["warmup"] * steps)
+        )
     try:
         result = train(train_ds, spec["arch"], resume=True, **kwargs)
     except pmodels.CheckpointMismatchError:
@@ -289,6 +324,8 @@ def _job(cfg_dict: dict[str, Any], spec: dict[str, Any], threads: int, verbose: 
         "name": name,
         "arch": spec["arch"],
         "grad_reg": spec["grad_reg"],
+        "robust_mu": robust["mu"] if robust is not None else None,
+        "robust_sigma": robust["sigma"] if robust is not None else None,
         "checkpoint": str(ckpt),
         "results": str(results),
         "test_accuracy": acc,
@@ -390,8 +427,12 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     specs = _model_specs(config, out)
     _remove_stale(out / "results", {Path(s["results"]).name for s in specs}, say)
+    robust_text = (
+        f"; CNN with RobustLoss μ = {', '.join(f'{v:g}' for v in sorted(set(config.robust_mus)))} at σ = {config.robust_sigma:g}"
+        if config.robust_mus else ""
+    )
     say(
-        f"probust demo: {config.data}, {len(specs)} models (linear; CNN at λ = {', '.join(f'{v:g}' for v in sorted(set(config.lambdas) | {0.0}))}), "
+        f"probust demo: {config.data}, {len(specs)} models (linear; CNN at λ = {', '.join(f'{v:g}' for v in sorted(set(config.lambdas) | {0.0}))}{robust_text}), "
         f"{config.points} test points x σ = {', '.join(f'{s:g}' for s in config.sigmas)}, Monte Carlo n = {config.mc_samples:,}, "
         f"MMSE N = {config.mmse_samples}; {jobs} worker(s) x {threads} thread(s); output in {out}/"
     )
@@ -473,6 +514,14 @@ def _check(cfg: DemoConfig) -> None:
         raise DemoConfigError(f"case_sigma {cfg.case_sigma} must be one of sigmas {cfg.sigmas}")
     if any(v < 0 for v in cfg.lambdas):
         raise DemoConfigError(f"lambdas must be >= 0, got {cfg.lambdas}")
+    if any(not v > 0 for v in cfg.robust_mus):
+        raise DemoConfigError(f"robust_mus must be > 0, got {cfg.robust_mus}")
+    if cfg.robust_mus and cfg.robust_sigma not in cfg.sigmas:
+        raise DemoConfigError(f"robust_sigma {cfg.robust_sigma} must be one of sigmas {cfg.sigmas}")
+    if cfg.robust_max_points < 1:
+        raise DemoConfigError(f"robust_max_points must be at least 1, got {cfg.robust_max_points}")
+    if not 0 <= cfg.robust_warmup <= 1:
+        raise DemoConfigError(f"robust_warmup must be a fraction in [0, 1], got {cfg.robust_warmup}")
 
 
 def print_summary(summary: DemoSummary, file=None) -> None:
@@ -511,6 +560,11 @@ def print_summary(summary: DemoSummary, file=None) -> None:
             r = g.sort_values("sigma").iloc[-1]
             print(f"{model}, σ={r['sigma']:g}: least robust class {r['least_robust_class']} (mean p {r['least_robust_mean_p']:.3f}), "
                   f"most robust {r['most_robust_class']} ({r['most_robust_mean_p']:.3f}), Kruskal-Wallis p = {r['p_value']:.2g}", file=file)  # fmt: skip
+    rt11 = report.output("robust_training")
+    if rt11 is not None and not rt11.skipped and rt11.reading:
+        import re
+
+        print(re.sub(r"<[^>]+>", "", rt11.reading[0].replace("<sup>", "^")), file=file)
     skipped = [o.name for o in report.outputs if o.skipped]
     if skipped:
         print(f"Experiments not run: {', '.join(skipped)} (see the report)", file=file)

@@ -197,6 +197,14 @@ def _display(output: Output) -> list[tuple[str, pd.DataFrame]]:
     if name == "distribution":
         models = t.get("models", pd.DataFrame()).drop(columns=["checkpoint", "results"], errors="ignore")
         return [("The models (from the checkpoints' metadata)", models), ("Distribution of p over the scored points", main.assign(method=lambda f: "p^" + f["method"]))]
+    if name == "robust_training":
+        view = main[["model", "sigma", "test_accuracy", "accuracy_cost", "median_p", "median_ci_low", "median_ci_high", "mean_p", "gain_median", "gain_ci_low", "gain_ci_high"]]
+        matched = t.get("matched", pd.DataFrame())
+        cols = ["model", "sigma", "test_accuracy", "median_p", "matched_median_p", "matched_between", "advantage", "advantage_ci_low", "advantage_ci_high", "verdict", "nearest_short", "nearest_accuracy", "nearest_median_p"]
+        return [
+            ("Median and mean p<sup>mc</sup> of each model, its gain over the plain model (paired bootstrap 95% CI) and its accuracy cost", view),
+            ("At matched accuracy: the gradient-norm family interpolated at the robust model's accuracy", matched[[c for c in cols if c in matched]]),
+        ]
     return [(name, main)]
 
 

@@ -105,6 +105,32 @@ class RobustLoss:
             f"target={self.target!r}, max_points={self.max_points}, warmup_steps={self.warmup_steps})"
         )
 
+    def config(self) -> dict:
+        """The loss's settings as a JSON-serialisable dict (``probust.train`` stores it in the
+        checkpoint's metadata as ``extra_loss_config``).
+
+        Keys: ``name`` ("RobustLoss"), ``mu``, ``sigma`` (the noise's standard deviation per
+        coordinate; None for non-scalar noise, then ``noise`` describes it), ``noise`` (the
+        noise's own description), ``cdf``, ``linearisation``, ``target``, ``tol``,
+        ``max_points``, ``min_p``, ``mmse_samples``, ``warmup_steps``.
+        """
+        noise = self.noise.describe()
+        sigma = noise.get("sigma")
+        return {
+            "name": type(self).__name__,
+            "mu": self.mu,
+            "sigma": float(sigma) if isinstance(sigma, (int, float)) else None,
+            "noise": noise,
+            "cdf": self.cdf,
+            "linearisation": self.linearisation,
+            "target": self.target,
+            "tol": self.tol,
+            "max_points": self.max_points,
+            "min_p": self.min_p,
+            "mmse_samples": self.mmse_samples,
+            "warmup_steps": self.warmup_steps,
+        }
+
     def estimator(self, model: nn.Module, batch: int) -> Taylor:
         """The differentiable estimator this loss evaluates (for ``batch`` points at once)."""
         common = dict(cdf=self.cdf, tol=self.tol, differentiable=True)

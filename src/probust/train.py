@@ -256,7 +256,9 @@ def train(
         dataset, arch, num_classes, input_shape, classes, grad_reg, epochs, epochs_completed, lr,
         batch_size, momentum, weight_decay, schedule, augment, seed, test_accuracy, history (per
         epoch: train loss/accuracy, test accuracy, lr, seconds), train_seconds, device,
-        torch_version, probust_version, created, complete.
+        torch_version, probust_version, created, complete; ``extra_loss`` (the loss's
+        ``__qualname__``, e.g. a :class:`~probust.RobustLoss`'s repr naming its settings, or None)
+        and, when the loss has a ``config()`` method, ``extra_loss_config`` (its result).
 
     Raises:
         ValueError: unknown names or bad hyper-parameters (before any work).
@@ -352,10 +354,15 @@ def _train(
         "train_size": len(train_ds),
         "extra_loss": getattr(extra_loss, "__qualname__", type(extra_loss).__name__) if extra_loss else None,
     }
-    if _num_batches(len(train_ds), batch_size) == 0:
+    # The loss's settings, for readers of the metadata (e.g. the experiments); resumption keeps
+    # matching on "extra_loss" alone, so checkpoints written before this key existed still resume.
+    config_of = getattr(extra_loss, "config", None)
+    if callable(config_of):
+        config["extra_loss_config"] = _jsonable(config_of())
+    if steps_per_epoch(len(train_ds), batch_size) == 0:
         raise ValueError(f"the training set needs at least 2 examples, it has {len(train_ds)}")
     model.to(dev)
-    total_steps = epochs * _num_batches(len(train_ds), batch_size)
+    total_steps = epochs * steps_per_epoch(len(train_ds), batch_size)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     factor = SCHEDULES[schedule]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(min(step, total_steps - 1) / total_steps))
@@ -407,6 +414,29 @@ def _train(
     return TrainResult(model=model, meta=meta, path=path)
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` with tensors, numpy scalars and tuples turned into JSON types (checked)."""
+    import json
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): convert(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [convert(x) for x in v]
+        if isinstance(v, Tensor):
+            return v.tolist()
+        if hasattr(v, "item") and callable(v.item):  # numpy scalars
+            return v.item()
+        return v
+
+    out = convert(value)
+    try:
+        json.dumps(out)
+    except TypeError as exc:
+        raise ValueError(f"extra_loss.config() must return JSON-serialisable settings: {exc}") from None
+    return out
+
+
 def _datasets(
     dataset: str | _data.ImageDataset,
     test_dataset: _data.ImageDataset | None,
@@ -452,7 +482,8 @@ def _restore(
     return saved
 
 
-def _num_batches(n: int, batch_size: int) -> int:
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Optimiser steps in one epoch over n examples at ``batch_size`` (what warm-ups count)."""
     full, rest = divmod(n, batch_size)
     return full + (rest > 1)  # a last batch of one is dropped: BatchNorm cannot train on it
 
@@ -476,7 +507,7 @@ def _run_epoch(
     gen = torch.Generator().manual_seed(_derive_seed(seed, epoch))
     torch.manual_seed(_derive_seed(seed, epoch) + 1)  # dropout and the like inside the model
     order = torch.randperm(len(Y), generator=gen)
-    n_batches = _num_batches(len(Y), batch_size)
+    n_batches = steps_per_epoch(len(Y), batch_size)
     model.train()
     total_loss, correct, seen = 0.0, 0, 0
     bar = None

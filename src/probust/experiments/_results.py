@@ -38,8 +38,10 @@ _DATASET_LABELS = {
     "digits": "digits",
 }
 _ARCH_LABELS = {"linear": "linear", "cnn": "CNN", "resnet18": "ResNet18", "vit": "ViT"}
-# Training settings that must agree for models to form one robust family (all but lambda).
+# Training settings that must agree for models to form one robust family (all but lambda); a
+# family also shares its extra loss (none, for the gradient-norm family).
 _FAMILY_KEYS = ("dataset", "arch", "epochs", "lr", "batch_size", "weight_decay", "schedule", "train_size", "seed")
+_ROBUST_REPR = re.compile(r"^RobustLoss\((.*)\)$", re.S)
 
 
 def _is_run(path: Path) -> bool:
@@ -110,6 +112,62 @@ class Run:
         return None if value is None else float(value)
 
     @property
+    def extra_loss(self) -> str | None:
+        """The name of the extra training loss the model was trained with (None: none)."""
+        value = self.meta.get("extra_loss")
+        return str(value) if value else None
+
+    @property
+    def robust_loss_config(self) -> dict[str, Any] | None:
+        """The settings of the :class:`~probust.RobustLoss` the model was trained with, or None.
+
+        From the checkpoint's ``extra_loss_config`` (written by ``probust.train``), else parsed
+        from the ``extra_loss`` name (``RobustLoss(sigma=0.3, mu=1, ...)``) of older checkpoints.
+        """
+        cfg = self.meta.get("extra_loss_config")
+        if isinstance(cfg, dict) and cfg.get("name") == "RobustLoss":
+            return dict(cfg)
+        m = _ROBUST_REPR.match(self.extra_loss or "")
+        if m is None:
+            return None
+        out: dict[str, Any] = {"name": "RobustLoss"}
+        for key, value in re.findall(r"(\w+)=('[^']*'|[^,]+)", m.group(1)):
+            value = value.strip()
+            if value.startswith("'"):
+                out[key] = value.strip("'")
+                continue
+            try:
+                out[key] = None if value == "None" else float(value) if key in ("mu", "sigma") else int(value)
+            except ValueError:
+                out[key] = value  # e.g. a non-scalar noise's description
+        if not isinstance(out.get("sigma"), float):
+            out["sigma"] = None
+        return out if isinstance(out.get("mu"), float) else None
+
+    @property
+    def robust_loss(self) -> float | None:
+        """mu of the RobustLoss the model was trained with, or None (no robust loss)."""
+        cfg = self.robust_loss_config
+        return None if cfg is None else float(cfg["mu"])
+
+    @property
+    def robust_sigma(self) -> float | None:
+        """sigma of the RobustLoss the model was trained with (None: no robust loss, or noise
+        that is not one scalar sigma)."""
+        cfg = self.robust_loss_config
+        return None if cfg is None or cfg.get("sigma") is None else float(cfg["sigma"])
+
+    @property
+    def is_standard(self) -> bool:
+        """Trained without regularisation: lambda 0 (or unknown) and no extra loss."""
+        return not self.grad_reg and self.extra_loss is None
+
+    @property
+    def recipe(self) -> tuple[str, ...]:
+        """The training settings a family shares: all but lambda (and the extra loss)."""
+        return tuple(json.dumps(self.meta.get(k), sort_keys=True) for k in _FAMILY_KEYS)
+
+    @property
     def test_accuracy(self) -> float | None:
         value = self.meta.get("test_accuracy")
         return None if value is None else float(value)
@@ -138,7 +196,13 @@ class Run:
     def default_label(self) -> str:
         ds = _DATASET_LABELS.get(self.dataset, self.dataset)
         arch = _ARCH_LABELS.get(self.arch, self.arch)
-        return f"{ds} {arch}" + (f", {lambda_label(self.grad_reg)}" if self.grad_reg else "")
+        label = f"{ds} {arch}" + (f", {lambda_label(self.grad_reg)}" if self.grad_reg else "")
+        if self.robust_loss is not None:
+            sigma = f" (σ={self.robust_sigma:g})" if self.robust_sigma is not None else ""
+            label += f", robust μ={self.robust_loss:g}{sigma}"
+        elif self.extra_loss is not None:
+            label += f", {self.extra_loss.split('(')[0]}"
+        return label
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -232,18 +296,23 @@ class Results:
         return len(self.runs)
 
     def standard(self) -> list[Run]:
-        """Runs of models trained without regularisation (lambda 0 or unknown)."""
-        return [r for r in self.runs if not r.grad_reg]
+        """Runs of models trained without regularisation (lambda 0 or unknown, no extra loss
+        such as a RobustLoss)."""
+        return [r for r in self.runs if r.is_standard]
+
+    def robust_loss_runs(self) -> list[Run]:
+        """Runs of models trained with a :class:`~probust.RobustLoss`."""
+        return [r for r in self.runs if r.robust_loss is not None]
 
     def families(self) -> list[list[Run]]:
         """Groups of runs of the same data set, architecture and training recipe that differ
-        only in lambda (at least two lambdas), each sorted by lambda."""
+        only in lambda (at least two lambdas), each sorted by lambda. Models trained with an
+        extra loss (a RobustLoss) only form families with models trained with the same loss."""
         groups: dict[tuple, list[Run]] = {}
         for r in self.runs:
             if r.grad_reg is None:
                 continue
-            key = tuple(json.dumps(r.meta.get(k), sort_keys=True) for k in _FAMILY_KEYS)
-            groups.setdefault(key, []).append(r)
+            groups.setdefault((*r.recipe, r.extra_loss), []).append(r)
         out = []
         for runs in groups.values():
             by_lam: dict[float, Run] = {}
@@ -292,8 +361,14 @@ def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Resul
         runs.append(Run(path=p, config=config, table=table))
     if not runs:
         raise FileNotFoundError(f"the results folders under {path} hold no rows yet")
-    # sort: data set, architecture, lambda, then path
-    runs.sort(key=lambda r: (r.dataset, r.arch != "linear", r.arch, r.grad_reg if r.grad_reg is not None else math.inf, str(r.path)))
+    # sort: data set, architecture, extra loss (none first), lambda, then path
+    runs.sort(
+        key=lambda r: (
+            r.dataset, r.arch != "linear", r.arch, r.extra_loss is not None,
+            r.robust_loss if r.robust_loss is not None else math.inf, r.extra_loss or "",
+            r.grad_reg if r.grad_reg is not None else math.inf, str(r.path),
+        )
+    )  # fmt: skip
     labels = [r.default_label() for r in runs]
     for r, label in zip(runs, labels):
         r.label = label if labels.count(label) == 1 else f"{label} ({r.path.name})"

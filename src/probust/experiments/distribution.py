@@ -71,6 +71,8 @@ def models_table(results: Results) -> pd.DataFrame:
                 "dataset": r.dataset,
                 "architecture": r.arch,
                 "lambda": r.grad_reg,
+                "robust_loss_mu": r.robust_loss,
+                "robust_loss_sigma": r.robust_sigma,
                 "test_accuracy": r.test_accuracy,
                 "epochs": meta.get("epochs_completed", meta.get("epochs")),
                 "train_size": meta.get("train_size"),

@@ -184,7 +184,7 @@ def run(results: Results, out: str | Path, *, models: list[str] | None = None) -
     if models is not None:
         drawn = [results.by_label(m) for m in models]
     else:
-        drawn = [r for r in runs if not r.grad_reg] or runs
+        drawn = [r for r in runs if r.is_standard] or runs
     drawn = [r for r in drawn if (table["model"] == r.label).any()]
     fig = _plot(table, drawn, out / NAME)
     return finish(

@@ -147,7 +147,7 @@ def run(results: Results, out: str | Path, *, sigma: float | None = None) -> Out
     pairs = pd.concat(frames, ignore_index=True)
     table = summary(pairs)
     labels = list(dict.fromkeys(pairs["model"]))
-    runs = [r for r in results if r.label in labels and not r.grad_reg] or [r for r in results if r.label in labels]
+    runs = [r for r in results if r.label in labels and r.is_standard] or [r for r in results if r.label in labels]
     sigmas = sorted(pairs["sigma"].unique())
     chosen = float(sigma) if sigma is not None else float(sigmas[len(sigmas) // 2])
     fig = _plot(pairs, table, runs, chosen, out / NAME)
