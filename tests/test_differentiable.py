@@ -163,7 +163,7 @@ def test_robust_loss_is_mu_times_mean_negative_log_p_and_reaches_every_parameter
         loss_fn = probust.RobustLoss(0.3, mu=0.7, cdf=cdf, tol=1e-5, target="label", warmup_steps=0)
         loss = loss_fn(model, x, y, None)
         p = probust.Taylor(model, 0.3, cdf=cdf, tol=1e-5)(x, y).p
-        assert loss.item() == pytest.approx(0.7 * (-torch.log(p)).mean().item(), rel=1e-6)
+        assert loss.item() == pytest.approx(0.7 * (-torch.log(p.clamp_min(loss_fn.min_p))).mean().item(), rel=1e-6)
         grads = torch.autograd.grad(loss, list(model.parameters()))
         assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
         assert model.training, "the model's mode is given back"
@@ -175,6 +175,25 @@ def test_robust_loss_is_mu_times_mean_negative_log_p_and_reaches_every_parameter
     opt.step()
     after = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x, y).p.log().mean()
     assert after > before
+
+
+def test_robust_loss_per_example_is_capped_at_minus_log_min_p_for_badly_wrong_examples():
+    # A misclassified example whose input gradient is tiny has z = c / (sigma |u|) near -inf:
+    # uncapped, its term (and gradient) grows without bound and training diverges.
+    model = torch.nn.Linear(2, 2).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1e-3, 0.0], [0.0, 0.0]], dtype=F64))
+        model.bias.copy_(torch.tensor([0.0, 5.0], dtype=F64))
+    x = torch.tensor([[0.5, 0.5], [0.1, -0.2]], dtype=F64)
+    y = torch.tensor([0, 1])  # the first is wrong by a margin of 5 at |u| = 1e-3; the second right
+    for cdf in ("mv-sigmoid", "mvn"):
+        loss_fn = probust.RobustLoss(0.3, mu=1.0, cdf=cdf, warmup_steps=0, min_p=1e-4)
+        per_example = loss_fn.neg_log_p(model, x, y)
+        assert per_example[0].item() == pytest.approx(-math.log(1e-4))
+        assert per_example[1].item() < 1e-6
+        grads = torch.autograd.grad(loss_fn(model, x, y), list(model.parameters()))
+        assert all(torch.isfinite(g).all() for g in grads)
+        assert max(g.abs().max().item() for g in grads) < 1.0
 
 
 def test_robust_loss_refuses_bad_settings():

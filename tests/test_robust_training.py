@@ -45,11 +45,12 @@ def test_robust_loss_raises_monte_carlo_p_robust_on_held_out_digits(digits):
     assert robust.meta["extra_loss"].startswith(f"RobustLoss(sigma={SIGMA}, mu=1, cdf='mv-sigmoid'")
 
 
-def test_without_warmup_a_strong_robust_term_collapses_the_model(digits):
+def test_without_warmup_a_strong_robust_term_costs_much_accuracy(digits):
     # Documents why warmup_steps exists: from a random initialisation the full term flattens
-    # the network into a constant classifier (p_robust = 1, accuracy at chance).
-    collapsed = _fit(digits, extra_loss=probust.RobustLoss(SIGMA, mu=1.0, warmup_steps=0))
-    assert collapsed.meta["test_accuracy"] < 0.3
+    # the network towards a constant classifier (p_robust = 1, accuracy towards chance).
+    plain = _fit(digits)
+    flattened = _fit(digits, extra_loss=probust.RobustLoss(SIGMA, mu=1.0, warmup_steps=0))
+    assert flattened.meta["test_accuracy"] < plain.meta["test_accuracy"] - 0.25, (plain.meta["test_accuracy"], flattened.meta["test_accuracy"])
 
 
 def test_cli_trains_with_the_robust_loss_and_records_it(tmp_path, capsys):
@@ -72,7 +73,7 @@ def test_config_names_the_settings_and_is_stored_in_the_checkpoint(tmp_path, dig
     loss = probust.RobustLoss(0.2, mu=0.5, max_points=16, warmup_steps=7)
     cfg = loss.config()
     assert cfg == {"name": "RobustLoss", "mu": 0.5, "sigma": 0.2, "noise": {"noise": "gaussian", "sigma": 0.2}, "cdf": "mv-sigmoid",
-                   "linearisation": "taylor", "target": "label", "tol": 1e-3, "max_points": 16, "min_p": 1e-30, "mmse_samples": 5,
+                   "linearisation": "taylor", "target": "label", "tol": 1e-3, "max_points": 16, "min_p": 1e-4, "mmse_samples": 5,
                    "warmup_steps": 7}  # fmt: skip
     diagonal = probust.RobustLoss(torch.full((1, 8, 8), 0.1), mu=1.0).config()
     assert diagonal["sigma"] is None and diagonal["noise"]["noise"] == "gaussian-diagonal"

@@ -7,8 +7,10 @@ measured the same way: Monte Carlo p_robust on the same test points at the same 
 
 A robust model buys robustness with accuracy, so comparing it with one lambda says little; it is
 compared with the gradient-norm family *at matched accuracy*: the family's (test accuracy, median
-p_robust) points, plain model included, are sorted by accuracy and linearly interpolated at the
-robust model's accuracy. Uncertainty: every median carries a bootstrap 95% interval over the
+p_robust) points, plain model included, are reduced to its frontier (the members no other member
+beats on both accuracy and median: the trade-offs one would choose), sorted by accuracy and
+linearly interpolated at the robust model's accuracy (below the frontier's least accurate member
+but within the family's range, that member's median: it is more accurate and as robust). Uncertainty: every median carries a bootstrap 95% interval over the
 points (seeded); the gain over the plain model and the advantage over the interpolated family
 are bootstrapped *paired* (the same resampled points for every model), so the intervals reflect
 that the models are scored on the same images. Test accuracies are taken as exact (they come
@@ -34,7 +36,8 @@ DESCRIPTION = (
     "--robust-sigma σ</code>) against the plain model and the gradient-norm family (the same recipe with λ &gt; 0), on "
     "the same test points: median and mean p<sup>mc</sup> at each σ (error bars: bootstrap 95% interval of the median), "
     "the gain over the plain model and the accuracy cost. At matched accuracy: the family's median p<sup>mc</sup> "
-    "linearly interpolated, over its (test accuracy, median) points sorted by accuracy, at the robust model's accuracy "
+    "linearly interpolated, over the (test accuracy, median) points of its frontier (members no other member beats on both), "
+    "at the robust model's accuracy "
     "(dotted in the figure); the intervals of the gain and of the advantage are paired bootstraps over the points."
 )
 
@@ -148,6 +151,11 @@ def interpolate(x: np.ndarray, y: np.ndarray, at: float) -> tuple[float, int | N
     return float((1 - w) * y[k] + w * y[k + 1]), k, w
 
 
+def _beats(a: Run, b: Run, acc: dict, med: dict) -> bool:
+    """Whether ``a`` is at least as accurate and as robust (median) as ``b``, and better in one."""
+    return acc[a.label] >= acc[b.label] and med[a.label] >= med[b.label] and (acc[a.label] > acc[b.label] or med[a.label] > med[b.label])
+
+
 def _ci(samples: np.ndarray) -> tuple[float, float]:
     lo, hi = np.quantile(samples, [0.025, 0.975])
     return float(lo), float(hi)
@@ -209,18 +217,26 @@ def group_tables(group: dict, *, n_boot: int = 2000, seed: int = 0) -> tuple[pd.
                     "gain_mean": float(p[name].mean() - p[plain.label].mean()),
                 }
             )
-        # the family's curve over accuracy (plain + grad-norm, with known accuracy)
+        # the family's curve over accuracy (plain + grad-norm, with known accuracy), through its
+        # frontier only: a member that another beats on both accuracy and median is no
+        # trade-off a user would pick, and interpolating through it would understate the family
         family = [r for r in [plain, *grad_norm] if acc[r.label] is not None]
-        f_acc = np.array([acc[r.label] for r in family], dtype=np.float64)
-        x, groups_, _ = matched_curve(f_acc, np.array([med[r.label] for r in family]))
-        y = np.array([np.mean([med[family[i].label] for i in g]) for g in groups_])
-        y_boot = np.stack([np.mean([boot[family[i].label] for i in g], axis=0) for g in groups_]) if len(x) else np.empty((0, n_boot))
+        frontier = [f for f in family if not any(_beats(g, f, acc, med) for g in family)]
+        f_acc = np.array([acc[r.label] for r in frontier], dtype=np.float64)
+        f_all = [acc[r.label] for r in family]
+        x, groups_, _ = matched_curve(f_acc, np.array([med[r.label] for r in frontier]))
+        y = np.array([np.mean([med[frontier[i].label] for i in g]) for g in groups_])
+        y_boot = np.stack([np.mean([boot[frontier[i].label] for i in g], axis=0) for g in groups_]) if len(x) else np.empty((0, n_boot))
         for r in robust:
             a = acc[r.label]
-            value, k, w = interpolate(x, y, a) if a is not None else (float("nan"), None, float("nan"))
+            # within the family's accuracy range but below its frontier's, the frontier's least
+            # accurate member is more accurate and at least as robust: it is the matched value
+            inside = a is not None and len(x) and min(f_all) <= a <= max(f_all)
+            value, k, w = interpolate(x, y, min(max(a, x[0]), x[-1])) if inside else (float("nan"), None, float("nan"))
             nearest = min(family, key=lambda f: (abs(acc[f.label] - a), -(f.grad_reg or 0))) if family and a is not None else None
             if k is not None:
-                between = [family[i] for i in groups_[k]] + ([family[i] for i in groups_[k + 1]] if k + 1 < len(x) else [])
+                upper = k + 1 < len(x) and a >= x[0]  # below the frontier: its first member alone
+                between = [frontier[i] for i in groups_[k]] + ([frontier[i] for i in groups_[k + 1]] if upper else [])
                 curve_boot = (1 - w) * y_boot[k] + (w * y_boot[k + 1] if k + 1 < len(x) else 0.0)
                 adv_boot = boot[r.label] - curve_boot
                 adv_lo, adv_hi = _ci(adv_boot)
@@ -254,8 +270,8 @@ def group_tables(group: dict, *, n_boot: int = 2000, seed: int = 0) -> tuple[pd.
                     "sigma": sigma,
                     "test_accuracy": a,
                     "median_p": med[r.label],
-                    "family_accuracy_min": float(x[0]) if len(x) else np.nan,
-                    "family_accuracy_max": float(x[-1]) if len(x) else np.nan,
+                    "family_accuracy_min": min(f_all) if f_all else np.nan,
+                    "family_accuracy_max": max(f_all) if f_all else np.nan,
                     "in_range": k is not None,
                     "matched_median_p": value,
                     "matched_between": " and ".join(dict.fromkeys(short_label(f) for f in between)),
@@ -395,7 +411,9 @@ def _reading(table: pd.DataFrame, matched: pd.DataFrame, group: dict) -> list[st
                 text += f", the most robust, {best['short']} ({pct(best['test_accuracy'])}), {fmt(best['median_p'])}"
             text += "."
         if mrow["dominated_by"]:
-            text += f" {mrow['dominated_by']} is at least as accurate and at least as robust (median) as {name} at this σ."
+            who = mrow["dominated_by"].split("; ")
+            verb = "is" if len(who) == 1 else "are each"
+            text += f" {' and '.join(who)} {verb} at least as accurate and at least as robust (median) as {name} at this σ."
         elif mrow["dominates_all"]:
             text += f" At this σ {name} is at least as accurate and at least as robust (median) as every model of the family, plain included."
         elif mrow["dominates"]:
