@@ -151,9 +151,12 @@ def interpolate(x: np.ndarray, y: np.ndarray, at: float) -> tuple[float, int | N
     return float((1 - w) * y[k] + w * y[k + 1]), k, w
 
 
-def _beats(a: Run, b: Run, acc: dict, med: dict) -> bool:
-    """Whether ``a`` is at least as accurate and as robust (median) as ``b``, and better in one."""
-    return acc[a.label] >= acc[b.label] and med[a.label] >= med[b.label] and (acc[a.label] > acc[b.label] or med[a.label] > med[b.label])
+def frontier_mask(acc: np.ndarray, med: np.ndarray) -> np.ndarray:
+    """bool [n]: the points no other point beats on both accuracy and median (at least as high
+    in both, higher in one): the trade-offs worth choosing."""
+    acc, med = np.asarray(acc, dtype=np.float64), np.asarray(med, dtype=np.float64)
+    beaten = (acc[None, :] >= acc[:, None]) & (med[None, :] >= med[:, None]) & ((acc[None, :] > acc[:, None]) | (med[None, :] > med[:, None]))
+    return ~beaten.any(axis=1)
 
 
 def _ci(samples: np.ndarray) -> tuple[float, float]:
@@ -221,7 +224,8 @@ def group_tables(group: dict, *, n_boot: int = 2000, seed: int = 0) -> tuple[pd.
         # frontier only: a member that another beats on both accuracy and median is no
         # trade-off a user would pick, and interpolating through it would understate the family
         family = [r for r in [plain, *grad_norm] if acc[r.label] is not None]
-        frontier = [f for f in family if not any(_beats(g, f, acc, med) for g in family)]
+        keep = frontier_mask([acc[f.label] for f in family], [med[f.label] for f in family])
+        frontier = [f for f, k in zip(family, keep) if k]
         f_acc = np.array([acc[r.label] for r in frontier], dtype=np.float64)
         f_all = [acc[r.label] for r in family]
         x, groups_, _ = matched_curve(f_acc, np.array([med[r.label] for r in frontier]))
@@ -310,7 +314,10 @@ def _plot(table: pd.DataFrame, matched: pd.DataFrame, group: dict, stem: Path) -
             fam = t[t["kind"] != "robust-loss"].dropna(subset=["test_accuracy"]).sort_values(["test_accuracy", "grad_reg"])
             yerr = [fam["median_p"] - fam["median_ci_low"], fam["median_ci_high"] - fam["median_p"]]
             ax.errorbar(100 * fam["test_accuracy"], fam["median_p"], yerr=yerr, color="#1f77b4", marker="o", capsize=2.5,
-                        linewidth=1.2, label="gradient-norm family (line: interpolation)")  # fmt: skip
+                        linestyle="none", label="gradient-norm family")  # fmt: skip
+            front = fam[frontier_mask(fam["test_accuracy"], fam["median_p"])]
+            ax.plot(100 * front["test_accuracy"], front["median_p"], color="#1f77b4", linewidth=1.2,
+                    label="its frontier (interpolated)")  # fmt: skip
             span = max(float(100 * (t["test_accuracy"].max() - t["test_accuracy"].min())), 1e-9)
             placed: list[float] = []
             for row in fam.itertuples():
