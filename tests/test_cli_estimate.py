@@ -241,7 +241,10 @@ def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, 
 
 # -- interruption ---------------------------------------------------------------------------------
 
-KILL_ARGS = ["--sigma", "0.1", "0.3", "--methods", "mc", "softmax", "--mc-samples", "300", "--limit", "40",
+# Long enough that the signal lands mid-run even when the test process is descheduled on a busy
+# machine: with 300 draws the 40 parts took 0.35 s after the first and a SIGINT once arrived too
+# late (exit 0); with 3,000 they take ~3 s.
+KILL_ARGS = ["--sigma", "0.1", "0.3", "--methods", "mc", "softmax", "--mc-samples", "3000", "--limit", "40",
              "--batch-size", "4", "--device", "cpu", "--seed", "3"]  # fmt: skip
 
 
