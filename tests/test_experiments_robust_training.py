@@ -28,7 +28,7 @@ RECIPE = {"dataset": "fashion-mnist", "arch": "cnn", "epochs": 1, "lr": 0.05, "b
 
 def robust_meta(mu: float, sigma: float) -> dict:
     return {
-        "extra_loss": f"RobustLoss(sigma={sigma}, mu={mu:g}, cdf='mv-sigmoid', linearisation='taylor', target='label', max_points=32, warmup_steps=100)",
+        "extra_loss": f"RobustLoss(sigma={sigma}, mu={mu:g}, cdf='mv-sigmoid', linearisation='taylor', target='label', max_points=32, min_p=0.0001, warmup_steps=100)",
         "extra_loss_config": {"name": "RobustLoss", "mu": mu, "sigma": sigma, "cdf": "mv-sigmoid", "max_points": 32, "warmup_steps": 100},
     }
 
@@ -102,6 +102,7 @@ def test_robust_loss_settings_are_read_from_the_name_of_older_checkpoints(tmp_pa
     results = experiments.load_results(tmp_path)
     old, other = results.by_label("old"), results.by_label("other")
     assert (old.robust_loss, old.robust_sigma) == (3.0, 0.3) and old.robust_loss_config["warmup_steps"] == 100
+    assert old.robust_loss_config["min_p"] == 1e-4 and old.robust_loss_config["max_points"] == 32
     assert old.label == "Fashion-MNIST CNN, robust μ=3 (σ=0.3)"
     assert other.robust_loss is None and not other.is_standard and other.label == "Fashion-MNIST CNN, my_penalty"
     assert results.standard() == [] and results.families() == []

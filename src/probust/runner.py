@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from probust import _distributed
 from probust._checks import eval_mode
+from probust._json import jsonable
 from probust._stats import INTERVALS
 from probust.estimators import MMSE
 from probust.functional import METHODS, make_estimator
@@ -400,13 +401,8 @@ def hash_state_dict(model: nn.Module) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    """JSON types for config.json; an object JSON cannot hold is written as its str()."""
+    return jsonable(value, lambda v: v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
 
 
 def _load_model(

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from probust import data as _data
 from probust import models as _models
+from probust._json import jsonable
 from probust.models._checkpoint import probust_version
 
 ExtraLoss = Callable[[nn.Module, Tensor, Tensor, Tensor], Tensor]
@@ -418,18 +419,14 @@ def _jsonable(value: Any) -> Any:
     """``value`` with tensors, numpy scalars and tuples turned into JSON types (checked)."""
     import json
 
-    def convert(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {str(k): convert(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [convert(x) for x in v]
+    def leaf(v: Any) -> Any:
         if isinstance(v, Tensor):
             return v.tolist()
         if hasattr(v, "item") and callable(v.item):  # numpy scalars
             return v.item()
         return v
 
-    out = convert(value)
+    out = jsonable(value, leaf)
     try:
         json.dumps(out)
     except TypeError as exc:

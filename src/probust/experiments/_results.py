@@ -44,6 +44,17 @@ _FAMILY_KEYS = ("dataset", "arch", "epochs", "lr", "batch_size", "weight_decay",
 _ROBUST_REPR = re.compile(r"^RobustLoss\((.*)\)$", re.S)
 
 
+def _number(text: str, *, as_float: bool) -> float | int | str:
+    """A setting from a RobustLoss repr: an int where it reads as one (unless ``as_float``),
+    else a float, else the text itself (e.g. a non-scalar noise's description)."""
+    for kind in ((float,) if as_float else (int, float)):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _is_run(path: Path) -> bool:
     config = path / "config.json"
     if not config.is_file():
@@ -136,10 +147,7 @@ class Run:
             if value.startswith("'"):
                 out[key] = value.strip("'")
                 continue
-            try:
-                out[key] = None if value == "None" else float(value) if key in ("mu", "sigma") else int(value)
-            except ValueError:
-                out[key] = value  # e.g. a non-scalar noise's description
+            out[key] = None if value == "None" else _number(value, as_float=key in ("mu", "sigma"))
         if not isinstance(out.get("sigma"), float):
             out["sigma"] = None
         return out if isinstance(out.get("mu"), float) else None
