@@ -59,33 +59,127 @@ def point_keys(seed: int, indices: Tensor, stream: int) -> Tensor:
     return _mix(_mix(idx * _GOLDEN + base.to(idx.device)) + _s64(stream * 0x9E3779B97F4A7C15))
 
 
-def _bits(keys: Tensor, start: int, n: int, width: int) -> Tensor:
-    """64 random bits for counters [start, start + n) x [0, width): int64 [B, n, width]."""
-    device = keys.device
+# Work on blocks of about this many 64-bit words: the dozen in-place passes of the hash then
+# stay in the CPU's cache instead of streaming whole [B, n, d] tensors through memory.
+_CHUNK_WORDS = 1 << 16
+_LOW32 = 0xFFFFFFFF
+
+
+def _counters(start: int, n: int, width: int, device: torch.device) -> Tensor:
+    """(counter + 1) * golden for samples [start, start + n) x words [0, width): int64 [n, width]."""
     counter = (
         torch.arange(start, start + n, device=device, dtype=torch.int64)[:, None] * width
         + torch.arange(width, device=device, dtype=torch.int64)[None, :]
     )
-    state = keys[:, None, None] + (counter[None] + 1) * _GOLDEN
-    return _mix(state)
+    return (counter + 1) * _GOLDEN
+
+
+def _mix_(x: Tensor, tmp: Tensor) -> Tensor:
+    """:func:`_mix` in place on ``x``, using ``tmp`` (same shape) as scratch: the same integers."""
+    for bits, mult in ((30, _MIX1), (27, _MIX2), (31, None)):
+        torch.bitwise_right_shift(x, bits, out=tmp)
+        tmp &= (1 << (64 - bits)) - 1
+        x ^= tmp
+        if mult is not None:
+            x *= mult
+    return x
+
+
+def _blocks(points: int, n: int, width: int):
+    """Split (points x n samples x width words) into cache-sized (point slice, sample slice) blocks."""
+    per_point = n * width
+    if per_point <= _CHUNK_WORDS:
+        group = max(1, _CHUNK_WORDS // per_point)
+        for first in range(0, points, group):
+            yield slice(first, min(first + group, points)), slice(0, n)
+    else:
+        rows = max(1, _CHUNK_WORDS // width)
+        for b in range(points):
+            for s in range(0, n, rows):
+                yield slice(b, b + 1), slice(s, min(s + rows, n))
+
+
+def _hashed(keys: Tensor, start: int, n: int, width: int):
+    """Yield (point slice, sample slice, h, scratch) for cache-sized blocks.
+
+    ``h`` holds the 64 random bits of each word of the block, int64 [points in block, samples
+    in block, width], identical to ``_mix(keys + (counter + 1) * golden)``; ``scratch`` is an
+    int64 buffer of the same shape. Both are reused between blocks: consume them first.
+    """
+    ctr = _counters(start, n, width, keys.device)
+    buffers = _Scratch(keys.device)
+    for points, samples in _blocks(keys.shape[0], n, width):
+        shape = (points.stop - points.start, samples.stop - samples.start, width)
+        h, tmp = buffers.get(shape, torch.int64, 2)
+        torch.add(ctr[None, samples], keys[points, None, None], out=h)
+        yield points, samples, _mix_(h, tmp), tmp
+
+
+class _Scratch:
+    """Buffers reused across blocks (allocating per block would fault fresh pages every time)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.flat: dict[torch.dtype, list[Tensor]] = {}
+
+    def get(self, shape: tuple[int, ...], dtype: torch.dtype, count: int) -> list[Tensor]:
+        size = math.prod(shape)
+        flat = self.flat.get(dtype)
+        if flat is None or len(flat) < count or flat[0].numel() < size:
+            flat = [torch.empty(size, dtype=dtype, device=self.device) for _ in range(count)]
+            self.flat[dtype] = flat
+        return [buffer[:size].view(shape) for buffer in flat[:count]]
+
+
+def _bits(keys: Tensor, start: int, n: int, width: int) -> Tensor:
+    """64 random bits for counters [start, start + n) x [0, width): int64 [B, n, width]."""
+    out = torch.empty(keys.shape[0], n, width, dtype=torch.int64, device=keys.device)
+    for points, samples, h, _ in _hashed(keys, start, n, width):
+        out[points, samples] = h
+    return out
+
+
+def _unit(bits: Tensor, out: Tensor) -> Tensor:
+    """(bits + 0.5) * 2**-32 for 32-bit integers held in int64: a uniform in (0, 1), in ``out``'s dtype."""
+    out.copy_(bits)
+    out += 0.5
+    out *= 2.0**-32
+    return out
 
 
 def uniform(keys: Tensor, start: int, n: int, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Uniform(0, 1) numbers, open interval: [B, n, dim] for samples start..start+n-1."""
     pairs = (dim + 1) // 2
-    h = _bits(keys, start, n, pairs)
-    # Two 32-bit uniforms per 64-bit word; +0.5 keeps them strictly inside (0, 1).
-    hi = (_shift_right(h, 32).to(torch.float64) + 0.5) * 2.0**-32
-    lo = ((h & 0xFFFFFFFF).to(torch.float64) + 0.5) * 2.0**-32
-    return torch.cat([hi, lo], dim=-1)[..., :dim].to(dtype)
+    # Two 32-bit uniforms per 64-bit word, made in float64 (exact), then cast.
+    out = torch.empty(keys.shape[0], n, 2 * pairs, dtype=dtype, device=keys.device)
+    floats = _Scratch(keys.device)
+    for points, samples, h, scratch in _hashed(keys, start, n, pairs):
+        (unit,) = floats.get(h.shape, torch.float64, 1)
+        block = out[points, samples]
+        torch.bitwise_right_shift(h, 32, out=scratch)
+        scratch &= _LOW32
+        block[..., :pairs] = _unit(scratch, unit)
+        torch.bitwise_and(h, _LOW32, out=scratch)
+        block[..., pairs:] = _unit(scratch, unit)
+    return out[..., :dim]
 
 
 def normal(keys: Tensor, start: int, n: int, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Standard normal numbers [B, n, dim] for samples start..start+n-1 (Box-Muller)."""
+    """Standard normal numbers [B, n, dim] for samples start..start+n-1 (Box-Muller).
+
+    Word w of a sample gives coordinates w (radius * cos) and pairs + w (radius * sin).
+    """
     pairs = (dim + 1) // 2
-    h = _bits(keys, start, n, pairs)
-    u1 = (_shift_right(h, 32).to(dtype) + 0.5) * 2.0**-32
-    u2 = ((h & 0xFFFFFFFF).to(dtype) + 0.5) * 2.0**-32
-    radius = torch.sqrt(-2.0 * torch.log(u1))
-    angle = (2.0 * math.pi) * u2
-    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)[..., :dim]
+    out = torch.empty(keys.shape[0], n, 2 * pairs, dtype=dtype, device=keys.device)
+    floats = _Scratch(keys.device)
+    for points, samples, h, scratch in _hashed(keys, start, n, pairs):
+        radius, angle = floats.get(h.shape, dtype, 2)
+        torch.bitwise_right_shift(h, 32, out=scratch)
+        scratch &= _LOW32
+        _unit(scratch, radius).log_().mul_(-2.0).sqrt_()
+        torch.bitwise_and(h, _LOW32, out=scratch)
+        _unit(scratch, angle).mul_(2.0 * math.pi)
+        block = out[points, samples]
+        torch.cos(angle, out=block[..., :pairs]).mul_(radius)
+        torch.sin(angle, out=block[..., pairs:]).mul_(radius)
+    return out[..., :dim]

@@ -44,6 +44,7 @@ from probust._checks import check_positive_float, check_positive_int
 from probust._progress import progress
 from probust._stats import upper_rate
 from probust.estimators import MMSE, Estimator, Taylor
+from probust._tuning import to_format, weights_in_format
 from probust.linearize import plan_blocks, project
 from probust.noise import Noise, as_noise
 from probust.result import Estimate
@@ -131,7 +132,8 @@ class MonteCarloCV(Estimator):
         check_every: draws between adaptive checks (fixed, so results do not depend on batching).
         tol: absolute tolerance of the mvn-cdf giving the control variate's mean; its error
             bound (times |beta|) is added to the interval.
-        jacobian_batch_size: rows per vmapped Jacobian pass of the linearisation.
+        jacobian_batch_size: rows per Jacobian pass of the linearisation (None: measured).
+        jacobian: the linearisation's Jacobian strategy (see :class:`probust.Taylor`).
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
 
     Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p``, ``stderr``,
@@ -153,12 +155,12 @@ class MonteCarloCV(Estimator):
         target_half_width: float | None = None,
         check_every: int = 500,
         tol: float = 1e-4,
-        batch_size: int = 4096,
-        jacobian_batch_size: int = 256,
+        jacobian_batch_size: int | None = None,
         class_chunk_size: int | None = None,
+        jacobian: str = "auto",
         **kwargs,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, **kwargs)
+        super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
         if not self.noise.is_gaussian:
             raise ValueError(
@@ -176,7 +178,14 @@ class MonteCarloCV(Estimator):
             None if target_half_width is None else check_positive_float(target_half_width, "target_half_width")
         )
         self.check_every = check_positive_int(check_every, "check_every")
-        common = dict(tol=tol, batch_size=jacobian_batch_size, class_chunk_size=class_chunk_size, seed=self.seed)
+        common = dict(
+            tol=tol,
+            batch_size=jacobian_batch_size,
+            class_chunk_size=class_chunk_size,
+            jacobian=jacobian,
+            memory_budget=self.memory_budget,
+            seed=self.seed,
+        )
         self.linear = (
             Taylor(model, self.noise, **common)
             if linearisation == "taylor"
@@ -186,7 +195,7 @@ class MonteCarloCV(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts: list[Estimate] = []
-        chunk = self.linear._points_per_chunk()
+        chunk = self.linear._points_per_chunk(x)
         total = x.shape[0] * self.n_samples
         with progress(total, self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
@@ -245,15 +254,17 @@ class MonteCarloCV(Estimator):
         """Counts (n, sum Y, sum X, sum XY) over draws start..start+n-1: int64 [4, B]."""
         shape = x.shape[1:]
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
-        for points, first, count in plan_blocks(x.shape[0], n, self.batch_size):
-            eps = self.noise.sample(keys[points], start + first, count, shape)
-            logits = self.model((x[points, None] + eps).view(-1, *shape))
-            y = logits.argmax(dim=1).view(-1, count) == target[points, None]
-            linear = c[points, None, :] + project(u[points], eps)
-            xk = (linear > 0).all(dim=2)
-            out[0, points] += count
-            out[1, points] += y.sum(1)
-            out[2, points] += xk.sum(1)
-            out[3, points] += (y & xk).sum(1)
-            bar.update(y.numel())
+        plan = self._forward_plan(x, x.shape[0] * n)
+        with weights_in_format(self.model, plan.channels_last):
+            for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
+                eps = self.noise.sample(keys[points], start + first, count, shape)
+                logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))
+                y = logits.argmax(dim=1).view(-1, count) == target[points, None]
+                linear = c[points, None, :] + project(u[points], eps)
+                xk = (linear > 0).all(dim=2)
+                out[0, points] += count
+                out[1, points] += y.sum(1)
+                out[2, points] += xk.sum(1)
+                out[3, points] += (y & xk).sum(1)
+                bar.update(y.numel())
         return out

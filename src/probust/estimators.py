@@ -32,10 +32,14 @@ from probust._checks import (
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.linearize import logit_jacobian, margin_gradients, margins, plan_blocks, smoothed_margin_jacobian
+from probust._budget import check_budget, resolve_budget, row_cost, rows_within
+from probust._tuning import JACOBIANS, ForwardPlan, JacobianPlan, plan_forward, plan_jacobian, to_format, weights_in_format
 from probust.noise import Noise, as_noise
 from probust.result import Estimate
 
 CDFS = ("mvn", "mv-sigmoid")
+_MAX_POINTS_PER_CHUNK = 1024  # the mvn-cdf is batched: more points per call gain nothing beyond this
+_CLEAN_ROWS = 256  # rows per clean forward pass: a handful of passes, far from any memory limit
 
 
 class Estimator(ABC):
@@ -43,18 +47,32 @@ class Estimator(ABC):
 
     Args:
         model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
-        batch_size: the most rows (clean or noisy copies) in one forward pass.
+        batch_size: the most rows (clean or noisy copies) in one pass through the model.
+            None (default): measured on the first call, the fastest that fits
+            ``memory_budget`` (see :mod:`probust._tuning`), and kept for later calls.
+        memory_budget: bytes (or a size such as ``"2GB"``) the estimator may hold at once;
+            None: half the memory free on the device at each call. Work that cannot fit raises
+            an error naming this argument.
         seed: seed of every random stream the estimator uses.
         show_progress: draw a progress bar over the work.
     """
 
     method: str = ""
 
-    def __init__(self, model: nn.Module, *, batch_size: int = 1024, seed: int = 0, show_progress: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        batch_size: int | None = None,
+        memory_budget: int | str | None = None,
+        seed: int = 0,
+        show_progress: bool = False,
+    ):
         if not callable(model):
             raise TypeError(f"model must be a torch.nn.Module (or callable) mapping [B, ...] to logits, got {model!r}")
         self.model = model
-        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.batch_size = None if batch_size is None else check_positive_int(batch_size, "batch_size")
+        self.memory_budget = check_budget(memory_budget)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
@@ -87,9 +105,19 @@ class Estimator(ABC):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...
 
     def _clean_logits(self, x: Tensor) -> Tensor:
+        step = self.batch_size or _CLEAN_ROWS
         with torch.no_grad():
-            parts = [self.model(x[i : i + self.batch_size]) for i in range(0, x.shape[0], self.batch_size)]
+            parts = [self.model(x[i : i + step]) for i in range(0, x.shape[0], step)]
         return check_logits(torch.cat(parts), x.shape[0])
+
+    def _budget(self, x: Tensor) -> int:
+        return resolve_budget(self.memory_budget, x.device)
+
+    def _forward_plan(self, x: Tensor, total_rows: int) -> ForwardPlan:
+        """Rows per forward pass without autograd (noisy copies) and the memory format."""
+        if not isinstance(self.model, nn.Module):
+            return ForwardPlan(self.batch_size or _CLEAN_ROWS, False)
+        return plan_forward(self.model, x[:8], budget=self._budget(x), total_rows=total_rows, rows=self.batch_size)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
@@ -153,10 +181,9 @@ class MonteCarlo(Estimator):
         interval: str = "wilson",
         target_half_width: float | None = None,
         check_every: int = 1000,
-        batch_size: int = 4096,
         **kwargs,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, **kwargs)
+        super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
         self.n_samples = check_positive_int(n_samples, "n_samples")
         if not 0 < confidence < 1:
@@ -170,13 +197,15 @@ class MonteCarlo(Estimator):
         )
         self.check_every = check_positive_int(check_every, "check_every")
 
-    def _count(self, x: Tensor, target: Tensor, keys: Tensor, start: int, n: int, bar) -> Tensor:
+    def _count(self, x: Tensor, target: Tensor, keys: Tensor, start: int, n: int, bar, plan: ForwardPlan) -> Tensor:
         """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B]."""
         shape = x.shape[1:]
         counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-        for points, first, count in plan_blocks(x.shape[0], n, self.batch_size):
-            noisy = x[points, None] + self.noise.sample(keys[points], start + first, count, shape)
-            logits = self.model(noisy.view(-1, *shape))
+        for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
+            noisy = self.noise.sample(keys[points], start + first, count, shape)
+            noisy += x[points, None]
+            with torch.inference_mode():
+                logits = self.model(to_format(noisy.view(-1, *shape), plan.channels_last))
             kept = logits.argmax(dim=1).view(-1, count) == target[points, None]
             counts[points] += kept.sum(dim=1)
             bar.update(kept.numel())
@@ -187,9 +216,14 @@ class MonteCarlo(Estimator):
         target = check_target(target, self._clean_logits(x))
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
         batch = x.shape[0]
-        with torch.no_grad(), progress(batch * self.n_samples, "mc", self.show_progress) as bar:
+        plan = self._forward_plan(x, batch * self.n_samples)
+        with (
+            torch.no_grad(),
+            weights_in_format(self.model, plan.channels_last),
+            progress(batch * self.n_samples, "mc", self.show_progress) as bar,
+        ):
             if self.target_half_width is None:
-                successes = self._count(x, target, keys, 0, self.n_samples, bar)
+                successes = self._count(x, target, keys, 0, self.n_samples, bar, plan)
                 trials = torch.full_like(successes, self.n_samples)
             else:
                 successes = torch.zeros(batch, dtype=torch.int64, device=x.device)
@@ -199,7 +233,7 @@ class MonteCarlo(Estimator):
                 while start < self.n_samples and active.any():
                     n = min(self.check_every, self.n_samples - start)
                     rows = active.nonzero().flatten()
-                    successes[rows] += self._count(x[rows], target[rows], keys[rows], start, n, bar)
+                    successes[rows] += self._count(x[rows], target[rows], keys[rows], start, n, bar, plan)
                     trials[rows] += n
                     start += n
                     low, high = binomial_interval(successes, trials, self.confidence, self.interval)
@@ -230,14 +264,17 @@ class _Linearised(Estimator):
         *,
         cdf: str = "mvn",
         tol: float = 1e-4,
+        jacobian: str = "auto",
         class_chunk_size: int | None = None,
-        batch_size: int = 256,
         differentiable: bool = False,
         p_fail: bool = False,
         fail_rtol: float = 1e-2,
         **kwargs,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, **kwargs)
+        super().__init__(model, **kwargs)
+        if jacobian not in JACOBIANS:
+            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
+        self.jacobian = jacobian
         self.noise = as_noise(sigma)
         if cdf not in CDFS:
             raise ValueError(f"cdf must be one of {CDFS}, got {cdf!r}")
@@ -263,9 +300,10 @@ class _Linearised(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
+        chunk = self._points_per_chunk(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
-            for first in range(0, x.shape[0], self._points_per_chunk()):
-                rows = slice(first, min(first + self._points_per_chunk(), x.shape[0]))
+            for first in range(0, x.shape[0], chunk):
+                rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
                 parts.append(self._from_linearisation(*self._linearise(x[rows], chunk_target, indices[rows])))
                 bar.update(rows.stop - rows.start)
@@ -279,8 +317,43 @@ class _Linearised(Estimator):
             method=self.method,
         )
 
-    def _points_per_chunk(self) -> int:
-        return self.batch_size
+    #: noisy copies linearised per point (MMSE's N)
+    copies = 1
+
+    def _points_per_chunk(self, x: Tensor) -> int:
+        """Points linearised together: their gradients, a float64 copy of them for the
+        covariance, and their noisy copies' inputs take at most half the memory budget."""
+        cost = row_cost(self.model, x)
+        per_point = 4 * cost.classes * cost.input + 2 * self.copies * cost.input + 24 * cost.classes**2
+        fits = rows_within(self._budget(x) // 2, per_point, what="the margin gradients of one point")
+        return min(_MAX_POINTS_PER_CHUNK, fits)
+
+    def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
+        """How to differentiate ``rows`` rows like ``x`` (measured once per model; half the budget)."""
+        cost = row_cost(self.model, x)
+        return plan_jacobian(
+            self.model,
+            x[:16],
+            cost.classes,
+            budget=self._budget(x) // 2,
+            total_rows=rows,
+            strategy=self.jacobian,
+            rows=self.batch_size,
+            class_chunk=self.class_chunk_size,
+            differentiable=self.differentiable,
+            run=self._timed_jacobian,
+        )
+
+    def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, classes: Tensor | None) -> object:
+        with weights_in_format(self.model, plan.channels_last):
+            return logit_jacobian(
+                self.model,
+                to_format(rows, plan.channels_last),
+                class_chunk_size=plan.class_chunk,
+                strategy=plan.strategy,
+                classes=None if plan.strategy == "forward" else classes,
+                fallback=False,
+            )
 
     def _from_linearisation(self, target: Tensor, c: Tensor, u: Tensor) -> Estimate:
         std = _maps.standardise(c, u, target, self.noise)
@@ -333,11 +406,27 @@ class Taylor(_Linearised):
     base_method = "taylor"
 
     def _linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, jacobian = logit_jacobian(
-            self.model, x, class_chunk_size=self.class_chunk_size, differentiable=self.differentiable
-        )
-        target = check_target(target, check_logits(logits, x.shape[0]))
-        return target, margins(logits, target), margin_gradients(jacobian, target)
+        plan = self._jacobian_plan(x, x.shape[0])
+        logits, normals = [], []
+        with weights_in_format(self.model, plan.channels_last):
+            for first in range(0, x.shape[0], plan.rows):
+                rows = slice(first, first + plan.rows)
+                block_logits, jacobian = logit_jacobian(
+                    self.model,
+                    to_format(x[rows], plan.channels_last),
+                    class_chunk_size=plan.class_chunk,
+                    differentiable=self.differentiable,
+                    strategy=plan.strategy,
+                )
+                block_target = check_target(
+                    None if target is None else target[rows], check_logits(block_logits, jacobian.shape[0])
+                )
+                logits.append(block_logits)
+                normals.append(margin_gradients(jacobian, block_target))
+                del jacobian
+        all_logits = torch.cat(logits)
+        target = check_target(target, all_logits)
+        return target, margins(all_logits, target), torch.cat(normals) if len(normals) > 1 else normals[0]
 
 
 class MMSE(_Linearised):
@@ -374,8 +463,9 @@ class MMSE(_Linearised):
             raise ValueError(f"sampling must be one of {self.SAMPLINGS}, got {sampling!r}")
         self.sampling = sampling
 
-    def _points_per_chunk(self) -> int:
-        return max(1, self.batch_size // self.n_samples)
+    @property
+    def copies(self) -> int:  # type: ignore[override]
+        return self.n_samples
 
     def _draws(self, keys: Tensor, shape: torch.Size) -> Tensor:
         """Noise [B, N, *S] for the N copies of each point."""
@@ -388,13 +478,17 @@ class MMSE(_Linearised):
     def _linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         target = check_target(target, self._clean_logits(x))
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
-        c, u = smoothed_margin_jacobian(
-            self.model,
-            x,
-            target,
-            self._draws(keys, x.shape[1:]),
-            batch_size=self.batch_size,
-            class_chunk_size=self.class_chunk_size,
-            differentiable=self.differentiable,
-        )
+        plan = self._jacobian_plan(x, x.shape[0] * self.n_samples)
+        with weights_in_format(self.model, plan.channels_last):
+            c, u = smoothed_margin_jacobian(
+                self.model,
+                x,
+                target,
+                self._draws(keys, x.shape[1:]),
+                batch_size=plan.rows,
+                class_chunk_size=plan.class_chunk,
+                differentiable=self.differentiable,
+                strategy=plan.strategy,
+                to_rows=lambda rows: to_format(rows, plan.channels_last),
+            )
         return target, c, u

@@ -49,6 +49,7 @@ from probust._progress import progress
 from probust._stats import upper_rate
 from probust.control_variate import LINEARISATIONS
 from probust.estimators import MMSE, Estimator, Taylor
+from probust._tuning import to_format, weights_in_format
 from probust.linearize import plan_blocks, project
 from probust.noise import Gaussian, Noise, as_noise
 from probust.result import Estimate
@@ -81,7 +82,8 @@ class MonteCarloIS(Estimator):
         components: keep only this many most likely boundaries (by Phi(-z_i)); None: all.
         defensive: share ``a`` of the draws from the nominal noise (0 <= a < 1).
         confidence: level of the interval.
-        tol, jacobian_batch_size, class_chunk_size: passed to the linearisation.
+        tol, jacobian_batch_size, class_chunk_size, jacobian: passed to the linearisation
+            (``jacobian_batch_size`` is its ``batch_size``).
 
     Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p = 1 - p_fail``,
     ``p_fail``, ``p_fail_error`` (standard error / p_fail; inf when no failure was drawn),
@@ -106,12 +108,12 @@ class MonteCarloIS(Estimator):
         defensive: float = 0.1,
         confidence: float = 0.95,
         tol: float = 1e-4,
-        batch_size: int = 4096,
-        jacobian_batch_size: int = 256,
+        jacobian_batch_size: int | None = None,
         class_chunk_size: int | None = None,
+        jacobian: str = "auto",
         **kwargs,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, **kwargs)
+        super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
         if not isinstance(self.noise, Gaussian):
             raise ValueError(
@@ -128,7 +130,14 @@ class MonteCarloIS(Estimator):
         self.defensive = float(defensive)
         self.confidence = confidence
         self.linearisation = linearisation
-        common = dict(tol=tol, batch_size=jacobian_batch_size, class_chunk_size=class_chunk_size, seed=self.seed)
+        common = dict(
+            tol=tol,
+            batch_size=jacobian_batch_size,
+            class_chunk_size=class_chunk_size,
+            jacobian=jacobian,
+            memory_budget=self.memory_budget,
+            seed=self.seed,
+        )
         self.linear = (
             Taylor(model, self.noise, **common)
             if linearisation == "taylor"
@@ -138,7 +147,7 @@ class MonteCarloIS(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
-        chunk = self.linear._points_per_chunk()
+        chunk = self.linear._points_per_chunk(x)
         with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
@@ -183,15 +192,16 @@ class MonteCarloIS(Estimator):
         sum_w2 = torch.zeros_like(sum_w)
         failures = torch.zeros(batch, dtype=torch.int64, device=x.device)
         cumulative = log_mix.exp().cumsum(1)
-        with torch.no_grad():
-            for points, first, count in plan_blocks(batch, self.n_samples, self.batch_size):
+        plan = self._forward_plan(x, batch * self.n_samples)
+        with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
+            for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
                 pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]
                 which = torch.searchsorted(cumulative[points], pick.contiguous(), right=True)
                 which = which.clamp_max(cumulative.shape[1] - 1)  # rounding of the last cumsum
                 shift = torch.cat([torch.zeros_like(delta[points, :1]), delta[points]], dim=1)
                 eps = self.noise.sample(noise_keys[points], first, count, shape)
                 eps = eps + shift.gather(1, which.view(*which.shape, *([1] * len(shape))).expand(-1, -1, *shape))
-                logits = self.model((x[points, None] + eps).view(-1, *shape))
+                logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))
                 fail = logits.argmax(dim=1).view(-1, count) != target[points, None]
                 proj = project(u[points], eps).to(torch.float64)  # [P, n, C]
                 exponent = -ratio[points, None, :] * proj - half_z2[points, None, :]

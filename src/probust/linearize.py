@@ -2,10 +2,10 @@
 
 For a batch x [B, *S] with target classes t [B], the margins are g [B, C] with
 g[b, i] = f_t(x_b) - f_i(x_b) (so g[b, t_b] == 0), and their gradients u [B, C, *S] with
-u[b, t_b] == 0. Gradients come from one forward pass and a vmapped vector-Jacobian product
-over the C cotangents e_t - e_i (torch.func), so the cost is one forward and C batched
-backward passes (`logit_jacobian`); the margin gradients follow by a subtraction. Models that torch.func cannot trace (e.g. TorchScript) fall back to a
-Python loop over classes with autograd.
+u[b, t_b] == 0. Gradients come from the logits' input Jacobian (`logit_jacobian`: one forward pass and C
+backward passes, either vectorised by torch.func or one autograd pass per class, or forward
+mode for inputs with few coordinates); the margin gradients follow by a subtraction. Models
+that torch.func cannot trace (e.g. TorchScript) fall back to the per-class autograd loop.
 
 Rows must not interact inside the model (true in eval mode: batch norm uses running stats).
 """
@@ -13,7 +13,7 @@ Rows must not interact inside the model (true in eval mode: batch norm uses runn
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -25,49 +25,92 @@ def margins(logits: Tensor, target: Tensor) -> Tensor:
     return logits.gather(1, target[:, None]) - logits
 
 
-def _jacobian_torch_func(model: nn.Module, x: Tensor, class_chunk_size: int | None) -> tuple[Tensor, Tensor]:
+def _jacobian_vmap(
+    model: nn.Module, x: Tensor, class_chunk_size: int | None, classes: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     logits, pullback = torch.func.vjp(model, x)
     eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
+    if classes is not None:
+        eye = eye[classes]
     cotangents = eye[:, None, :].expand(-1, logits.shape[0], -1)
     (grads,) = torch.func.vmap(pullback, chunk_size=class_chunk_size)(cotangents)
     return logits, grads.transpose(0, 1)
 
 
-def _jacobian_autograd(model: nn.Module, x: Tensor, create_graph: bool = False) -> tuple[Tensor, Tensor]:
+def _jacobian_loop(
+    model: nn.Module, x: Tensor, create_graph: bool = False, classes: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     if not (create_graph and x.requires_grad):
         x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(x)
-        classes = logits.shape[1]
+        wanted = range(logits.shape[1]) if classes is None else classes.tolist()
+        last = wanted[-1] if len(wanted) else None
         grads = [
-            torch.autograd.grad(logits[:, i].sum(), x, retain_graph=create_graph or i < classes - 1, create_graph=create_graph)[0]
-            for i in range(classes)
+            torch.autograd.grad(
+                logits[:, i].sum(), x, retain_graph=create_graph or i != last, create_graph=create_graph
+            )[0]
+            for i in wanted
         ]
     return logits, torch.stack(grads, dim=1)
+
+
+def _jacobian_forward(model: nn.Module, x: Tensor, tangent_chunk_size: int | None) -> tuple[Tensor, Tensor]:
+    """Forward mode: one Jacobian-vector product per input coordinate (cheap for few coordinates)."""
+    d = x[0].numel()
+    basis = torch.eye(d, device=x.device, dtype=x.dtype).view(d, 1, *x.shape[1:]).expand(-1, x.shape[0], *x.shape[1:])
+
+    def column(tangent: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.func.jvp(model, (x,), (tangent,))
+
+    logits, columns = torch.func.vmap(column, chunk_size=tangent_chunk_size)(basis)  # [d, B, C] each
+    return logits[0], columns.permute(1, 2, 0).reshape(x.shape[0], -1, *x.shape[1:])
 
 
 _FALLBACK_WARNED: set[type] = set()
 
 
 def logit_jacobian(
-    model: nn.Module, x: Tensor, *, class_chunk_size: int | None = None, differentiable: bool = False
+    model: nn.Module,
+    x: Tensor,
+    *,
+    class_chunk_size: int | None = None,
+    differentiable: bool = False,
+    strategy: str = "vmap",
+    classes: Tensor | None = None,
+    fallback: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Logits [B, C] and their input Jacobian [B, C, *S] at x.
+    """Logits [B, C] and their input Jacobian [B, C, *S] at x, in one pass over the rows.
 
     Args:
         model: maps [B, *S] to logits [B, C]; rows must be independent (eval mode).
         x: inputs [B, *S].
-        class_chunk_size: how many classes' backward passes run at once (bounds memory
-            for large C); None means all C together.
+        class_chunk_size: "vmap": how many classes' backward passes run at once; "forward":
+            how many input coordinates' forward passes. None: all at once.
         differentiable: keep the autograd graph, so that both outputs can be differentiated
             with respect to the model's parameters and (if it requires grad) ``x``; the default
             returns detached tensors. torch.func's vjp and vmap compose with ordinary autograd
             on the tensors they capture, so the Jacobian's own graph is built by the same
             vectorised pass (double backpropagation).
+        strategy: "vmap" (torch.func, vectorised over classes), "loop" (one backward pass per
+            class) or "forward" (forward mode, one pass per input coordinate). All give the
+            same Jacobian up to float rounding. A model torch.func cannot trace falls back to
+            "loop" with one warning.
+        classes: only these classes' rows of the Jacobian (int64 [k]; not with "forward").
+        fallback: on a model torch.func cannot trace, fall back to "loop" (False: raise).
     """
     try:
-        logits, grads = _jacobian_torch_func(model, x, class_chunk_size)
+        if strategy == "loop":
+            logits, grads = _jacobian_loop(model, x, create_graph=differentiable, classes=classes)
+        elif strategy == "forward":
+            logits, grads = _jacobian_forward(model, x, class_chunk_size)
+            if classes is not None:
+                grads = grads[:, classes]
+        else:
+            logits, grads = _jacobian_vmap(model, x, class_chunk_size, classes)
     except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
+        if strategy == "loop" or not fallback:
+            raise
         if type(model) not in _FALLBACK_WARNED:
             _FALLBACK_WARNED.add(type(model))
             warnings.warn(
@@ -76,10 +119,10 @@ def logit_jacobian(
                 RuntimeWarning,
                 stacklevel=3,
             )
-        logits, grads = _jacobian_autograd(model, x, create_graph=differentiable)
+        logits, grads = _jacobian_loop(model, x, create_graph=differentiable, classes=classes)
     if differentiable:
         return logits, grads
-    return logits.detach(), grads.detach()
+    return logits.detach(), grads.detach().contiguous()
 
 
 def margin_gradients(jacobian: Tensor, target: Tensor) -> Tensor:
@@ -110,11 +153,14 @@ def smoothed_margin_jacobian(
     batch_size: int,
     class_chunk_size: int | None = None,
     differentiable: bool = False,
+    strategy: str = "vmap",
+    to_rows: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The MMSE (SmoothGrad) linearisation: mean of g and of grad g over noisy copies.
 
     Args:
-        model, class_chunk_size, differentiable: as in :func:`logit_jacobian`.
+        model, class_chunk_size, differentiable, strategy: as in :func:`logit_jacobian`.
+        to_rows: applied to each block of rows before the model sees it (e.g. a memory format).
         x: clean inputs [B, *S].
         target: long [B], the class whose boundaries are measured (fixed for all copies).
         eps: noise [B, N, *S]; copy j of point b is x[b] + eps[b, j].
@@ -131,8 +177,9 @@ def smoothed_margin_jacobian(
     g_sum = u_sum = None
     for first in range(0, len(rows), batch_size):
         block = slice(first, first + batch_size)
+        inputs = rows[block] if to_rows is None else to_rows(rows[block])
         logits, jacobian = logit_jacobian(
-            model, rows[block], class_chunk_size=class_chunk_size, differentiable=differentiable
+            model, inputs, class_chunk_size=class_chunk_size, differentiable=differentiable, strategy=strategy
         )
         g = margins(logits, row_target[block])
         u = margin_gradients(jacobian, row_target[block])

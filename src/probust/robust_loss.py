@@ -143,7 +143,8 @@ class RobustLoss:
 
     def estimator(self, model: nn.Module, batch: int) -> Taylor:
         """The differentiable estimator this loss evaluates (for ``batch`` points at once)."""
-        common = dict(cdf=self.cdf, tol=self.tol, differentiable=True)
+        # vmap builds the double-backward graph in one vectorised pass (a per-class loop would not).
+        common = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap")
         if self.linearisation == "taylor":
             return Taylor(model, self.noise, batch_size=batch, **common)
         return MMSE(model, self.noise, n_samples=self.mmse_samples, batch_size=batch * self.mmse_samples, **common)

@@ -38,9 +38,11 @@ import torch
 from torch import Tensor, nn
 
 from probust import _distributed
+from probust._budget import check_budget
 from probust._checks import eval_mode
 from probust._json import jsonable
 from probust._stats import INTERVALS
+from probust._tuning import JACOBIANS
 from probust.estimators import MMSE
 from probust.functional import METHODS, make_estimator
 from probust.store import OPTIONAL_COLUMNS, ResultStore, read_results
@@ -130,6 +132,8 @@ class RunPlan:
     world: _distributed.World
     batch_size: int
     eval_batch_size: int | None
+    memory_budget: int | str | None
+    jacobian: str
     seed: int
     target: str
     temperature: float
@@ -609,6 +613,8 @@ def prepare(
     seed: int = 0,
     batch_size: int = 256,
     eval_batch_size: int | None = None,
+    memory_budget: int | str | None = None,
+    jacobian: str = "auto",
     temperature: float = 1.0,
     target: str = "prediction",
     tol: float = 1e-4,
@@ -642,6 +648,12 @@ def prepare(
     limit = _check_int(limit, "--limit", 1)
     batch_size = _check_int(batch_size, "--batch-size", 1)
     eval_batch_size = _check_int(eval_batch_size, "--eval-batch-size", 1)
+    try:
+        check_budget(memory_budget)
+    except ValueError as exc:
+        raise ConfigError(f"--memory-budget: {exc}") from None
+    if jacobian not in JACOBIANS:
+        raise ConfigError(f"--jacobian: expected one of {', '.join(JACOBIANS)}, got {jacobian!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ConfigError(f"--seed: must be an integer, got {seed!r}")
     seed = int(seed)
@@ -712,6 +724,8 @@ def prepare(
                 world=world,
                 batch_size=batch_size,
                 eval_batch_size=eval_batch_size,
+                memory_budget=memory_budget,
+                jacobian=jacobian,
                 show_progress=show_progress and world.is_main,
                 merge=merge,
                 warnings=notes,
@@ -803,9 +817,11 @@ def _start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) -
 
 
 def _make_estimator(plan: RunPlan, task: Task):
-    kwargs: dict[str, Any] = {"seed": plan.seed}
+    kwargs: dict[str, Any] = {"seed": plan.seed, "memory_budget": plan.memory_budget}
     if plan.eval_batch_size is not None:
         kwargs["batch_size"] = plan.eval_batch_size
+    if task.method not in ("mc", "softmax"):
+        kwargs["jacobian"] = plan.jacobian
     kind = _sample_kind(task.method)
     if task.method == "softmax":
         kwargs["temperature"] = plan.temperature
@@ -852,7 +868,7 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
 
 def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor]:
     """(prediction int64 [B], softmax confidence of it float64 [B]) on the CPU."""
-    step = plan.eval_batch_size or 1024
+    step = plan.eval_batch_size or 256
     with eval_mode(plan.model), torch.no_grad():
         logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
     logits = logits.detach().to("cpu", torch.float64)
@@ -1028,6 +1044,8 @@ def run_estimate(
     seed: int = 0,
     batch_size: int = 256,
     eval_batch_size: int | None = None,
+    memory_budget: int | str | None = None,
+    jacobian: str = "auto",
     temperature: float = 1.0,
     target: str = "prediction",
     tol: float = 1e-4,
@@ -1069,7 +1087,11 @@ def run_estimate(
             GPUs each rank uses cuda:LOCAL_RANK.
         seed: seed of every random stream (each point's stream depends on it and the index).
         batch_size: points per work unit: per estimator call and per part file.
-        eval_batch_size: most inputs per forward pass inside the estimators (memory); default
+        memory_budget: bytes (or a size such as "4GB") each estimator may hold at once;
+            default half the memory free on the device. Row and class chunks are chosen to fit.
+        jacobian: how the analytic methods get input gradients: "auto" (measured once per
+            model), "loop", "vmap" or "forward" (see :class:`probust.Taylor`).
+        eval_batch_size: most inputs per forward pass inside the estimators; default
             each estimator's own.
         temperature: softmax temperature of the "softmax" method.
         target: "prediction" (p of keeping the clean prediction, the paper's definition) or

@@ -99,7 +99,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--batch-size", default="256", metavar="B", help="points per work unit and part file (default: 256)"
     )
     how.add_argument(
-        "--eval-batch-size", metavar="R", help="most inputs per forward pass inside the estimators (default: theirs)"
+        "--eval-batch-size",
+        metavar="R",
+        help="most inputs per pass through the model inside the estimators (default: measured per model)",
+    )
+    how.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="most memory an estimator holds at once, e.g. 4GB (default: half the free memory)",
+    )
+    how.add_argument(
+        "--jacobian",
+        default="auto",
+        choices=("auto", "loop", "vmap", "forward"),
+        help="how taylor/mmse get input gradients: measured per model (auto, default), one backward pass "
+        "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
     )
     how.add_argument(
         "--temperature", default="1.0", metavar="T", help="softmax temperature of method softmax (default: 1)"
@@ -191,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
             seed=_int(args.seed, "--seed"),
             batch_size=_int(args.batch_size, "--batch-size"),
             eval_batch_size=_int(args.eval_batch_size, "--eval-batch-size"),
+            memory_budget=args.memory_budget,
+            jacobian=args.jacobian,
             temperature=args.temperature,
             target=args.target,
             tol=args.tol,

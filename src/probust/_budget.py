@@ -1,0 +1,187 @@
+"""Memory budgets: how many bytes an estimator may hold at once, and what one row costs.
+
+Every estimator chooses its row and class chunks so that its peak memory stays under a
+budget (``memory_budget=``). The default is a fraction of the memory free on the device when
+the estimator is called; asking for work that cannot fit in the budget raises an error that
+names the knob. Sizes here are estimates from the model itself (the tensors its forward pass
+saves for the backward pass), measured once per model and input shape.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+#: Fraction of the free memory the default budget takes: the rest is left to the caller's own
+#: tensors, the allocator's fragmentation and other processes.
+DEFAULT_FRACTION = 0.5
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30, "t": 2**40, "tb": 2**40}
+
+
+class MemoryBudgetError(ValueError):
+    """The work cannot be split finely enough to fit ``memory_budget``."""
+
+
+def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
+    """Bytes from an int or a string such as ``"2GB"``, ``"512 MiB"`` or ``"1.5g"`` (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of bytes or a size such as '2GB', got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        unit = match.group(2).lower().replace("ib", "b") if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(f"{name} must be a number of bytes or a size such as '2GB' or '512MB', got {value!r}")
+        number = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ValueError(f"{name} must be a number of bytes or a size such as '2GB', got {type(value).__name__}")
+    if not math.isfinite(number) or number < 1:
+        raise ValueError(f"{name} must be a positive size, got {value!r}")
+    return int(number)
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device`` now: CUDA's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30  # nothing to read: assume a small machine
+
+
+def resolve_budget(memory_budget: int | float | str | None, device: torch.device) -> int:
+    """The budget in bytes: the user's, or :data:`DEFAULT_FRACTION` of the free memory."""
+    if memory_budget is None:
+        return int(DEFAULT_FRACTION * free_memory(device))
+    return parse_bytes(memory_budget)
+
+
+def check_budget(memory_budget: int | float | str | None) -> int | float | str | None:
+    """Validate a ``memory_budget`` argument early (None is the default: resolved per call)."""
+    if memory_budget is not None:
+        parse_bytes(memory_budget)
+    return memory_budget
+
+
+@dataclass(frozen=True)
+class RowCost:
+    """Bytes one input row costs in a forward pass of a model.
+
+    Attributes:
+        saved: bytes the forward pass keeps for the backward pass (activations), per row.
+        largest: bytes of the largest single tensor the forward pass makes, per row; a
+            forward pass without autograd holds about two such tensors at once.
+        input: bytes of the input row itself.
+        classes: C, the number of logits the model returns.
+    """
+
+    saved: int
+    largest: int
+    input: int
+    classes: int
+
+    @property
+    def inference(self) -> int:
+        """Peak bytes per row of a forward pass without autograd (input, noise, two activations)."""
+        return 2 * self.input + 3 * self.largest
+
+    @property
+    def backward(self) -> int:
+        """Peak bytes per row of one forward pass with autograd and one backward pass through it.
+
+        The saved activations, plus the gradient flowing back (about two of the largest
+        tensors at once) and the input gradient.
+        """
+        return self.saved + 3 * self.largest + 2 * self.input
+
+
+_COSTS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, RowCost]] = weakref.WeakKeyDictionary()
+
+
+def row_cost(model: nn.Module, x: Tensor) -> RowCost:
+    """Measure :class:`RowCost` of ``model`` for rows shaped like ``x[0]`` (cached per model).
+
+    Runs one forward pass with autograd on two rows and counts the bytes of every tensor it
+    saves for backward (each storage once) and of every tensor it produces.
+    """
+    key = (tuple(x.shape[1:]), x.dtype, x.device)
+    cache = _COSTS.get(model) if _weakrefable(model) else None
+    if cache is not None and key in cache:
+        return cache[key]
+    rows = x[:1].detach().expand(2, *x.shape[1:]).clone().requires_grad_(True)
+    storages: dict[int, int] = {}
+    largest = [0]
+
+    def pack(tensor: Tensor) -> Tensor:
+        if tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            largest[0] = max(largest[0], tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = model(rows)
+    output_bytes = out.numel() * out.element_size() if isinstance(out, Tensor) else 0
+    per_row_input = rows[0].numel() * rows.element_size()
+    # Parameters are saved too (e.g. a linear layer's weight): they are not per-row costs.
+    parameter_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()} if isinstance(model, nn.Module) else set()
+    saved = sum(size for ptr, size in storages.items() if ptr not in parameter_ptrs)
+    cost = RowCost(
+        saved=max(1, (saved + output_bytes) // 2),
+        largest=max(per_row_input, largest[0] // 2, output_bytes // 2),
+        input=per_row_input,
+        classes=int(out.shape[-1]) if isinstance(out, Tensor) and out.ndim == 2 else 0,
+    )
+    if cache is None and _weakrefable(model):
+        cache = _COSTS.setdefault(model, {})
+    if cache is not None:
+        cache[key] = cost
+    return cost
+
+
+def _weakrefable(model: object) -> bool:
+    try:
+        weakref.ref(model)
+    except TypeError:
+        return False
+    return True
+
+
+def rows_within(budget: int, per_row: int, fixed: int = 0, *, what: str) -> int:
+    """The most rows whose memory, ``fixed + rows * per_row``, fits ``budget`` (at least 1).
+
+    Raises:
+        MemoryBudgetError: not even one row fits; the message names ``memory_budget``.
+    """
+    rows = (budget - fixed) // max(1, per_row)
+    if rows < 1:
+        raise MemoryBudgetError(
+            f"memory_budget of {human_bytes(budget)} is too small for {what}: one row needs about "
+            f"{human_bytes(fixed + per_row)}; raise memory_budget (or --memory-budget)"
+        )
+    return int(rows)
+
+
+def human_bytes(size: float) -> str:
+    """A size for messages: ``1.5 GB``."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"

@@ -1,0 +1,93 @@
+"""The counter-based random streams: exact integers, split-invariant, and the documented laws."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from probust import _rng
+
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _splitmix_finaliser(x: int) -> int:
+    """splitmix64's finaliser on Python ints: the oracle for the int64 torch version."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def _oracle_normal(key: int, sample: int, dim: int) -> list[float]:
+    """Box-Muller from the documented counters, in float64 Python arithmetic."""
+    pairs = (dim + 1) // 2
+    out = [0.0] * (2 * pairs)
+    for w in range(pairs):
+        h = _splitmix_finaliser((key + (sample * pairs + w + 1) * GOLDEN) & MASK)
+        u1 = ((h >> 32) + 0.5) * 2.0**-32
+        u2 = ((h & 0xFFFFFFFF) + 0.5) * 2.0**-32
+        radius, angle = math.sqrt(-2.0 * math.log(u1)), 2.0 * math.pi * u2
+        out[w], out[pairs + w] = radius * math.cos(angle), radius * math.sin(angle)
+    return out[:dim]
+
+
+@pytest.mark.parametrize("start,n,dim", [(0, 3, 5), (17, 2, 784), (1000, 1, 1)])
+def test_bits_equal_splitmix64_on_python_integers(start, n, dim):
+    keys = _rng.point_keys(7, torch.tensor([0, 5, 123456]), _rng.STREAM_MC)
+    bits = _rng._bits(keys, start, n, dim)
+    for b, key in enumerate(keys.tolist()):
+        for s in range(n):
+            for w in range(dim):
+                expected = _splitmix_finaliser((key + ((start + s) * dim + w + 1) * GOLDEN) & MASK)
+                assert bits[b, s, w].item() & MASK == expected
+
+
+@pytest.mark.parametrize("dim", [1, 6, 785])
+def test_normal_matches_box_muller_oracle(dim):
+    keys = _rng.point_keys(3, torch.arange(4), _rng.STREAM_MMSE)
+    got = _rng.normal(keys, 11, 3, dim, dtype=torch.float64)
+    for b, key in enumerate(keys.tolist()):
+        for s in range(3):
+            expected = torch.tensor(_oracle_normal(key & MASK, 11 + s, dim), dtype=torch.float64)
+            # float64 u's from the same 32-bit integers: only log/cos rounding can differ.
+            torch.testing.assert_close(got[b, s], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_draws_do_not_depend_on_how_points_and_samples_are_split():
+    keys = _rng.point_keys(0, torch.arange(9), _rng.STREAM_MC)
+    whole = _rng.normal(keys, 0, 300, 785)
+    pieces = torch.cat([_rng.normal(keys, 0, 37, 785), _rng.normal(keys, 37, 263, 785)], dim=1)
+    assert torch.equal(whole, pieces)
+    assert torch.equal(whole[4:5], _rng.normal(keys[4:5], 0, 300, 785))
+    uniform = _rng.uniform(keys, 5, 200, 13, torch.float64)
+    assert torch.equal(uniform[:, 100:], _rng.uniform(keys, 105, 100, 13, torch.float64))
+
+
+def test_blocks_larger_than_the_cache_chunk_give_the_same_numbers(monkeypatch):
+    keys = _rng.point_keys(1, torch.arange(3), _rng.STREAM_MC)
+    reference = _rng.normal(keys, 0, 64, 100)
+    monkeypatch.setattr(_rng, "_CHUNK_WORDS", 37)  # forces many small, unaligned blocks
+    assert torch.equal(_rng.normal(keys, 0, 64, 100), reference)
+
+
+def test_normal_and_uniform_have_their_laws():
+    keys = _rng.point_keys(2, torch.arange(20), _rng.STREAM_MC)
+    z = _rng.normal(keys, 0, 5000, 8).double().flatten()  # 800,000 draws
+    assert abs(z.mean().item()) < 5 * 1 / math.sqrt(z.numel())
+    assert abs(z.var().item() - 1) < 5 * math.sqrt(2 / z.numel())
+    assert abs((z < -1.0).double().mean().item() - 0.158655) < 5 * math.sqrt(0.16 * 0.84 / z.numel())
+    u = _rng.uniform(keys, 0, 5000, 8, torch.float64).flatten()
+    assert 0 < u.min().item() and u.max().item() < 1
+    assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / u.numel())
+
+
+def test_streams_and_seeds_are_independent():
+    index = torch.arange(4)
+    a = _rng.normal(_rng.point_keys(0, index, _rng.STREAM_MC), 0, 100, 10).flatten().double()
+    b = _rng.normal(_rng.point_keys(0, index, _rng.STREAM_MMSE), 0, 100, 10).flatten().double()
+    c = _rng.normal(_rng.point_keys(1, index, _rng.STREAM_MC), 0, 100, 10).flatten().double()
+    for other in (b, c):
+        correlation = torch.corrcoef(torch.stack([a, other]))[0, 1].item()
+        assert abs(correlation) < 5 / math.sqrt(a.numel())

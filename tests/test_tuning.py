@@ -1,0 +1,91 @@
+"""Execution plans: every Jacobian strategy, row count and memory format gives the same numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import probust
+from probust import _tuning
+from probust.linearize import logit_jacobian
+from probust.models import build
+
+
+def _mlp(d: int, classes: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, 16), nn.Tanh(), nn.Linear(16, classes)).eval()
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
+def test_every_jacobian_strategy_equals_autograd_functional(strategy):
+    model = _mlp(6, 9, seed=0)
+    x = torch.randn(5, 6)
+    logits, jac = logit_jacobian(model, x, strategy=strategy)
+    expected = torch.autograd.functional.jacobian(lambda v: model(v).sum(0), x).transpose(0, 1)
+    torch.testing.assert_close(logits, model(x))
+    torch.testing.assert_close(jac, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_class_subsets_give_those_rows_of_the_jacobian():
+    model = _mlp(6, 9, seed=1)
+    x = torch.randn(4, 6)
+    _, full = logit_jacobian(model, x, strategy="loop")
+    subset = torch.tensor([2, 7])
+    for strategy in ("loop", "vmap"):
+        _, part = logit_jacobian(model, x, strategy=strategy, classes=subset)
+        torch.testing.assert_close(part, full[:, subset], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["taylor", "mmse"])
+def test_estimates_do_not_depend_on_jacobian_strategy_or_rows(method):
+    torch.manual_seed(3)
+    model = build("cnn", 10, (1, 12, 12)).eval()
+    x = torch.rand(9, 1, 12, 12)
+    sigma = 0.3
+    reference = probust.estimate(model, x, sigma, method, jacobian="loop", batch_size=4)
+    for jacobian, rows in (("vmap", 1), ("vmap", None), ("auto", 7), ("auto", None), ("forward", 5)):
+        got = probust.estimate(model, x, sigma, method, jacobian=jacobian, batch_size=rows)
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-6)
+
+
+def test_measured_plans_are_kept_per_model(monkeypatch):
+    calls = []
+    original = _tuning._seconds
+    monkeypatch.setattr(_tuning, "_seconds", lambda run, device: calls.append(1) or original(run, device))
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 12, 12)).eval()
+    x = torch.rand(300, 1, 12, 12)  # enough work to be worth measuring
+    first = probust.Taylor(model, 0.2)(x).p
+    measured = len(calls)
+    assert measured > 0
+    second = probust.Taylor(model, 0.2)(x).p  # a new estimator on the same model: no new timing
+    assert len(calls) == measured
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def test_channels_last_hands_the_weights_back_untouched():
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 28, 28)).eval()
+    before = {name: (p, p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
+    x = torch.rand(3, 1, 28, 28)
+    with _tuning.weights_in_format(model, True):
+        assert any(p.is_contiguous(memory_format=torch.channels_last) and p.ndim == 4 for p in model.parameters())
+        inside = model(_tuning.to_format(x, True))
+    for name, p in model.named_parameters():
+        assert p is before[name][0] and p.data_ptr() == before[name][1] and p.stride() == before[name][2]
+    torch.testing.assert_close(inside, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 16, 16)).eval()
+    x = torch.rand(5, 1, 16, 16)
+    reference = probust.MonteCarlo(model, 0.2, n_samples=400, batch_size=64)(x).p
+    for rows, channels_last in ((7, False), (400, True), (1000, True)):
+        monkeypatch.setattr(
+            probust.MonteCarlo, "_forward_plan", lambda self, x, total, r=rows, c=channels_last: _tuning.ForwardPlan(r, c)
+        )
+        got = probust.MonteCarlo(model, 0.2, n_samples=400)(x).p
+        # Same noise; channels_last may move a logit by float rounding, so allow one flipped draw.
+        torch.testing.assert_close(got, reference, rtol=0, atol=1 / 400 + 1e-12)
