@@ -293,8 +293,33 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
     summary = execute(prepare(out=out, data=tiny_data(), model=tiny_model(), mc_samples=200, mmse_samples=3,
                               batch_size=6, device="cpu", show_progress=False, **args))  # fmt: skip
     assert summary.rows_computed == lost
-    assert no_time(read_results(out)).equals(no_time(full))
+    resumed = no_time(read_results(out))
+    # n_drawn is newer than the folder: its old rows have none, the rows computed now do.
+    assert resumed.drop(columns="n_drawn").equals(no_time(full).drop(columns="n_drawn"))
+    new_mc = resumed[(resumed.method == "mc") & resumed.n_drawn.notna()]
+    assert len(new_mc) and (new_mc.n_drawn == 200).all()
     # extend with mc_is: its rows carry p_fail, the old rows stay null
     df = run(out, extend=True, **{**args, "methods": ["mc", "taylor_mvs", "mc_is"]})
     assert df[df.method == "mc_is"].p_fail.notna().all() and df[df.method != "mc_is"].p_fail.isna().all()
     assert "p_fail" not in read_config(out)["run"]  # the folder's config is kept as it was
+
+
+def test_adaptive_monte_carlo_stops_points_once_their_interval_is_narrow(tmp_path):
+    out = tmp_path / "adaptive"
+    df = run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, mc_half_width=0.03)
+    fixed = run(tmp_path / "fixed", methods=["mc"], limit=12, sigmas=[0.3], mc_samples=4000)
+    mc = df[df.method == "mc"].set_index("index")
+    # Draws come in whole checks of 1,000 (mc) or 500 (mc_cv), never beyond --mc-samples.
+    assert (mc.n_drawn % 1000 == 0).all() and (mc.n_drawn <= 4000).all()
+    assert ((df[df.method == "mc_cv"].n_drawn % 500) == 0).all()
+    stopped = mc[mc.n_drawn < 4000]
+    assert len(stopped) > 0, "some points of this model are far from every boundary"
+    assert ((stopped.ci_high - stopped.ci_low) / 2 <= 0.03).all()
+    # A point that ran to the end drew exactly the fixed run's draws: the same numbers.
+    full = mc[mc.n_drawn == 4000].index
+    pd.testing.assert_series_equal(mc.loc[full, "p"], fixed.set_index("index").loc[full, "p"])
+    assert fixed.n_drawn.eq(4000).all()
+    with pytest.raises(ConfigMismatchError, match=r"mc_half_width: 0.03 there, 0.05 here"):
+        run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, mc_half_width=0.05)
+    with pytest.raises(ConfigError, match="--mc-half-width"):
+        run(tmp_path / "bad", methods=["mc"], limit=2, sigmas=[0.3], mc_half_width=0.7)

@@ -89,3 +89,62 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
         got = probust.MonteCarlo(model, 0.2, n_samples=400)(x).p
         # Same noise; channels_last may move a logit by float rounding, so allow one flipped draw.
         torch.testing.assert_close(got, reference, rtol=0, atol=1 / 400 + 1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
+def test_margin_jacobian_equals_differences_of_logit_gradients(strategy):
+    from probust.linearize import margin_jacobian
+
+    model = _mlp(6, 5, seed=2)
+    x = torch.randn(7, 6)
+    full = torch.autograd.functional.jacobian(lambda v: model(v).sum(0), x).transpose(0, 1)  # [B, C, d]
+    for target in (None, torch.tensor([0, 1, 2, 3, 4, 0, 4])):
+        logits, t, u = margin_jacobian(model, x, target, strategy=strategy)
+        expected_t = model(x).argmax(1) if target is None else target
+        assert torch.equal(t, expected_t)
+        expected = full[torch.arange(7), expected_t][:, None] - full
+        torch.testing.assert_close(u, expected, rtol=1e-5, atol=1e-6)
+        assert (u[torch.arange(7), t] == 0).all()
+    _, t, u = margin_jacobian(model, x, strategy=strategy)
+    _, t, first_two = margin_jacobian(model, x, strategy=strategy, limit=2)
+    others = torch.stack([torch.tensor([c for c in range(5) if c != int(b)]) for b in t])
+    torch.testing.assert_close(first_two, u.gather(1, others[:, :2, None].expand(-1, -1, 6)), rtol=1e-5, atol=1e-6)
+
+
+def test_plans_persist_on_disk_for_models_of_the_same_structure(monkeypatch, tmp_path):
+    from probust import _plan_cache
+
+    monkeypatch.setenv("PROBUST_CACHE_DIR", str(tmp_path))
+    calls = []
+    original = _tuning._seconds
+    monkeypatch.setattr(_tuning, "_seconds", lambda run, device: calls.append(1) or original(run, device))
+    x = torch.rand(300, 1, 12, 12)
+    torch.manual_seed(0)
+    first_model = build("cnn", 10, (1, 12, 12)).eval()
+    probust.Taylor(first_model, 0.2)(x)
+    assert calls and (tmp_path / "plans.json").is_file()
+    measured = len(calls)
+    # Another process would start with an empty memory: a model of the same structure (other
+    # weights) finds the plan on disk and measures nothing.
+    torch.manual_seed(1)
+    second_model = build("cnn", 10, (1, 12, 12)).eval()
+    _plan_cache.forget(second_model)
+    probust.Taylor(second_model, 0.2)(x)
+    assert len(calls) == measured
+    # A different structure is measured anew.
+    probust.Taylor(build("cnn", 7, (1, 12, 12)).eval(), 0.2)(x)
+    assert len(calls) > measured
+    # An unreadable cache is ignored, not an error.
+    (tmp_path / "plans.json").write_text("{not json")
+    probust.Taylor(build("cnn", 5, (1, 12, 12)).eval(), 0.2)(x)
+
+
+def test_channels_last_can_be_fixed_either_way():
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 16, 16)).eval()
+    x = torch.rand(6, 1, 16, 16)
+    on = probust.Taylor(model, 0.2, channels_last=True, jacobian="loop")(x).p
+    off = probust.Taylor(model, 0.2, channels_last=False, jacobian="loop")(x).p
+    torch.testing.assert_close(on, off, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="channels_last"):
+        probust.Taylor(model, 0.2, channels_last="yes")

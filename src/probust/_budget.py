@@ -9,10 +9,12 @@ saves for the backward pass), measured once per model and input shape.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -185,3 +187,41 @@ def human_bytes(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TB"
+
+
+@dataclass
+class PeakMemory:
+    """Filled in when a :func:`peak_memory` block exits: ``bytes`` above the level at its start
+    (None where the platform does not say)."""
+
+    bytes: int | None = None
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device) -> Iterator[PeakMemory]:
+    """Measure the peak memory a block adds: CUDA's allocator peak on a GPU; on the CPU the
+    process's resident-set high-water mark (Linux: reset through /proc/self/clear_refs, so
+    blocks can be measured one after another in one process)."""
+    result = PeakMemory()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result.bytes = int(torch.cuda.max_memory_allocated(device) - start)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        start = _status_bytes("VmRSS")
+    except (OSError, StopIteration):
+        yield result
+        return
+    yield result
+    result.bytes = max(0, _status_bytes("VmHWM") - start)

@@ -61,7 +61,7 @@ def point_keys(seed: int, indices: Tensor, stream: int) -> Tensor:
 
 # Work on blocks of about this many 64-bit words: the dozen in-place passes of the hash then
 # stay in the CPU's cache instead of streaming whole [B, n, d] tensors through memory.
-_CHUNK_WORDS = 1 << 16
+_CHUNK_WORDS = 1 << 17
 _LOW32 = 0xFFFFFFFF
 
 

@@ -5,9 +5,11 @@ the batch: on a CPU a convolutional net may run twice as fast with its weights a
 ``channels_last`` format, a few dozen rows per pass are often faster than thousands, and for
 input gradients one backward pass per class can beat torch.func's vmapped backward (or the
 reverse, for small models and on GPUs). So the first call on a model measures: a few timed
-passes on copies of the real inputs, the fastest plan kept per (model, device, input shape,
-dtype, classes). Plans never change results beyond float rounding: every strategy computes
-the same quantity, and rows are independent in eval mode.
+passes on copies of the real inputs, and the fastest plan is kept per (model structure,
+device, input shape, dtype, classes), in memory and on disk (:mod:`probust._plan_cache`), so
+that later calls and later runs compute with the same plan and give the same numbers to the
+last bit. Different plans agree to float rounding: every strategy computes the same quantity,
+and rows are independent in eval mode.
 
 Work too small to repay the measurement gets a default plan without measuring.
 """
@@ -16,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from probust import _plan_cache
 from probust._budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
 
 #: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
@@ -35,6 +37,7 @@ _MAX_FORWARD_ROWS = 4096
 _MAX_JACOBIAN_ROWS = 256
 _TRIAL_SECONDS = 0.25  # stop growing a batch once one timed pass takes this long
 _CALIBRATION_CLASSES = 4  # class (or tangent) subset timed; cost is linear in it
+_MIN_TIMING = 0.02  # seconds of repeated calls per timing
 
 
 @dataclass(frozen=True)
@@ -55,25 +58,17 @@ class JacobianPlan:
     channels_last: bool
 
 
-_PLANS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, ForwardPlan | JacobianPlan]] = weakref.WeakKeyDictionary()
-
-
-def _cached(model: nn.Module, key: tuple) -> ForwardPlan | JacobianPlan | None:
-    try:
-        return _PLANS.get(model, {}).get(key)
-    except TypeError:  # not weak-referenceable
-        return None
+def _cached(model: nn.Module, key: tuple, kind: type) -> ForwardPlan | JacobianPlan | None:
+    return _plan_cache.lookup(model, _plan_cache.plan_key(model, key[1], key), kind)
 
 
 def _remember(model: nn.Module, key: tuple, plan: ForwardPlan | JacobianPlan) -> None:
-    with contextlib.suppress(TypeError):
-        _PLANS.setdefault(model, {})[key] = plan
+    _plan_cache.store(model, _plan_cache.plan_key(model, key[1], key), plan)
 
 
 def forget(model: nn.Module) -> None:
-    """Drop the measured plans of ``model`` (e.g. after changing its weights' layout)."""
-    with contextlib.suppress(TypeError):
-        _PLANS.pop(model, None)
+    """Drop the plans of ``model`` kept in memory (the next call looks on disk or measures)."""
+    _plan_cache.forget(model)
 
 
 def can_use_channels_last(model: nn.Module, x: Tensor) -> bool:
@@ -113,13 +108,18 @@ def _sync(device: torch.device) -> None:
 
 
 def _seconds(run: Callable[[], object], device: torch.device) -> float:
-    """Wall time of one call after one warm-up call (first calls build kernels and caches)."""
+    """Wall time of one call: after one warm-up call (first calls build kernels and caches),
+    the mean over as many calls as fill ``_MIN_TIMING`` (one call of a millisecond is noise)."""
     run()
     _sync(device)
-    start = time.perf_counter()
-    run()
-    _sync(device)
-    return time.perf_counter() - start
+    calls, start = 0, time.perf_counter()
+    while True:
+        run()
+        _sync(device)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= _MIN_TIMING:
+            return elapsed / calls
 
 
 def _rows_like(x: Tensor, rows: int) -> Tensor:
@@ -152,10 +152,10 @@ def plan_forward(
     if rows is not None:
         if rows > cap:
             raise _too_many("batch_size", rows, cap, budget)
-        return ForwardPlan(rows, bool(channels_last))
+        return ForwardPlan(rows, bool(channels_last) and can_use_channels_last(model, x))
     formats = [False, True] if channels_last is None and can_use_channels_last(model, x) else [bool(channels_last)]
     key = ("forward", x.device, x.dtype, tuple(x.shape[1:]), tuple(formats))
-    plan = _cached(model, key)
+    plan = _cached(model, key, ForwardPlan)
     if plan is None and total_rows < 4 * 256:
         return ForwardPlan(min(total_rows, cap, 512), formats[0])
     if plan is None:
@@ -169,17 +169,19 @@ def _measure_forward(model: nn.Module, x: Tensor, formats: list[bool], cap: int)
     best = (0.0, ForwardPlan(min(cap, 64), formats[0]))
     for channels_last in formats:
         with weights_in_format(model, channels_last), torch.inference_mode():
-            rate = 0.0
+            best_here = 0.0
             rows = min(cap, 32)
             while True:
                 batch = to_format(_rows_like(x, rows), channels_last)
                 seconds = _seconds(lambda batch=batch: model(batch), x.device)
-                new_rate = rows / max(seconds, 1e-9)
-                if new_rate > best[0]:
-                    best = (new_rate, ForwardPlan(rows, channels_last))
-                if new_rate < 1.03 * rate or seconds > _TRIAL_SECONDS or rows >= cap:
+                rate = rows / max(seconds, 1e-9)
+                if rate > best[0]:
+                    best = (rate, ForwardPlan(rows, channels_last))
+                best_here = max(best_here, rate)
+                # Throughput over batch size is bumpy (cache sizes, kernel choices): only a
+                # clear decline, the time limit or the cap ends the search.
+                if rate < 0.8 * best_here or seconds > _TRIAL_SECONDS or rows >= cap:
                     break
-                rate = new_rate
                 rows = min(cap, rows * 2)
     return best[1]
 
@@ -209,7 +211,7 @@ def plan_jacobian(
     class_chunk: int | None = None,
     channels_last: bool | None = None,
     differentiable: bool = False,
-    run: Callable[[JacobianPlan, Tensor, Tensor | None], object],
+    run: Callable[[JacobianPlan, Tensor, int], object],
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
@@ -224,11 +226,11 @@ def plan_jacobian(
         class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
         channels_last: the user's choice of format; None measures it (off when differentiable).
         differentiable: the Jacobian must keep its graph (forward mode is not offered).
-        run: ``run(plan, rows, class_subset)`` computes a Jacobian for timing.
+        run: ``run(plan, rows, k)`` computes the gradients of k margins of ``rows`` for timing.
     """
     cost = row_cost(model, x)
     d = cost.input // x.element_size()
-    if channels_last is None and (differentiable or not can_use_channels_last(model, x)):
+    if differentiable or not can_use_channels_last(model, x):
         channels_last = False
     if strategy == "auto":
         strategies = ["loop", "vmap"] + (["forward"] if d < classes and not differentiable else [])
@@ -254,7 +256,7 @@ def plan_jacobian(
         base = fitted(strategies[0], rows if rows is not None else min(total_rows, 32))
         return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
     key = ("jacobian", x.device, x.dtype, tuple(x.shape[1:]), classes, tuple(strategies), tuple(formats), differentiable, rows)
-    plan = _cached(model, key)
+    plan = _cached(model, key, JacobianPlan)
     if plan is None and total_rows * classes < 16 * 4 * 32:
         default = "vmap" if x.device.type == "cuda" or "loop" not in strategies else "loop"
         base = fitted(default, rows if rows is not None else min(total_rows, 32))
@@ -273,19 +275,19 @@ def _measure_jacobian(
     strategies: list[str],
     formats: list[bool],
     fitted: Callable[[str, int], JacobianPlan],
-    run: Callable[[JacobianPlan, Tensor, Tensor | None], object],
+    run: Callable[[JacobianPlan, Tensor, int], object],
     rows: int | None,
 ) -> JacobianPlan:
     """Time each (strategy, format) on a class subset, then grow the winner's rows (unless
     the caller fixed ``rows``)."""
-    subset = torch.arange(min(classes, _CALIBRATION_CLASSES), device=x.device)
+    margins = min(classes - 1, _CALIBRATION_CLASSES)
 
     def per_row(plan: JacobianPlan) -> tuple[float, float]:
         batch = _rows_like(x, plan.rows)
-        seconds = _seconds(lambda: run(plan, batch, subset), x.device)
-        # loop and vmap were timed on a subset of the classes (cost linear in it); forward
-        # mode computes the whole Jacobian whatever the subset.
-        scale = 1.0 if plan.strategy == "forward" else classes / len(subset)
+        seconds = _seconds(lambda: run(plan, batch, margins), x.device)
+        # loop and vmap were timed on a few of the C - 1 margins (cost linear in them);
+        # forward mode computes the whole Jacobian whatever the subset.
+        scale = 1.0 if plan.strategy == "forward" else (classes - 1) / margins
         return seconds * scale / plan.rows, seconds
 
     best: tuple[float, JacobianPlan] | None = None

@@ -31,7 +31,7 @@ from probust._checks import (
 )
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
-from probust.linearize import logit_jacobian, margin_gradients, margins, plan_blocks, smoothed_margin_jacobian
+from probust.linearize import margin_jacobian, margins, plan_blocks, smoothed_margin_jacobian
 from probust._budget import check_budget, resolve_budget, row_cost, rows_within
 from probust._tuning import JACOBIANS, ForwardPlan, JacobianPlan, plan_forward, plan_jacobian, to_format, weights_in_format
 from probust.noise import Noise, as_noise
@@ -53,6 +53,9 @@ class Estimator(ABC):
         memory_budget: bytes (or a size such as ``"2GB"``) the estimator may hold at once;
             None: half the memory free on the device at each call. Work that cannot fit raises
             an error naming this argument.
+        channels_last: run convolutional models with weights and inputs in channels_last
+            memory format (True), or not (False); None: measured with the rest of the plan.
+            The model's weights are given back in their own format after each call.
         seed: seed of every random stream the estimator uses.
         show_progress: draw a progress bar over the work.
     """
@@ -65,6 +68,7 @@ class Estimator(ABC):
         *,
         batch_size: int | None = None,
         memory_budget: int | str | None = None,
+        channels_last: bool | None = None,
         seed: int = 0,
         show_progress: bool = False,
     ):
@@ -73,6 +77,9 @@ class Estimator(ABC):
         self.model = model
         self.batch_size = None if batch_size is None else check_positive_int(batch_size, "batch_size")
         self.memory_budget = check_budget(memory_budget)
+        if channels_last is not None and not isinstance(channels_last, bool):
+            raise ValueError(f"channels_last must be True, False or None (measured), got {channels_last!r}")
+        self.channels_last = channels_last
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
@@ -117,7 +124,14 @@ class Estimator(ABC):
         """Rows per forward pass without autograd (noisy copies) and the memory format."""
         if not isinstance(self.model, nn.Module):
             return ForwardPlan(self.batch_size or _CLEAN_ROWS, False)
-        return plan_forward(self.model, x[:8], budget=self._budget(x), total_rows=total_rows, rows=self.batch_size)
+        return plan_forward(
+            self.model,
+            x[:8],
+            budget=self._budget(x),
+            total_rows=total_rows,
+            rows=self.batch_size,
+            channels_last=self.channels_last,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
@@ -340,18 +354,19 @@ class _Linearised(Estimator):
             strategy=self.jacobian,
             rows=self.batch_size,
             class_chunk=self.class_chunk_size,
+            channels_last=self.channels_last,
             differentiable=self.differentiable,
             run=self._timed_jacobian,
         )
 
-    def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, classes: Tensor | None) -> object:
+    def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
         with weights_in_format(self.model, plan.channels_last):
-            return logit_jacobian(
+            return margin_jacobian(
                 self.model,
                 to_format(rows, plan.channels_last),
                 class_chunk_size=plan.class_chunk,
                 strategy=plan.strategy,
-                classes=None if plan.strategy == "forward" else classes,
+                limit=None if plan.strategy == "forward" else margins,
                 fallback=False,
             )
 
@@ -407,26 +422,24 @@ class Taylor(_Linearised):
 
     def _linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         plan = self._jacobian_plan(x, x.shape[0])
-        logits, normals = [], []
+        logits, targets, normals = [], [], []
         with weights_in_format(self.model, plan.channels_last):
             for first in range(0, x.shape[0], plan.rows):
                 rows = slice(first, first + plan.rows)
-                block_logits, jacobian = logit_jacobian(
+                block_logits, block_target, u = margin_jacobian(
                     self.model,
                     to_format(x[rows], plan.channels_last),
+                    None if target is None else target[rows],
                     class_chunk_size=plan.class_chunk,
                     differentiable=self.differentiable,
                     strategy=plan.strategy,
                 )
-                block_target = check_target(
-                    None if target is None else target[rows], check_logits(block_logits, jacobian.shape[0])
-                )
+                check_logits(block_logits, u.shape[0])
                 logits.append(block_logits)
-                normals.append(margin_gradients(jacobian, block_target))
-                del jacobian
-        all_logits = torch.cat(logits)
-        target = check_target(target, all_logits)
-        return target, margins(all_logits, target), torch.cat(normals) if len(normals) > 1 else normals[0]
+                targets.append(block_target)
+                normals.append(u)
+        target = torch.cat(targets)
+        return target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]
 
 
 class MMSE(_Linearised):

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from probust._checks import check_target
+
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
@@ -25,32 +27,29 @@ def margins(logits: Tensor, target: Tensor) -> Tensor:
     return logits.gather(1, target[:, None]) - logits
 
 
-def _jacobian_vmap(
-    model: nn.Module, x: Tensor, class_chunk_size: int | None, classes: Tensor | None = None
+def _pull_vmap(
+    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], chunk_size: int | None
 ) -> tuple[Tensor, Tensor]:
+    """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
+    ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
     logits, pullback = torch.func.vjp(model, x)
-    eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
-    if classes is not None:
-        eye = eye[classes]
-    cotangents = eye[:, None, :].expand(-1, logits.shape[0], -1)
-    (grads,) = torch.func.vmap(pullback, chunk_size=class_chunk_size)(cotangents)
+    (grads,) = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))
     return logits, grads.transpose(0, 1)
 
 
-def _jacobian_loop(
-    model: nn.Module, x: Tensor, create_graph: bool = False, classes: Tensor | None = None
+def _pull_loop(
+    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], create_graph: bool = False
 ) -> tuple[Tensor, Tensor]:
+    """As :func:`_pull_vmap`, with one forward pass and one autograd backward pass per cotangent."""
     if not (create_graph and x.requires_grad):
         x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(x)
-        wanted = range(logits.shape[1]) if classes is None else classes.tolist()
-        last = wanted[-1] if len(wanted) else None
+        cotangents = cotangents_of(logits.detach())
+        last = cotangents.shape[0] - 1
         grads = [
-            torch.autograd.grad(
-                logits[:, i].sum(), x, retain_graph=create_graph or i != last, create_graph=create_graph
-            )[0]
-            for i in wanted
+            torch.autograd.grad(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
+            for k, cotangent in enumerate(cotangents)
         ]
     return logits, torch.stack(grads, dim=1)
 
@@ -68,6 +67,41 @@ def _jacobian_forward(model: nn.Module, x: Tensor, tangent_chunk_size: int | Non
 
 
 _FALLBACK_WARNED: set[type] = set()
+
+
+def _pull(
+    model: nn.Module,
+    x: Tensor,
+    cotangents_of: Callable[[Tensor], Tensor],
+    *,
+    strategy: str,
+    chunk_size: int | None,
+    differentiable: bool,
+    fallback: bool,
+) -> tuple[Tensor, Tensor]:
+    """Dispatch to a reverse-mode strategy; a model torch.func cannot trace falls back to the loop."""
+    if strategy == "loop":
+        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
+    try:
+        return _pull_vmap(model, x, cotangents_of, chunk_size)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
+        if not fallback:
+            raise
+        if type(model) not in _FALLBACK_WARNED:
+            _FALLBACK_WARNED.add(type(model))
+            warnings.warn(
+                f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
+                "computing gradients with one backward pass per class instead",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
+
+
+def _finish(logits: Tensor, grads: Tensor, differentiable: bool) -> tuple[Tensor, Tensor]:
+    if differentiable:
+        return logits, grads
+    return logits.detach(), grads.detach().contiguous()
 
 
 def logit_jacobian(
@@ -94,35 +128,115 @@ def logit_jacobian(
             vectorised pass (double backpropagation).
         strategy: "vmap" (torch.func, vectorised over classes), "loop" (one backward pass per
             class) or "forward" (forward mode, one pass per input coordinate). All give the
-            same Jacobian up to float rounding. A model torch.func cannot trace falls back to
-            "loop" with one warning.
-        classes: only these classes' rows of the Jacobian (int64 [k]; not with "forward").
-        fallback: on a model torch.func cannot trace, fall back to "loop" (False: raise).
+            same Jacobian up to float rounding.
+        classes: only these classes' rows of the Jacobian (int64 [k]).
+        fallback: on a model torch.func cannot trace, fall back to "loop" with one warning
+            (False: raise).
     """
+    if strategy == "forward":
+        logits, grads = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)
+        return _finish(logits, grads if classes is None else grads[:, classes], differentiable)
+
+    def unit_cotangents(logits: Tensor) -> Tensor:
+        every = _unit_cotangents(logits)
+        return every if classes is None else every[classes]
+
+    logits, grads = _pull(
+        model, x, unit_cotangents, strategy=strategy, chunk_size=class_chunk_size,
+        differentiable=differentiable, fallback=fallback,
+    )  # fmt: skip
+    return _finish(logits, grads, differentiable)
+
+
+def _unit_cotangents(logits: Tensor) -> Tensor:
+    """e_c for every class c: [C, B, C]."""
+    eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
+    return eye[:, None, :].expand(-1, logits.shape[0], -1)
+
+
+def _forward_or_fallback(
+    model: nn.Module, x: Tensor, chunk_size: int | None, differentiable: bool, fallback: bool
+) -> tuple[Tensor, Tensor]:
+    """The full logit Jacobian by forward mode, or by the reverse-mode loop where torch.func fails."""
     try:
-        if strategy == "loop":
-            logits, grads = _jacobian_loop(model, x, create_graph=differentiable, classes=classes)
-        elif strategy == "forward":
-            logits, grads = _jacobian_forward(model, x, class_chunk_size)
-            if classes is not None:
-                grads = grads[:, classes]
-        else:
-            logits, grads = _jacobian_vmap(model, x, class_chunk_size, classes)
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
-        if strategy == "loop" or not fallback:
+        return _jacobian_forward(model, x, chunk_size)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        if not fallback:
             raise
-        if type(model) not in _FALLBACK_WARNED:
-            _FALLBACK_WARNED.add(type(model))
-            warnings.warn(
-                f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
-                "computing gradients with one backward pass per class instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        logits, grads = _jacobian_loop(model, x, create_graph=differentiable, classes=classes)
-    if differentiable:
-        return logits, grads
-    return logits.detach(), grads.detach().contiguous()
+        return _pull_loop(model, x, _unit_cotangents, create_graph=differentiable)
+
+
+def margin_jacobian(
+    model: nn.Module,
+    x: Tensor,
+    target: Tensor | None = None,
+    *,
+    class_chunk_size: int | None = None,
+    differentiable: bool = False,
+    strategy: str = "vmap",
+    fallback: bool = True,
+    limit: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Logits [B, C], targets [B] and the margin gradients u [B, C, *S] at x.
+
+    u[b, i] = grad (f_t - f_i)(x_b), u[b, t_b] = 0. With "loop" and "vmap" each margin is one
+    backward pass of the cotangent e_t - e_i: C - 1 passes, one fewer than the full logit
+    Jacobian. "forward" builds the Jacobian and subtracts.
+
+    Args:
+        model, class_chunk_size, differentiable, strategy, fallback: as in :func:`logit_jacobian`.
+        x: inputs [B, *S].
+        target: long [B], the class whose margins are taken; None: the prediction at x (a tie
+            there is an error).
+        limit: compute only the first ``limit`` margins and return them as [B, limit, *S] in
+            the order of the other classes (for timing strategies).
+    """
+    holder: dict[str, Tensor] = {}
+
+    def margin_cotangents(logits: Tensor) -> Tensor:
+        t = check_target(target, logits)
+        holder["target"] = t
+        classes = logits.shape[1]
+        others = _other_classes(t, classes)
+        if limit is not None:
+            others = others[:, :limit]
+        cot = torch.zeros(others.shape[1], logits.shape[0], classes, dtype=logits.dtype, device=logits.device)
+        cot.scatter_(2, t.view(1, -1, 1).expand(others.shape[1], -1, 1), 1.0)
+        cot.scatter_(2, others.T.unsqueeze(2), -1.0)
+        return cot
+
+    if strategy == "forward":
+        logits, jacobian = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)
+        t = check_target(target, logits.detach())
+        u = margin_gradients(jacobian, t)
+        if limit is not None:
+            u = u.gather(1, _expand_index(_other_classes(t, logits.shape[1])[:, :limit], u))
+        logits, u = _finish(logits, u, differentiable)
+        return logits, t, u
+    logits, grads = _pull(
+        model, x, margin_cotangents, strategy=strategy, chunk_size=class_chunk_size,
+        differentiable=differentiable, fallback=fallback,
+    )  # fmt: skip
+    t = holder["target"]
+    if limit is None:
+        # Class c sits at position 0 (zeros) if it is the target, else at 1 + its rank among the others.
+        classes = logits.shape[1]
+        c = torch.arange(classes, device=t.device)
+        position = torch.where(c == t[:, None], 0, torch.where(c < t[:, None], c + 1, c))
+        padded = torch.cat([torch.zeros_like(grads[:, :1]), grads], dim=1)
+        grads = padded.gather(1, _expand_index(position, padded))
+    logits, grads = _finish(logits, grads, differentiable)
+    return logits, t, grads
+
+
+def _other_classes(target: Tensor, classes: int) -> Tensor:
+    everything = torch.arange(classes, device=target.device).expand(len(target), classes)
+    return everything[everything != target[:, None]].view(len(target), classes - 1)
+
+
+def _expand_index(index: Tensor, like: Tensor) -> Tensor:
+    """An index [B, K] broadcast over the trailing input dimensions of ``like`` [B, *, *S]."""
+    return index.view(*index.shape, *([1] * (like.ndim - 2))).expand(*index.shape, *like.shape[2:])
 
 
 def margin_gradients(jacobian: Tensor, target: Tensor) -> Tensor:
@@ -178,11 +292,11 @@ def smoothed_margin_jacobian(
     for first in range(0, len(rows), batch_size):
         block = slice(first, first + batch_size)
         inputs = rows[block] if to_rows is None else to_rows(rows[block])
-        logits, jacobian = logit_jacobian(
-            model, inputs, class_chunk_size=class_chunk_size, differentiable=differentiable, strategy=strategy
-        )
+        logits, _, u = margin_jacobian(
+            model, inputs, row_target[block], class_chunk_size=class_chunk_size,
+            differentiable=differentiable, strategy=strategy,
+        )  # fmt: skip
         g = margins(logits, row_target[block])
-        u = margin_gradients(jacobian, row_target[block])
         if g_sum is None:
             g_sum = g.new_zeros(points, *g.shape[1:])
             u_sum = u.new_zeros(points, *u.shape[1:])

@@ -178,7 +178,7 @@ def _display(output: Output) -> list[tuple[str, pd.DataFrame]]:
         return [("Error against the reference per sample count", main)]
     if name == "runtime":
         view = t["paper_layout"].assign(method=lambda f: "p^" + f["method"])
-        return [("Wall time for all timed points (seconds) and speed-up over Monte Carlo in the same mode", view)]
+        return [("Wall time for all timed points (seconds), speed-up over Monte Carlo in the same mode, and the peak memory one call added (MB)", view)]
     if name == "mv_sigmoid":
         return [("mv-sigmoid vs mvn-cdf on the same z", main)]
     if name == "softmax_correlation":

@@ -70,7 +70,9 @@ _FORMAT = "probust.results"
 _FORMAT_VERSION = 1
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
-_SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False}
+_SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None}
+#: The Monte Carlo methods that stop a point early in an adaptive run (``mc_half_width``).
+ADAPTIVE_METHODS = ("mc", "mc_cv")
 #: The analytic methods that compute ``p_fail`` on request (``p_fail=True``, ``--p-fail``).
 P_FAIL_METHODS = ("taylor", "mmse", "taylor_mvs", "mmse_mvs")
 
@@ -134,6 +136,7 @@ class RunPlan:
     eval_batch_size: int | None
     memory_budget: int | str | None
     jacobian: str
+    channels_last: bool | None
     seed: int
     target: str
     temperature: float
@@ -144,6 +147,7 @@ class RunPlan:
     show_progress: bool
     merge: bool
     p_fail: bool = False
+    mc_half_width: float | None = None
     warnings: list[str] = field(default_factory=list)
 
     def blocks(self) -> list[np.ndarray]:
@@ -615,6 +619,7 @@ def prepare(
     eval_batch_size: int | None = None,
     memory_budget: int | str | None = None,
     jacobian: str = "auto",
+    channels_last: bool | None = None,
     temperature: float = 1.0,
     target: str = "prediction",
     tol: float = 1e-4,
@@ -622,6 +627,7 @@ def prepare(
     interval: str = "wilson",
     mmse_sampling: str = "centred",
     p_fail: bool = False,
+    mc_half_width: float | None = None,
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,
@@ -652,6 +658,8 @@ def prepare(
         check_budget(memory_budget)
     except ValueError as exc:
         raise ConfigError(f"--memory-budget: {exc}") from None
+    if channels_last is not None and not isinstance(channels_last, bool):
+        raise ConfigError(f"--channels-last: expected on, off or auto, got {channels_last!r}")
     if jacobian not in JACOBIANS:
         raise ConfigError(f"--jacobian: expected one of {', '.join(JACOBIANS)}, got {jacobian!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -672,6 +680,10 @@ def prepare(
     if not isinstance(p_fail, (bool, np.bool_)):
         raise ConfigError(f"--p-fail: must be True or False, got {p_fail!r}")
     p_fail = bool(p_fail)
+    if mc_half_width is not None:
+        mc_half_width = _check_positive(mc_half_width, "--mc-half-width")
+        if mc_half_width >= 0.5:
+            raise ConfigError(f"--mc-half-width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
     if overwrite and extend:
         raise ConfigError("--overwrite and --extend exclude each other")
     selected = parse_indices(indices) if indices is not None else None
@@ -708,6 +720,7 @@ def prepare(
                 "interval": interval,
                 "mmse_sampling": mmse_sampling,
                 "p_fail": p_fail,
+                "mc_half_width": mc_half_width,
             }
             request = _request(sigmas_, methods_, mc_, mmse_, selected)
             config = _new_config(ds, split, model_info, settings, request, dev, world)
@@ -726,6 +739,7 @@ def prepare(
                 eval_batch_size=eval_batch_size,
                 memory_budget=memory_budget,
                 jacobian=jacobian,
+                channels_last=channels_last,
                 show_progress=show_progress and world.is_main,
                 merge=merge,
                 warnings=notes,
@@ -818,6 +832,8 @@ def _start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) -
 
 def _make_estimator(plan: RunPlan, task: Task):
     kwargs: dict[str, Any] = {"seed": plan.seed, "memory_budget": plan.memory_budget}
+    if plan.channels_last is not None:
+        kwargs["channels_last"] = plan.channels_last
     if plan.eval_batch_size is not None:
         kwargs["batch_size"] = plan.eval_batch_size
     if task.method not in ("mc", "softmax"):
@@ -835,6 +851,8 @@ def _make_estimator(plan: RunPlan, task: Task):
         kwargs["tol"] = plan.tol
     if task.method in P_FAIL_METHODS and plan.p_fail:
         kwargs["p_fail"] = True
+    if task.method in ADAPTIVE_METHODS and plan.mc_half_width is not None:
+        kwargs["target_half_width"] = plan.mc_half_width
     sigma = None if task.method == "softmax" else task.sigma
     return make_estimator(task.method, plan.model, sigma, **kwargs)
 
@@ -848,7 +866,7 @@ def _accepts_indices(estimator_type: type) -> bool:
         return False
 
 
-_FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *OPTIONAL_COLUMNS)
+_FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *(c for c in OPTIONAL_COLUMNS if c != "n_drawn"))
 
 
 def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) -> dict[str, np.ndarray | None]:
@@ -863,6 +881,9 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
     for name in _FIELDS:
         values = [getattr(r, name) for r in results]
         out[name] = None if values[0] is None else torch.cat([v.detach().cpu() for v in values]).numpy()
+    # Draws actually evaluated (Monte Carlo methods; fewer than n_samples in an adaptive run).
+    drawn = [r.n_samples for r in results]
+    out["n_drawn"] = None if drawn[0] is None else torch.cat([v.cpu() for v in drawn]).double().numpy()
     return out
 
 
@@ -1046,6 +1067,7 @@ def run_estimate(
     eval_batch_size: int | None = None,
     memory_budget: int | str | None = None,
     jacobian: str = "auto",
+    channels_last: bool | None = None,
     temperature: float = 1.0,
     target: str = "prediction",
     tol: float = 1e-4,
@@ -1053,6 +1075,7 @@ def run_estimate(
     interval: str = "wilson",
     mmse_sampling: str = "centred",
     p_fail: bool = False,
+    mc_half_width: float | None = None,
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,
@@ -1091,6 +1114,9 @@ def run_estimate(
             default half the memory free on the device. Row and class chunks are chosen to fit.
         jacobian: how the analytic methods get input gradients: "auto" (measured once per
             model), "loop", "vmap" or "forward" (see :class:`probust.Taylor`).
+        channels_last: run convolutional models in channels_last memory format (True), or
+            not (False); None: measured. With ``eval_batch_size`` and ``jacobian`` it fixes
+            the execution plan, for tables identical to the bit on any machine.
         eval_batch_size: most inputs per forward pass inside the estimators; default
             each estimator's own.
         temperature: softmax temperature of the "softmax" method.
@@ -1103,6 +1129,10 @@ def run_estimate(
             own intervals at ``ci_level``, see :class:`probust.MonteCarloCV` and
             :class:`probust.MonteCarloIS`).
         mmse_sampling: "centred" or "iid" (see :class:`probust.MMSE`).
+        mc_half_width: adaptive Monte Carlo ("mc", "mc_cv"): stop drawing for a point once its
+            interval's half-width is at most this (checked every 1,000 draws for "mc", 500 for
+            "mc_cv"; at most ``mc_samples`` draws). The column ``n_drawn`` records the draws
+            used. A run setting, part of the folder's identity. None: always ``mc_samples``.
         p_fail: also compute the failure probability 1 - p directly, with relative accuracy,
             for the analytic methods (taylor, mmse, taylor_mvs, mmse_mvs; columns ``p_fail``
             and ``p_fail_error``, see :func:`probust.store.read_results`). Free for the

@@ -76,6 +76,7 @@ SCHEMA = pa.schema(
         ("p_mc", pa.float64()),
         ("p_linearised", pa.float64()),
         ("cv_beta", pa.float64()),
+        ("n_drawn", pa.float64()),
         ("seconds", pa.float64()),
         ("seed", pa.int64()),
     ]
@@ -84,7 +85,7 @@ SCHEMA = pa.schema(
 #: Columns added after the first results format (the Estimate fields of "mc_cv", "mc_is" and
 #: ``p_fail``): a writer may leave them out and files written before them still read, both
 #: giving nulls.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta", "n_drawn")
 
 
 class FolderLockedError(RuntimeError):
@@ -459,11 +460,14 @@ def read_results(path: str | os.PathLike) -> Any:
         - ``p_mc``, ``p_linearised``, ``cv_beta`` (float64, NaN where there is none):
           ``mc_cv`` only: the plain Monte Carlo fraction over the same draws, the linearised
           model's p_robust (the control variate's exact mean) and the fitted coefficient.
+        - ``n_drawn`` (float64, NaN where there is none): noisy draws the Monte Carlo methods
+          actually evaluated for the point: ``n_samples``, or fewer where an adaptive run
+          (``mc_half_width``) stopped the point early.
         - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
           its points (data loading and writing excluded).
         - ``seed`` (int64): the seed of the random streams.
 
-        The columns from ``p_fail`` to ``cv_beta`` (:data:`OPTIONAL_COLUMNS`) came after the
+        The columns from ``p_fail`` to ``n_drawn`` (:data:`OPTIONAL_COLUMNS`) came after the
         first results format: files written before them read with nulls there.
 
     Raises:

@@ -104,9 +104,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="most inputs per pass through the model inside the estimators (default: measured per model)",
     )
     how.add_argument(
+        "--mc-half-width",
+        metavar="W",
+        help="adaptive Monte Carlo (mc, mc_cv): stop a point once its interval's half-width is at most W "
+        "(column n_drawn: the draws used); default: always --mc-samples draws",
+    )
+    how.add_argument(
         "--memory-budget",
         metavar="SIZE",
         help="most memory an estimator holds at once, e.g. 4GB (default: half the free memory)",
+    )
+    how.add_argument(
+        "--channels-last",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="channels_last memory format for convolutional models: measured (auto, default), on or off",
     )
     how.add_argument(
         "--jacobian",
@@ -206,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
             batch_size=_int(args.batch_size, "--batch-size"),
             eval_batch_size=_int(args.eval_batch_size, "--eval-batch-size"),
             memory_budget=args.memory_budget,
+            mc_half_width=None if args.mc_half_width is None else _float(args.mc_half_width, "--mc-half-width"),
             jacobian=args.jacobian,
+            channels_last={"auto": None, "on": True, "off": False}[args.channels_last],
             temperature=args.temperature,
             target=args.target,
             tol=args.tol,

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probust._budget import peak_memory
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
 from probust.experiments._results import Results, Run
@@ -92,7 +93,8 @@ def measure(
 
     Returns:
         One row per (method, n_samples, mode): points, seconds (wall, total), seconds_per_point,
-        cpu_seconds (this process), mean_p.
+        cpu_seconds (this process), peak_mb (memory the call added at its peak: the process's
+        resident set on a CPU, the allocator's on a GPU; NaN where unknown), mean_p.
     """
     rows = []
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
@@ -101,17 +103,17 @@ def measure(
         # warm-up on one point with the smallest count: first-call costs are not the estimator's
         _estimator(method, model, sigma, None if n is None else min(n, 10), seed)(x[:1])
         for mode in modes:
-            sync()
-            wall, cpu = time.perf_counter(), time.process_time()
-            if mode == "serial":
-                ps = [est(x[i : i + 1], index_offset=i).p for i in range(x.shape[0])]
-                p = torch.cat(ps)
-            elif mode == "batched":
-                p = est(x).p
-            else:
+            if mode not in MODES:
                 raise ValueError(f"mode must be serial or batched, got {mode!r}")
-            sync()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            with peak_memory(x.device) as peak:
+                sync()
+                wall, cpu = time.perf_counter(), time.process_time()
+                if mode == "serial":
+                    p = torch.cat([est(x[i : i + 1], index_offset=i).p for i in range(x.shape[0])])
+                else:
+                    p = est(x).p
+                sync()
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             rows.append(
                 {
                     "method": method,
@@ -121,6 +123,7 @@ def measure(
                     "seconds": wall,
                     "seconds_per_point": wall / x.shape[0],
                     "cpu_seconds": cpu,
+                    "peak_mb": np.nan if peak.bytes is None else peak.bytes / 2**20,
                     "mean_p": float(p.mean()),
                 }
             )
@@ -145,7 +148,7 @@ def add_speedup(table: pd.DataFrame, reference_n: int = 10_000) -> pd.DataFrame:
 
 def paper_layout(table: pd.DataFrame) -> pd.DataFrame:
     """The table as the paper prints it: one row per (estimator, n), modes side by side."""
-    wide = table.pivot_table(index=["method", "n_samples"], columns="mode", values=["seconds", "speedup_vs_mc"], aggfunc="first")
+    wide = table.pivot_table(index=["method", "n_samples"], columns="mode", values=["seconds", "speedup_vs_mc", "peak_mb"], aggfunc="first")
     wide.columns = [f"{a}_{b}" for a, b in wide.columns]
     wide = wide.reset_index()
     order = {m: i for i, m in enumerate(_style.METHOD_ORDER)}
@@ -208,6 +211,15 @@ def _reading(table: pd.DataFrame) -> list[str]:
                 f"{mode.capitalize()}: {ref.replace('mc', 'p<sup>mc</sup>')} takes {fmt(mc['seconds_per_point'].iloc[-1])} s per point; "
                 f"speed-ups over it: " + ", ".join(pick) + "."
             )
+    batched = table[(table["mode"] == "batched") & table["peak_mb"].notna()]
+    mc_peak = batched[batched["method"] == "mc"].sort_values("n_samples")["peak_mb"]
+    mmse_peak = batched[(batched["method"] == "mmse") & (batched["n_samples"] == 5)]["peak_mb"]
+    if len(mc_peak) and len(mmse_peak):
+        out.append(
+            f"Peak memory added by one batched call: p<sup>mc</sup> {fmt(mc_peak.iloc[-1])} MB, "
+            f"{_style.method_html('mmse')} (N=5) {fmt(mmse_peak.iloc[0])} MB; both bounded by the estimators' "
+            "memory budget (half the free memory by default), which sets their row chunks."
+        )
     both = table.pivot_table(index=["method", "n_samples"], columns="mode", values="seconds", aggfunc="first")
     if set(MODES) <= set(both.columns):
         gain = (both["serial"] / both["batched"]).dropna()
