@@ -28,8 +28,8 @@ the correlation of the model's and the linearisation's verdicts over draws, so 1
 needs rho >= 0.95, i.e. the two to disagree on well under a tenth of the draws that fail. On
 these ReLU CNNs the per-draw margin deviates from its linearisation by much more than the
 *mean* deviation that MMSE's small error reflects (MMSE's error averages out over draws; the
-control variate needs per-draw agreement). A stronger unbiased scheme, line sampling, is
-explored in explore_line_sampling.py and fails for the same reason.
+control variate needs per-draw agreement). A stronger unbiased scheme, line sampling, was
+explored and fails for the same reason (docs/performance.md, "Explored: line sampling").
 
 Run:  .venv/bin/python benchmarks/bench_control_variate.py [--quick]
 """

@@ -220,12 +220,52 @@ def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, 
     args = base(checkpoints["linear"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "4")
     assert estimate(*args) == 0
     assert estimate(*args, "--seed", "7") == 2
-    _one_line_error(capsys, "seed: 0 there, 7 here")
+    err = _one_line_error(capsys, "seed: 0 there, 7 here")
+    assert err.endswith("use --overwrite to replace them, or another --out"), err
     other = base(checkpoints["cnn"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "4")
     assert estimate(*other) == 2
     _one_line_error(capsys, "model_sha256")
     assert estimate(*other, "--overwrite") == 0
     assert estimate(*args, "--overwrite", "--extend") == 2
+    _one_line_error(capsys, "--overwrite and --extend exclude each other")
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("sigmas: 'abc' is not a number", "--sigma: 'abc' is not a number"),
+        ("ci_level: must be in (0, 1), got 2.0", "--confidence: must be in (0, 1), got 2.0"),
+        ("eval_batch_size: must be an integer >= 1, got 0", "--eval-batch-size: must be an integer >= 1, got 0"),
+        ("device: no GPU here (use device='cpu' or device='auto')", "--device: no GPU here (use --device cpu or --device auto)"),
+        ("overwrite=True and extend=True exclude each other", "--overwrite and --extend exclude each other"),
+        (("r holds results of a different run (seed: 0 there, 1 here); use extend=True to add these rows to it, "
+          "overwrite=True to replace it, or another out folder"),
+         ("r holds results of a different run (seed: 0 there, 1 here); use --extend to add these rows to it, "
+          "--overwrite to replace it, or another --out")),
+        ("data: x not found; to get it: pass download=True (CLI: --download) to fetch it",
+         "--data: x not found; to get it: pass --download to fetch it"),
+        ("model: no model file at seed: 3", "--model: no model file at seed: 3"),  # only the leading name
+    ],
+)  # fmt: skip
+def test_library_messages_are_shown_with_the_flags(message, shown):
+    from probust.cli.estimate import ARGUMENT_FLAGS, cli_message
+
+    assert cli_message(message) == shown
+    # every name is run_estimate's, every flag this command's
+    import inspect
+
+    from probust.runner import run_estimate
+
+    assert set(ARGUMENT_FLAGS) <= set(inspect.signature(run_estimate).parameters)
+    assert set(ARGUMENT_FLAGS.values()) <= {a for action in _parser_actions() for a in action.option_strings}
+
+
+def _parser_actions():
+    from probust.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices["estimate"]._actions
 
 
 def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, capsys):

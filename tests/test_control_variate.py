@@ -6,6 +6,8 @@ a long plain Monte Carlo run (unbiasedness, coverage), least squares by numpy (t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from torch import nn
 
 import probust
 from probust.control_variate import cv_statistics
+from probust.noise import require_gaussian
 
 from conftest import linear_model
 
@@ -166,6 +169,29 @@ def test_mc_cv_refuses_non_gaussian_noise_and_bad_options():
         probust.MonteCarloCV(model, 0.1, linearisation="exact")
     with pytest.raises(ValueError, match="n_samples"):
         probust.MonteCarloCV(model, 0.1, n_samples=0)
+
+
+@pytest.mark.parametrize("noise", [probust.Laplace(0.1), probust.Uniform(0.1)])
+def test_mc_cv_and_mc_is_refuse_non_gaussian_noise_with_one_message(noise):
+    model = linear_model(4, 3)
+    messages = {}
+    for cls in (probust.MonteCarloCV, probust.MonteCarloIS):
+        with pytest.raises(ValueError) as info:
+            cls(model, noise)
+        messages[cls.method] = str(info.value)
+    name = type(noise).__name__
+    for method, message in messages.items():
+        assert re.fullmatch(rf"{method} needs Gaussian noise: sigma must be .*, got {name}; use method='mc' for other noise", message)
+    assert messages["mc_cv"].replace("mc_cv", "mc_is") == messages["mc_is"]
+    require_gaussian(probust.Gaussian(cov=torch.eye(4)), "mc_cv")  # any Gaussian passes
+
+
+def test_mc_cv_and_mc_is_default_to_the_same_mmse_linearisation():
+    model = linear_model(4, 3)
+    for cls in (probust.MonteCarloCV, probust.MonteCarloIS):
+        est = cls(model, 0.1)
+        assert est.linearisation == "mmse" and type(est.linear) is probust.MMSE and est.linear.n_samples == 5
+        assert cls(model, 0.1, mmse_samples=3).linear.n_samples == 3
 
 
 # ---- the statistics ---------------------------------------------------------------------------

@@ -105,6 +105,50 @@ def test_falls_back_to_digits_with_a_message_when_fashion_mnist_is_missing(monke
         demo._resolve_data("fashion-mnist", said.append)
 
 
+def _summary(tmp_path, outputs):
+    from types import SimpleNamespace
+
+    from probust.report import Report
+
+    report = Report(path=tmp_path / "report.html", outputs=outputs, results=SimpleNamespace(standard=lambda: []))
+    seconds = {"train_and_score": 1.0, "experiments_and_report": 2.0, "total": 3.0}
+    return demo.DemoSummary(out=tmp_path, config=demo.config_for("digits", quick=True), report=report, seconds=seconds)
+
+
+def test_summary_prints_whichever_experiments_ran_when_estimation_error_was_skipped(tmp_path, capsys):
+    from probust.experiments import Output
+
+    def skipped(name):
+        return Output(name=name, title=name, description="", skipped="no Monte Carlo rows")
+
+    runtime = pd.DataFrame({"mode": ["batched"] * 2, "method": ["taylor", "softmax"], "n_samples": [0, 0],
+                            "speedup_vs_mc": [40.0, 900.0], "speedup_reference": ["mc n=1,000"] * 2})  # fmt: skip
+    ran = Output(name="runtime", title="runtime", description="", tables={"runtime": runtime})
+    demo.print_summary(_summary(tmp_path, [skipped("estimation_error"), ran]))
+    printed = capsys.readouterr().out
+    assert "Mean |p_hat - p_mc|" not in printed
+    assert "Speed-up over mc n=1,000 (batched, this machine): p^taylor 40x, p^softmax 900x" in printed
+    assert "Experiments not run: estimation_error" in printed and f"Report: {tmp_path / 'report.html'}" in printed
+    demo.print_summary(_summary(tmp_path, [skipped("estimation_error"), skipped("runtime")]))
+    assert "Experiments not run: estimation_error, runtime" in capsys.readouterr().out
+
+
+def test_cli_hands_the_demo_its_per_experiment_printer(tmp_path, monkeypatch, capsys):
+    from probust.cli.report import print_output
+
+    seen = []
+
+    def fake_run_demo(out, **kwargs):
+        seen.append(kwargs)
+        raise demo.DemoConfigError("stop here")
+
+    monkeypatch.setattr(demo, "run_demo", fake_run_demo)
+    assert main(["demo", "--data", "digits", "--out", str(tmp_path)]) == 2
+    assert main(["demo", "--data", "digits", "--out", str(tmp_path), "--quiet"]) == 2
+    assert seen[0]["on_output"] is print_output and seen[0]["verbose"]
+    assert seen[1]["on_output"] is None and not seen[1]["verbose"]
+
+
 def test_cli_rejects_bad_options(tmp_path, capsys):
     assert main(["demo", "--points", "1", "--out", str(tmp_path)]) == 2
     assert "--points" in capsys.readouterr().err

@@ -352,6 +352,35 @@ def test_bad_sigma_is_refused(small, sigma):
         probust.Taylor(model, sigma)
 
 
+NOISE_ESTIMATORS = [probust.MonteCarlo, probust.Taylor, probust.MMSE, probust.MonteCarloCV, probust.MonteCarloIS]
+
+
+@pytest.mark.parametrize("cls", NOISE_ESTIMATORS)
+def test_sigma_is_a_required_argument_of_every_noise_estimator(small, cls):
+    model, _ = small
+    with pytest.raises(TypeError, match="sigma"):
+        cls(model)
+    with pytest.raises(ValueError, match="^sigma is required"):
+        cls(model, None)
+    with pytest.raises(ValueError, match="^sigma is required"):
+        cls(model, sigma=None)
+    with pytest.raises(TypeError, match="sigma"):
+        probust.make_estimator(cls(model, 0.1).method, model)
+    with pytest.raises(ValueError, match="^sigma is required"):
+        probust.make_estimator(cls(model, 0.1).method, model, None)
+
+
+def test_softmax_takes_no_sigma_and_the_functional_form_accepts_none_for_it(small):
+    model, x = small
+    with pytest.raises(TypeError):
+        probust.Softmax(model, sigma=0.1)
+    torch.testing.assert_close(probust.estimate(model, x, None, "softmax"), probust.Softmax(model)(x).p)
+    with pytest.raises(TypeError, match="sigma"):
+        probust.estimate(model, x, method="taylor")
+    with pytest.raises(ValueError, match="^sigma is required"):
+        probust.estimate(model, x, None, "taylor")
+
+
 @pytest.mark.parametrize("cls", [probust.MonteCarlo, probust.MMSE])
 def test_bad_n_samples_is_refused(small, cls):
     model, _ = small
@@ -396,4 +425,4 @@ def test_unknown_method_and_cdf_are_refused(small):
 def test_functional_estimate_matches_the_classes(small):
     model, x = small
     torch.testing.assert_close(probust.estimate(model, x, 0.2, "taylor_mvs"), probust.Taylor(model, 0.2, cdf="mv-sigmoid")(x).p)
-    torch.testing.assert_close(probust.estimate(model, x, method="softmax", temperature=2.0), probust.Softmax(model, 2.0)(x).p)
+    torch.testing.assert_close(probust.estimate(model, x, None, method="softmax", temperature=2.0), probust.Softmax(model, 2.0)(x).p)

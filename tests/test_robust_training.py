@@ -108,3 +108,34 @@ def test_cli_refuses_bad_robust_loss_flags(tmp_path, capsys, extra, message):
     argv = ["train", "--data", "digits", "--arch", "linear", "--out", str(tmp_path / "m.pt"), *extra]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_resumed_robust_training_continues_the_warmup_and_ends_with_the_same_weights(tmp_path, digits):
+    train_ds, test_ds = digits
+    train_ds = train_ds.subset(list(range(256)))  # 4 steps per epoch at batch 64
+    settings = dict(epochs=3, lr=0.05, batch_size=64, seed=0, test_dataset=test_ds, show_progress=False)
+    loss = lambda: probust.RobustLoss(SIGMA, mu=1.0, max_points=16, warmup_steps=10)  # noqa: E731
+    whole = train(train_ds, "linear", extra_loss=loss(), out=tmp_path / "whole.pt", **settings)
+
+    def stop_after_first_epoch(epoch, meta):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # the checkpoint of epoch 1 (4 of the 10 warm-up steps) is written
+        train(train_ds, "linear", extra_loss=loss(), out=tmp_path / "cut.pt", on_epoch_end=stop_after_first_epoch, **settings)
+    assert probust.models.read_checkpoint(tmp_path / "cut.pt")["train_state"]["extra_loss"] == {"calls": 4}
+    resumed_loss = loss()  # a new process: a new loss object, its count back at 0
+    resumed = train(train_ds, "linear", extra_loss=resumed_loss, out=tmp_path / "cut.pt", **settings)
+    assert resumed_loss.calls == 12
+    assert [h["train_loss"] for h in resumed.meta["history"]] == [h["train_loss"] for h in whole.meta["history"]]
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+
+
+def test_robust_loss_state_round_trips_and_refuses_a_bad_count():
+    loss = probust.RobustLoss(SIGMA, mu=2.0, warmup_steps=10)
+    other = probust.RobustLoss(SIGMA, mu=2.0, warmup_steps=10)
+    loss.calls = 7
+    other.load_state_dict(loss.state_dict())
+    assert other.calls == 7 and other.weight() == loss.weight() == 2.0 * 8 / 10
+    with pytest.raises(ValueError, match="calls"):
+        other.load_state_dict({"calls": -1})

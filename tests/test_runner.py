@@ -127,10 +127,10 @@ def test_a_different_configuration_is_refused_naming_what_differs(tmp_path):
     run(out, limit=4)
     with pytest.raises(ConfigMismatchError, match=r"seed: 0 there, 1 here") as info:
         run(out, limit=4, seed=1)
-    assert "--overwrite" in str(info.value) and "\n" not in str(info.value)
+    assert "use overwrite=True" in str(info.value) and "--" not in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigMismatchError, match="model_sha256"):
         run(out, limit=4, model=tiny_model(seed=1))
-    with pytest.raises(ConfigMismatchError, match=r"sigmas: \[0.1, 0.3\] there, \[0.1\] here.*--extend"):
+    with pytest.raises(ConfigMismatchError, match=r"sigmas: \[0.1, 0.3\] there, \[0.1\] here.*extend=True"):
         run(out, limit=4, sigmas=[0.1])
     with pytest.raises(ConfigMismatchError, match="n_points"):
         run(out, limit=5)
@@ -183,13 +183,20 @@ def test_config_records_the_run(tmp_path):
         ({"methods": ["mc", "nope"]}, "unknown method 'nope'"),
         ({"sigmas": [0.1, 0]}, "positive"),
         ({"sigmas": [-1]}, "positive"),
-        ({"mc_samples": 0}, "mc-samples"),
+        ({"mc_samples": 0}, "^mc_samples: "),
         ({"indices": "3-1"}, "empty range"),
         ({"indices": "25"}, "out of range"),
         ({"model": nn.Sequential(nn.Flatten(), nn.Linear(16, 4))}, "4 classes.*3"),
         ({"model": nn.Sequential(nn.Flatten(), nn.Linear(9, 3))}, "does not accept inputs of shape"),
-        ({"device": "cuda:9" if torch.cuda.is_available() else "cuda"}, "--device"),
-        ({"target": "other"}, "--target"),
+        ({"device": "cuda:9" if torch.cuda.is_available() else "cuda"}, "^device: "),
+        ({"target": "other"}, "^target: "),
+        ({"sigmas": [0.1, "abc"]}, "^sigmas: 'abc' is not a number"),
+        ({"eval_batch_size": 0}, "^eval_batch_size: "),
+        ({"memory_budget": "lots"}, "^memory_budget: "),
+        ({"jacobian": "magic"}, "^jacobian: "),
+        ({"channels_last": "on"}, "^channels_last: "),
+        ({"ci_level": 1.5}, "^ci_level: "),
+        ({"overwrite": True, "extend": True}, "^overwrite=True and extend=True exclude each other"),
     ],
 )
 def test_bad_arguments_fail_before_any_work(tmp_path, kwargs, match):
@@ -237,8 +244,8 @@ def test_the_estimates_newer_fields_are_stored_where_the_method_has_them(tmp_pat
     rows = df.set_index(["method", "index"]).sort_index()
     direct = {
         "taylor": probust.Taylor(model, 0.3, p_fail=True)(x[:4]),
-        "mc_is": probust.MonteCarloIS(model, 0.3, n_samples=200)(x[:4]),
-        "mc_cv": probust.MonteCarloCV(model, 0.3, n_samples=200)(x[:4]),
+        "mc_is": probust.MonteCarloIS(model, 0.3, n_samples=200, mmse_samples=3)(x[:4]),
+        "mc_cv": probust.MonteCarloCV(model, 0.3, n_samples=200, mmse_samples=3)(x[:4]),
     }
     for method, r in direct.items():
         names = ["p_mc", "p_linearised", "cv_beta"] if method == "mc_cv" else ["p_fail", "p_fail_error"]
@@ -255,7 +262,7 @@ def test_p_fail_is_a_run_setting(tmp_path):
     run(out, limit=4, methods=["taylor_mvs"])
     with pytest.raises(ConfigMismatchError, match=r"p_fail: False there, True here"):
         run(out, limit=4, methods=["taylor_mvs"], p_fail=True, extend=True)
-    with pytest.raises(ConfigError, match="--p-fail"):
+    with pytest.raises(ConfigError, match="^p_fail: "):
         run(tmp_path / "s", p_fail="yes")
 
 
@@ -321,5 +328,37 @@ def test_adaptive_monte_carlo_stops_points_once_their_interval_is_narrow(tmp_pat
     assert fixed.n_drawn.eq(4000).all()
     with pytest.raises(ConfigMismatchError, match=r"mc_half_width: 0.03 there, 0.05 here"):
         run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, mc_half_width=0.05)
-    with pytest.raises(ConfigError, match="--mc-half-width"):
+    with pytest.raises(ConfigError, match="^mc_half_width: "):
         run(tmp_path / "bad", methods=["mc"], limit=2, sigmas=[0.3], mc_half_width=0.7)
+
+
+def test_mc_cv_and_mc_is_linearise_with_the_runs_mmse_samples(tmp_path):
+    # The MMSE linearisation inside mc_cv and mc_is takes the run's mmse_samples (the smallest of
+    # several); its points are numbered by their data-set indices (7..10), not by their rows.
+    ds, model = tiny_data(), tiny_model()
+    x, _ = ds.tensors()
+    args = {"methods": ["mc_cv", "mc_is"], "sigmas": [0.3], "indices": "7-10"}
+    tables = {n: run(tmp_path / str(n), mmse_samples=n, **args) for n in (3, 5)}
+    several = run(tmp_path / "several", mmse_samples=[10, 3], **args)
+    for method, estimator in (("mc_cv", probust.MonteCarloCV), ("mc_is", probust.MonteCarloIS)):
+        p = {n: df[df.method == method].sort_values("index").p.to_numpy() for n, df in tables.items()}
+        for n in (3, 5):
+            direct = estimator(model, 0.3, n_samples=200, mmse_samples=n, seed=0)(x[7:11], index_offset=7).p.numpy()
+            np.testing.assert_allclose(p[n], direct, rtol=0, atol=1e-9)
+        assert np.abs(p[3] - p[5]).max() > 1e-3, (method, p)
+        np.testing.assert_allclose(several[several.method == method].sort_values("index").p, p[3], rtol=0, atol=1e-9)
+
+
+def test_the_linearisation_copies_are_part_of_a_folders_identity(tmp_path):
+    out = tmp_path / "r"
+    args = {"methods": ["mc_cv"], "sigmas": [0.3], "limit": 3}
+    run(out, mmse_samples=3, **args)
+    assert read_config(out)["requests"][0]["mmse_samples"] == [3]
+    with pytest.raises(ConfigMismatchError, match=r"mmse_samples: \[3\] there, \[5\] here"):
+        run(out, mmse_samples=5, **args)
+    # extending would mix mc_cv rows of two linearisations in one table
+    with pytest.raises(ConfigMismatchError, match="linearised with 3 MMSE copies, this run would use 5"):
+        run(out, mmse_samples=5, extend=True, **args)
+    # more copies for mmse, or mc_cv with the same smallest count, extend the folder
+    df = run(out, mmse_samples=[3, 5], extend=True, methods=["mc_cv", "mmse_mvs"], sigmas=[0.3], limit=3)
+    assert sorted(set(zip(df.method, df.n_samples))) == [("mc_cv", 200), ("mmse_mvs", 3), ("mmse_mvs", 5)]

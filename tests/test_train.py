@@ -333,10 +333,8 @@ def test_cli_missing_data_set_exits_1_with_how_to_get_it(tmp_path, capsys, monke
     ],
     ids=["linear", "cnn", "cnn-no-pool"],
 )
-def test_fashion_mnist_models_reach_the_papers_accuracy(request, tmp_path, arch, arch_kwargs, lr, floor):
-    markexpr = request.config.getoption("markexpr") or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("minutes of training: run with `pytest -m slow`")
+def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwargs, lr, floor):
+    # selected by its marker alone (`make test-all`, `pytest -m slow`), like every slow test
     if not (FMNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
     result = train("fashion-mnist", arch, epochs=10, lr=lr, batch_size=128, arch_kwargs=arch_kwargs,

@@ -84,7 +84,9 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
     reference = probust.MonteCarlo(model, 0.2, n_samples=400, batch_size=64)(x).p
     for rows, channels_last in ((7, False), (400, True), (1000, True)):
         monkeypatch.setattr(
-            probust.MonteCarlo, "_forward_plan", lambda self, x, total, r=rows, c=channels_last: _tuning.ForwardPlan(r, c)
+            probust.MonteCarlo,
+            "_forward_plan",
+            lambda self, x, total, noise=None, r=rows, c=channels_last: _tuning.ForwardPlan(r, c),
         )
         got = probust.MonteCarlo(model, 0.2, n_samples=400)(x).p
         # Same noise; channels_last may move a logit by float rounding, so allow one flipped draw.

@@ -34,6 +34,7 @@ Requires Gaussian noise: for other noise the mvn-cdf is only the CLT approximati
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from scipy import special
@@ -46,7 +47,7 @@ from probust._stats import upper_rate
 from probust.estimators import MMSE, Estimator, Taylor
 from probust._tuning import to_format, weights_in_format
 from probust.linearize import plan_blocks, project
-from probust.noise import Noise, as_noise
+from probust.noise import Noise, as_noise, require_gaussian
 from probust.result import Estimate
 
 LINEARISATIONS = ("taylor", "mmse")
@@ -112,6 +113,23 @@ def cv_statistics(
     )
 
 
+def linearised_estimator(
+    model: nn.Module, noise: Noise, linearisation: str, *, mmse_samples: int, **kwargs: Any
+) -> Taylor:
+    """The Taylor or MMSE estimator that gives the Monte Carlo variants their linearisation.
+
+    Args:
+        model: the classifier.
+        noise: the (Gaussian) noise the linearisation is taken under.
+        linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
+        mmse_samples: N, copies of the MMSE linearisation.
+        **kwargs: passed to the estimator (tol, batch_size, jacobian, memory_budget, seed, ...).
+    """
+    if linearisation == "taylor":
+        return Taylor(model, noise, **kwargs)
+    return MMSE(model, noise, n_samples=mmse_samples, **kwargs)
+
+
 class MonteCarloCV(Estimator):
     """Monte Carlo with the linearised model as a control variate: unbiased, with a valid
     interval, and far fewer model evaluations where the linearisation is good.
@@ -146,7 +164,7 @@ class MonteCarloCV(Estimator):
     def __init__(
         self,
         model: nn.Module,
-        sigma: float | Tensor | Noise = None,
+        sigma: float | Tensor | Noise,
         n_samples: int = 10_000,
         *,
         linearisation: str = "mmse",
@@ -162,11 +180,7 @@ class MonteCarloCV(Estimator):
     ) -> None:
         super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
-        if not self.noise.is_gaussian:
-            raise ValueError(
-                "mc_cv needs Gaussian noise: the control variate's mean is the mvn-cdf, exact only for "
-                f"Gaussian noise (got {type(self.noise).__name__}); use method='mc'"
-            )
+        require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
         if linearisation not in LINEARISATIONS:
             raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
@@ -178,18 +192,17 @@ class MonteCarloCV(Estimator):
             None if target_half_width is None else check_positive_float(target_half_width, "target_half_width")
         )
         self.check_every = check_positive_int(check_every, "check_every")
-        common = dict(
+        self.linear = linearised_estimator(
+            model,
+            self.noise,
+            linearisation,
+            mmse_samples=mmse_samples,
             tol=tol,
             batch_size=jacobian_batch_size,
             class_chunk_size=class_chunk_size,
             jacobian=jacobian,
             memory_budget=self.memory_budget,
             seed=self.seed,
-        )
-        self.linear = (
-            Taylor(model, self.noise, **common)
-            if linearisation == "taylor"
-            else MMSE(model, self.noise, n_samples=mmse_samples, **common)
         )
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
@@ -254,7 +267,7 @@ class MonteCarloCV(Estimator):
         """Counts (n, sum Y, sum X, sum XY) over draws start..start+n-1: int64 [4, B]."""
         shape = x.shape[1:]
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
-        plan = self._forward_plan(x, x.shape[0] * n)
+        plan = self._forward_plan(x, x.shape[0] * n, self.noise)
         with weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
                 eps = self.noise.sample(keys[points], start + first, count, shape)

@@ -40,7 +40,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from probust.experiments import Output
 
 __all__ = ["DemoConfig", "DemoConfigError", "DemoSummary", "config_for", "run_demo"]
 
@@ -380,6 +383,7 @@ def run_demo(
     config: DemoConfig | None = None,
     verbose: bool = True,
     argv: Sequence[str] | None = None,
+    on_output: Callable[[Output], None] | None = None,
 ) -> DemoSummary:
     """Train, score, run every experiment and write ``out/report.html``.
 
@@ -396,6 +400,8 @@ def run_demo(
         config: full settings (overrides ``data``/``quick``/``points``/``seed``).
         verbose: print progress.
         argv: the command line, recorded in demo.json.
+        on_output: called with each experiment's :class:`~probust.experiments.Output` as it
+            finishes (``probust demo`` prints a line per experiment).
 
     Returns:
         A :class:`DemoSummary`.
@@ -481,8 +487,6 @@ def run_demo(
         "jobs": jobs,
         "threads": threads,
     }
-    from probust.cli.report import print_output
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -492,7 +496,7 @@ def run_demo(
             options=options,
             title=f"probust demo: average-case robustness on {config.data}",
             extra=extra,
-            on_done=print_output if verbose else None,
+            on_done=on_output,
         )
     finally:
         torch.set_num_threads(previous)
@@ -534,9 +538,9 @@ def print_summary(summary: DemoSummary, file=None) -> None:
     report = summary.report
     standard = [r.label for r in report.results.standard()]
     table = error_summary(report.outputs, standard)
+    cfg = summary.config
     print("", file=file)
     if not table.empty:
-        cfg = summary.config
         print(f"Mean |p_hat - p_mc| over {cfg.points} test points (Monte Carlo n={cfg.mc_samples:,}, MMSE N={cfg.mmse_samples}):", file=file)
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"), file=file)

@@ -120,10 +120,22 @@ class Estimator(ABC):
     def _budget(self, x: Tensor) -> int:
         return resolve_budget(self.memory_budget, x.device)
 
-    def _forward_plan(self, x: Tensor, total_rows: int) -> ForwardPlan:
-        """Rows per forward pass without autograd (noisy copies) and the memory format."""
+    def _forward_plan(self, x: Tensor, total_rows: int, noise: Noise | None = None) -> ForwardPlan:
+        """Rows per forward pass without autograd (noisy copies) and the memory format.
+
+        With ``noise``, a timed pass also draws and adds the noise, as the real passes do."""
         if not isinstance(self.model, nn.Module):
             return ForwardPlan(self.batch_size or _CLEAN_ROWS, False)
+        keys = _rng.point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), _rng.STREAM_MC)
+
+        def noisy_pass(rows: Tensor) -> object:
+            # As MonteCarlo._count: draw, add the inputs in place, convert to the plan's format.
+            assert noise is not None
+            noisy = noise.sample(keys, 0, rows.shape[0], rows.shape[1:])[0]
+            noisy += rows
+            channels_last = rows.ndim == 4 and rows.is_contiguous(memory_format=torch.channels_last)
+            return self.model(to_format(noisy, channels_last))
+
         return plan_forward(
             self.model,
             x[:8],
@@ -131,6 +143,7 @@ class Estimator(ABC):
             total_rows=total_rows,
             rows=self.batch_size,
             channels_last=self.channels_last,
+            step=None if noise is None else noisy_pass,
         )
 
     def __repr__(self) -> str:
@@ -188,7 +201,7 @@ class MonteCarlo(Estimator):
     def __init__(
         self,
         model: nn.Module,
-        sigma: float | Tensor | Noise = None,
+        sigma: float | Tensor | Noise,
         n_samples: int = 10_000,
         *,
         confidence: float = 0.95,
@@ -230,7 +243,7 @@ class MonteCarlo(Estimator):
         target = check_target(target, self._clean_logits(x))
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
         batch = x.shape[0]
-        plan = self._forward_plan(x, batch * self.n_samples)
+        plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),
@@ -274,7 +287,7 @@ class _Linearised(Estimator):
     def __init__(
         self,
         model: nn.Module,
-        sigma: float | Tensor | Noise = None,
+        sigma: float | Tensor | Noise,
         *,
         cdf: str = "mvn",
         tol: float = 1e-4,
@@ -464,7 +477,7 @@ class MMSE(_Linearised):
     def __init__(
         self,
         model: nn.Module,
-        sigma: float | Tensor | Noise = None,
+        sigma: float | Tensor | Noise,
         n_samples: int = 5,
         *,
         sampling: str = "centred",

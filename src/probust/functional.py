@@ -17,12 +17,15 @@ METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv",
 def make_estimator(
     method: str,
     model: nn.Module,
-    sigma: float | Tensor | Noise | None = None,
+    sigma: float | Tensor | Noise | None,
     *,
     n_samples: int | None = None,
     **kwargs,
 ) -> Estimator:
-    """Build the estimator that ``method`` names, with the same arguments as :func:`estimate`."""
+    """Build the estimator that ``method`` names, with the same arguments as :func:`estimate`.
+
+    ``sigma`` is required; it may be None only for "softmax", which uses no noise.
+    """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if method == "softmax":
@@ -45,7 +48,7 @@ def make_estimator(
 def estimate(
     model: nn.Module,
     x: Tensor,
-    sigma: float | Tensor | Noise | None = None,
+    sigma: float | Tensor | Noise | None,
     method: str = "mmse",
     *,
     n_samples: int | None = None,
@@ -59,7 +62,8 @@ def estimate(
         model: maps [B, *S] to logits [B, C].
         x: float inputs [B, *S].
         sigma: noise standard deviation per input coordinate (units of x), or a Noise.
-            Ignored by "softmax" (pass temperature= instead).
+            Required; it may be None only for "softmax", which ignores it (pass
+            temperature= instead): ``estimate(model, x, None, "softmax")``.
         method: one of :data:`METHODS`: "mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs",
             "softmax", "mc_cv", "mc_is".
         n_samples: Monte Carlo draws (mc, mc_cv, mc_is: default 10,000) or MMSE copies (mmse,

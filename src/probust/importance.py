@@ -4,8 +4,8 @@ Plain Monte Carlo needs ~100 / p_fail draws to see p_fail = 1 - p_robust at all.
 come from a mixture centred on the linearised decision boundaries, where failures happen, and
 are reweighted by the Gaussian density ratio, so the estimate stays unbiased for any model.
 
-For Gaussian noise N(0, S) and a linearised boundary c_i + u_i . eps = 0 (Taylor at x by
-default), the most likely crossing point is delta_i = -(c_i / q_i) S u_i with q_i = u_i S u_i^T,
+For Gaussian noise N(0, S) and a linearised boundary c_i + u_i . eps = 0 (MMSE, N = 5 copies,
+by default), the most likely crossing point is delta_i = -(c_i / q_i) S u_i with q_i = u_i S u_i^T,
 at Mahalanobis distance z_i = c_i / sqrt(q_i). The proposal is
 
     g = a N(0, S) + (1 - a) sum_i pi_i N(delta_i, S),      pi_i proportional to Phi(-z_i),
@@ -47,11 +47,11 @@ from probust import _maps, _rng
 from probust._checks import check_positive_int
 from probust._progress import progress
 from probust._stats import upper_rate
-from probust.control_variate import LINEARISATIONS
-from probust.estimators import MMSE, Estimator, Taylor
+from probust.control_variate import LINEARISATIONS, linearised_estimator
+from probust.estimators import Estimator
 from probust._tuning import to_format, weights_in_format
 from probust.linearize import plan_blocks, project
-from probust.noise import Gaussian, Noise, as_noise
+from probust.noise import Gaussian, Noise, as_noise, require_gaussian
 from probust.result import Estimate
 
 # Derived from the reserved control stream so the two draws of a sample (which component,
@@ -77,8 +77,10 @@ class MonteCarloIS(Estimator):
         model, batch_size, seed, show_progress: see :class:`probust.Estimator`.
         sigma: noise standard deviation per input coordinate, or a Gaussian Noise.
         n_samples: draws per point.
-        linearisation: "taylor" (default) or "mmse": where the proposal's components sit.
-        mmse_samples: copies of the MMSE linearisation.
+        linearisation: "mmse" (default, as :class:`probust.MonteCarloCV`; margins and
+            gradients averaged over ``mmse_samples`` noisy copies) or "taylor" (at x): where
+            the proposal's components sit. Its cost is not counted in ``r.n_samples``.
+        mmse_samples: N, copies of the MMSE linearisation.
         components: keep only this many most likely boundaries (by Phi(-z_i)); None: all.
         defensive: share ``a`` of the draws from the nominal noise (0 <= a < 1).
         confidence: level of the interval.
@@ -99,10 +101,10 @@ class MonteCarloIS(Estimator):
     def __init__(
         self,
         model: nn.Module,
-        sigma: float | Tensor | Noise = None,
+        sigma: float | Tensor | Noise,
         n_samples: int = 10_000,
         *,
-        linearisation: str = "taylor",
+        linearisation: str = "mmse",
         mmse_samples: int = 5,
         components: int | None = None,
         defensive: float = 0.1,
@@ -115,10 +117,7 @@ class MonteCarloIS(Estimator):
     ) -> None:
         super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
-        if not isinstance(self.noise, Gaussian):
-            raise ValueError(
-                f"mc_is needs Gaussian noise (its weights are Gaussian density ratios), got {type(self.noise).__name__}"
-            )
+        require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
         if linearisation not in LINEARISATIONS:
             raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
@@ -130,18 +129,17 @@ class MonteCarloIS(Estimator):
         self.defensive = float(defensive)
         self.confidence = confidence
         self.linearisation = linearisation
-        common = dict(
+        self.linear = linearised_estimator(
+            model,
+            self.noise,
+            linearisation,
+            mmse_samples=mmse_samples,
             tol=tol,
             batch_size=jacobian_batch_size,
             class_chunk_size=class_chunk_size,
             jacobian=jacobian,
             memory_budget=self.memory_budget,
             seed=self.seed,
-        )
-        self.linear = (
-            Taylor(model, self.noise, **common)
-            if linearisation == "taylor"
-            else MMSE(model, self.noise, n_samples=mmse_samples, **common)
         )
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
@@ -192,7 +190,7 @@ class MonteCarloIS(Estimator):
         sum_w2 = torch.zeros_like(sum_w)
         failures = torch.zeros(batch, dtype=torch.int64, device=x.device)
         cumulative = log_mix.exp().cumsum(1)
-        plan = self._forward_plan(x, batch * self.n_samples)
+        plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
                 pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]

@@ -175,6 +175,19 @@ class Laplace(_IidNoise):
         return -b * torch.sign(centred) * torch.log1p(-2.0 * centred.abs())
 
 
+def require_gaussian(noise: Noise, method: str) -> None:
+    """Raise ValueError unless ``noise`` is :class:`Gaussian` (what ``method`` needs).
+
+    The Monte Carlo methods built on the linearised model ("mc_cv", "mc_is") need it: the
+    control variate's mean is the mvn-cdf, and importance weights are Gaussian density ratios.
+    """
+    if not isinstance(noise, Gaussian):
+        raise ValueError(
+            f"{method} needs Gaussian noise: sigma must be a number, a tensor of per-coordinate standard "
+            f"deviations or a probust.Gaussian, got {type(noise).__name__}; use method='mc' for other noise"
+        )
+
+
 def as_noise(sigma: float | Tensor | Noise | None) -> Noise:
     """Turn the user's ``sigma`` argument into a :class:`Noise` (a float means isotropic Gaussian)."""
     if isinstance(sigma, Noise):

@@ -65,7 +65,8 @@ class RobustLoss:
             at once, drives the network towards a flat classifier (robust and useless; on
             digits, mu = 1 without warm-up loses more than 25 points of accuracy); letting the
             cross-entropy shape the features first avoids that. The count lives in this
-            object: a resumed run ramps up again.
+            object (:meth:`state_dict`); :func:`probust.train.train` saves it in its checkpoints,
+            so a resumed run continues the ramp where the interrupted one stopped.
 
     The estimate is computed with the model in eval mode (rows must not interact for the
     vectorised Jacobian), then the model's mode is restored.
@@ -164,6 +165,17 @@ class RobustLoss:
         if self.warmup_steps == 0:
             return self.mu
         return self.mu * min(1.0, (self.calls + 1) / self.warmup_steps)
+
+    def state_dict(self) -> dict:
+        """What changes during training (the calls counted by the warm-up), for checkpoints."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict` (a resumed training run)."""
+        calls = state["calls"]
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+            raise ValueError(f"state['calls'] must be an integer >= 0, got {calls!r}")
+        self.calls = calls
 
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None = None) -> Tensor:
         """The term to add to the batch's loss: a scalar in x's dtype."""

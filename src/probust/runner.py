@@ -19,9 +19,7 @@ or both at once, returning the table: ``df = probust.run_estimate(...)``.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import hashlib
-import inspect
 import os
 import platform
 import re
@@ -75,6 +73,11 @@ _SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None}
 ADAPTIVE_METHODS = ("mc", "mc_cv")
 #: The analytic methods that compute ``p_fail`` on request (``p_fail=True``, ``--p-fail``).
 P_FAIL_METHODS = ("taylor", "mmse", "taylor_mvs", "mmse_mvs")
+#: The Monte Carlo methods around an MMSE linearisation: its copies are the smallest ``mmse_samples``.
+LINEARISED_MC_METHODS = ("mc_cv", "mc_is")
+#: The copies those methods used before the runner passed ``mmse_samples`` on (MonteCarloCV's
+#: default), implied by a folder's request that recorded no ``mmse_samples`` for them.
+_LEGACY_LINEARISATION_SAMPLES = 5
 
 
 class ConfigError(ValueError):
@@ -122,6 +125,8 @@ class RunPlan:
         tasks: the (sigma, method, sample count) grid, in the order it is computed.
         config: what ``config.json`` records.
         world: the processes sharing the run.
+        linearisation_samples: copies of the MMSE linearisation of mc_cv and mc_is (the
+            smallest ``mmse_samples``).
     """
 
     store: ResultStore
@@ -148,6 +153,7 @@ class RunPlan:
     merge: bool
     p_fail: bool = False
     mc_half_width: float | None = None
+    linearisation_samples: int = 5
     warnings: list[str] = field(default_factory=list)
 
     def blocks(self) -> list[np.ndarray]:
@@ -199,21 +205,21 @@ def parse_indices(spec: str | int | Iterable[str | int]) -> np.ndarray:
     for item in items:
         if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             if item < 0:
-                raise ConfigError(f"--indices: indices must be >= 0, got {item}")
+                raise ConfigError(f"indices: indices must be >= 0, got {item}")
             parts.append(np.array([item], dtype=np.int64))
             continue
         for token in str(item).replace(",", " ").split():
             m = _RANGE.match(token)
             if m is None:
-                raise ConfigError(f"--indices: cannot read {token!r}; expected N, A-B (inclusive) or A-B:STEP")
+                raise ConfigError(f"indices: cannot read {token!r}; expected N, A-B (inclusive) or A-B:STEP")
             start = int(m.group(1))
             stop = int(m.group(2)) if m.group(2) is not None else start
             step = int(m.group(3)) if m.group(3) is not None else 1
             if stop < start or step < 1:
-                raise ConfigError(f"--indices: {token!r} is an empty range (need A <= B and STEP >= 1)")
+                raise ConfigError(f"indices: {token!r} is an empty range (need A <= B and STEP >= 1)")
             parts.append(np.arange(start, stop + 1, step, dtype=np.int64))
     if not parts:
-        raise ConfigError("--indices: no indices given")
+        raise ConfigError("indices: no indices given")
     return np.unique(np.concatenate(parts))
 
 
@@ -234,15 +240,15 @@ def _ranges(indices: np.ndarray) -> list[list[int]]:
 def _check_sigmas(sigmas: float | Iterable[float]) -> list[float]:
     values = [sigmas] if isinstance(sigmas, (int, float, str)) else list(sigmas)
     if not values:
-        raise ConfigError("--sigma: give at least one noise level")
+        raise ConfigError("sigmas: give at least one noise level")
     out = []
     for v in values:
         try:
             s = float(v)
         except (TypeError, ValueError):
-            raise ConfigError(f"--sigma: {v!r} is not a number") from None
+            raise ConfigError(f"sigmas: {v!r} is not a number") from None
         if not np.isfinite(s) or s <= 0:
-            raise ConfigError(f"--sigma: noise levels must be positive finite numbers, got {v}")
+            raise ConfigError(f"sigmas: noise levels must be positive finite numbers, got {v}")
         out.append(s)
     return sorted(set(out))
 
@@ -250,10 +256,10 @@ def _check_sigmas(sigmas: float | Iterable[float]) -> list[float]:
 def _check_methods(methods: str | Iterable[str]) -> list[str]:
     values = [methods] if isinstance(methods, str) else list(methods)
     if not values:
-        raise ConfigError("--methods: give at least one method")
+        raise ConfigError("methods: give at least one method")
     unknown = [m for m in values if m not in METHODS]
     if unknown:
-        raise ConfigError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+        raise ConfigError(f"methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     return [m for m in METHODS if m in values]
 
 
@@ -298,11 +304,13 @@ def _device_type(device: str | torch.device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"--device: unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from None
+        raise ConfigError(f"device: unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device: cuda was asked for but no CUDA GPU is available here (use --device cpu or auto)")
+        raise ConfigError(
+            "device: cuda was asked for but no CUDA GPU is available here (use device='cpu' or device='auto')"
+        )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device: mps was asked for but is not available here")
+        raise ConfigError("device: mps was asked for but is not available here")
     return dev.type
 
 
@@ -313,7 +321,7 @@ def _resolve_device(device: str | torch.device, device_type: str, world: _distri
     if dev.index is None:
         dev = torch.device("cuda", world.local_rank if world.distributed else torch.cuda.current_device())
     if dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"--device: {dev} does not exist here ({torch.cuda.device_count()} GPUs)")
+        raise ConfigError(f"device: {dev} does not exist here ({torch.cuda.device_count()} GPUs)")
     torch.cuda.set_device(dev)  # so that code allocating on "cuda" without an index uses this rank's GPU
     return dev
 
@@ -342,9 +350,9 @@ def _load_data(data: Any, split: str, root: str | os.PathLike | None, download: 
     except (pdata.ProbustDataError, FileNotFoundError) as exc:
         lines = str(exc).strip().splitlines()
         hint = next((line for line in lines if line.startswith("to get it")), "")
-        raise ConfigError(f"--data: {lines[0] if lines else exc}" + (f" ({hint})" if hint else "")) from None
+        raise ConfigError(f"data: {lines[0] if lines else exc}" + (f" ({hint})" if hint else "")) from None
     except ValueError as exc:
-        raise ConfigError(f"--data: {_first_line(exc)}") from None
+        raise ConfigError(f"data: {_first_line(exc)}") from None
 
 
 def _data_name(ds: Any) -> str:
@@ -429,7 +437,7 @@ def _load_model(
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
-            raise ConfigError(f"--model: no model file at {path}")
+            raise ConfigError(f"model: no model file at {path}")
         from probust import models as pmodels
 
         try:
@@ -442,10 +450,10 @@ def _load_model(
             )
         except pmodels.CheckpointMismatchError as exc:
             raise ConfigError(
-                f"--model: {_first_line(exc)} (data set {_data_name(ds)}: input shape {list(shape)}, {classes} classes)"
+                f"model: {_first_line(exc)} (data set {_data_name(ds)}: input shape {list(shape)}, {classes} classes)"
             ) from None
         except (pmodels.CheckpointError, OSError) as exc:
-            raise ConfigError(f"--model: {_first_line(exc)}") from None
+            raise ConfigError(f"model: {_first_line(exc)}") from None
         trained_on = meta.get("dataset")
         if trained_on is not None and hasattr(ds, "name"):
             from probust.data import canonical_name
@@ -471,14 +479,14 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             out = model(x.to(device))
     except Exception as exc:
         raise ConfigError(
-            f"--model: does not accept inputs of shape {list(shape)} from {_data_name(ds)} "
+            f"model: does not accept inputs of shape {list(shape)} from {_data_name(ds)} "
             f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != x.shape[0]:
         desc = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ConfigError(f"--model: returns {desc} for a batch of {x.shape[0]}, expected logits [batch, classes]")
+        raise ConfigError(f"model: returns {desc} for a batch of {x.shape[0]}, expected logits [batch, classes]")
     if classes is not None and out.shape[1] != classes:
-        raise ConfigError(f"--model: has {out.shape[1]} classes, the data set {_data_name(ds)} has {classes}")
+        raise ConfigError(f"model: has {out.shape[1]} classes, the data set {_data_name(ds)} has {classes}")
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -500,7 +508,7 @@ def _request(sigmas, methods, mc_samples, mmse_samples, indices) -> dict[str, An
         "sigmas": sigmas,
         "methods": methods,
         "mc_samples": mc_samples if any(_sample_kind(m) == "mc" for m in methods) else [],
-        "mmse_samples": mmse_samples if any(_sample_kind(m) == "mmse" for m in methods) else [],
+        "mmse_samples": mmse_samples if any(_uses_mmse_samples(m) for m in methods) else [],
         "n_points": int(len(indices)),
         "indices": _ranges(indices),
     }
@@ -521,7 +529,7 @@ def _compare(old: dict[str, Any], new: dict[str, Any], extend: bool, path: Path)
     """
     if old.get("format") != _FORMAT:
         raise ConfigMismatchError(
-            f"{path}/config.json is not a probust results configuration; use --overwrite to replace it"
+            f"{path}/config.json is not a probust results configuration; use overwrite=True to replace it"
         )
     # Everything under "run" must match: the data, the model and the settings of the estimators
     # (a setting newer than the folder's config counts as its default there).
@@ -535,24 +543,56 @@ def _compare(old: dict[str, Any], new: dict[str, Any], extend: bool, path: Path)
     if diffs:
         raise ConfigMismatchError(
             f"{path} holds results of a different run ({'; '.join(diffs)}); "
-            "use --overwrite to replace them, or another --out",
+            "use overwrite=True to replace them, or another out folder",
             diffs,
         )
     request = new["requests"][0]
-    if request in old["requests"]:
+    old_requests = [_with_legacy_defaults(r) for r in old["requests"]]
+    if request in old_requests:
         return None
     if extend:
+        _check_linearisation(old_requests, request, path)
         return {**old, "requests": [*old["requests"], request]}
-    last = old["requests"][-1]
+    last = old_requests[-1]
     diffs = [
         f"{k}: {_show(last.get(k))} there, {_show(request.get(k))} here"
         for k in request
         if last.get(k) != request.get(k)
     ]
     raise ConfigMismatchError(
-        f"{path} holds results of a different run ({'; '.join(diffs)}); use --extend to add these rows to it, "
-        "--overwrite to replace it, or another --out",
+        f"{path} holds results of a different run ({'; '.join(diffs)}); use extend=True to add these rows to it, "
+        "overwrite=True to replace it, or another out folder",
         diffs,
+    )
+
+
+def _with_legacy_defaults(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as this version records it: mc_cv and mc_is imply their MMSE copies."""
+    if not request.get("mmse_samples") and any(m in LINEARISED_MC_METHODS for m in request.get("methods", ())):
+        return {**request, "mmse_samples": [_LEGACY_LINEARISATION_SAMPLES]}
+    return request
+
+
+def _linearisation_samples(request: dict[str, Any]) -> int | None:
+    """The MMSE copies of a request's mc_cv and mc_is rows; None when it has neither."""
+    if not any(m in LINEARISED_MC_METHODS for m in request["methods"]) or not request["mmse_samples"]:
+        return None
+    return min(request["mmse_samples"])
+
+
+def _check_linearisation(old_requests: list[dict[str, Any]], request: dict[str, Any], path: Path) -> None:
+    """Refuse an extension whose mc_cv/mc_is rows would be linearised with other MMSE copies
+    than the folder's (the rows' key has no place for it: the table would mix both)."""
+    here = _linearisation_samples(request)
+    there = {n for n in map(_linearisation_samples, old_requests) if n is not None}
+    if here is None or not there or there == {here}:
+        return
+    diff = f"mmse_samples (mc_cv/mc_is linearisation): {min(there)} there, {here} here"
+    raise ConfigMismatchError(
+        f"{path} holds mc_cv/mc_is rows linearised with {min(there)} MMSE copies, this run would use {here} "
+        f"(the smallest mmse_samples); include {min(there)} as the smallest mmse_samples, or leave mc_cv and "
+        "mc_is out of this extension",
+        [diff],
     )
 
 
@@ -649,49 +689,49 @@ def prepare(
     """
     sigmas_ = _check_sigmas(sigmas)
     methods_ = _check_methods(methods)
-    mc_ = _check_counts(mc_samples, "--mc-samples")
-    mmse_ = _check_counts(mmse_samples, "--mmse-samples")
-    limit = _check_int(limit, "--limit", 1)
-    batch_size = _check_int(batch_size, "--batch-size", 1)
-    eval_batch_size = _check_int(eval_batch_size, "--eval-batch-size", 1)
+    mc_ = _check_counts(mc_samples, "mc_samples")
+    mmse_ = _check_counts(mmse_samples, "mmse_samples")
+    limit = _check_int(limit, "limit", 1)
+    batch_size = _check_int(batch_size, "batch_size", 1)
+    eval_batch_size = _check_int(eval_batch_size, "eval_batch_size", 1)
     try:
         check_budget(memory_budget)
     except ValueError as exc:
-        raise ConfigError(f"--memory-budget: {exc}") from None
+        raise ConfigError(f"memory_budget: {exc}") from None
     if channels_last is not None and not isinstance(channels_last, bool):
-        raise ConfigError(f"--channels-last: expected on, off or auto, got {channels_last!r}")
+        raise ConfigError(f"channels_last: expected True, False or None (measured), got {channels_last!r}")
     if jacobian not in JACOBIANS:
-        raise ConfigError(f"--jacobian: expected one of {', '.join(JACOBIANS)}, got {jacobian!r}")
+        raise ConfigError(f"jacobian: expected one of {', '.join(JACOBIANS)}, got {jacobian!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ConfigError(f"--seed: must be an integer, got {seed!r}")
+        raise ConfigError(f"seed: must be an integer, got {seed!r}")
     seed = int(seed)
-    temperature = _check_positive(temperature, "--temperature")
-    tol = _check_positive(tol, "--tol")
+    temperature = _check_positive(temperature, "temperature")
+    tol = _check_positive(tol, "tol")
     ci_level = float(ci_level)
     if not 0 < ci_level < 1:
-        raise ConfigError(f"--confidence: must be in (0, 1), got {ci_level}")
+        raise ConfigError(f"ci_level: must be in (0, 1), got {ci_level}")
     for value, allowed, name in (
-        (target, TARGETS, "--target"),
-        (interval, INTERVALS, "--interval"),
-        (mmse_sampling, MMSE_SAMPLINGS, "--mmse-sampling"),
+        (target, TARGETS, "target"),
+        (interval, INTERVALS, "interval"),
+        (mmse_sampling, MMSE_SAMPLINGS, "mmse_sampling"),
     ):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if not isinstance(p_fail, (bool, np.bool_)):
-        raise ConfigError(f"--p-fail: must be True or False, got {p_fail!r}")
+        raise ConfigError(f"p_fail: must be True or False, got {p_fail!r}")
     p_fail = bool(p_fail)
     if mc_half_width is not None:
-        mc_half_width = _check_positive(mc_half_width, "--mc-half-width")
+        mc_half_width = _check_positive(mc_half_width, "mc_half_width")
         if mc_half_width >= 0.5:
-            raise ConfigError(f"--mc-half-width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
+            raise ConfigError(f"mc_half_width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
     if overwrite and extend:
-        raise ConfigError("--overwrite and --extend exclude each other")
+        raise ConfigError("overwrite=True and extend=True exclude each other")
     selected = parse_indices(indices) if indices is not None else None
     device_type = _device_type(device)
     if split not in ("train", "test") and isinstance(data, (str, os.PathLike)):
-        raise ConfigError(f"--split: expected train or test, got {split!r}")
+        raise ConfigError(f"split: expected train or test, got {split!r}")
     if out is None:
-        raise ConfigError("--out: give an output folder")
+        raise ConfigError("out: give an output folder")
 
     world = _distributed.join(device_type)
     store = ResultStore(out)
@@ -706,7 +746,7 @@ def prepare(
             else:
                 if selected[-1] >= len(ds):
                     raise ConfigError(
-                        f"--indices: index {int(selected[-1])} is out of range for {_data_name(ds)} "
+                        f"indices: index {int(selected[-1])} is out of range for {_data_name(ds)} "
                         f"{_data_split(ds, split)} ({len(ds)} points)"
                     )
                 selected = selected[:limit] if limit is not None else selected
@@ -742,6 +782,7 @@ def prepare(
                 channels_last=channels_last,
                 show_progress=show_progress and world.is_main,
                 merge=merge,
+                linearisation_samples=mmse_[0],
                 warnings=notes,
                 **settings,
             )
@@ -768,6 +809,11 @@ def _sample_kind(method: str) -> str | None:
     return "mc" if method.startswith("mc") else "mmse" if method.startswith("mmse") else None
 
 
+def _uses_mmse_samples(method: str) -> bool:
+    """Whether ``mmse_samples`` changes a method's rows: MMSE's copies or its linearisation's."""
+    return _sample_kind(method) == "mmse" or method in LINEARISED_MC_METHODS
+
+
 def _tasks(sigmas: list[float], methods: list[str], mc: list[int], mmse: list[int]) -> list[Task]:
     counts = {"mc": mc, "mmse": mmse, None: [0]}
     return [Task(s, m, n) for s in sigmas for m in methods for n in counts[_sample_kind(m)]]
@@ -777,29 +823,29 @@ def _claim_folder(store: ResultStore, config: dict[str, Any], overwrite: bool, e
     """Create and lock the folder and check it may take this run; returns the config to keep."""
     path = store.path
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out: {path} exists and is not a folder")
+        raise ConfigError(f"out: {path} exists and is not a folder")
     try:
         store.create()
         probe = store.parts_dir / f".write-test-{os.getpid()}.tmp"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"--out: cannot write to {path} ({exc.strerror or _first_line(exc)})") from None
+        raise ConfigError(f"out: cannot write to {path} ({exc.strerror or _first_line(exc)})") from None
     from probust.store import FolderLockedError
 
     try:
         store.acquire_lock()
     except (FolderLockedError, OSError) as exc:
-        raise ConfigError(f"--out: {_first_line(exc)}") from None
+        raise ConfigError(f"out: {_first_line(exc)}") from None
     try:
         old = store.read_config()
     except ValueError as exc:
-        raise ConfigError(f"--out: {_first_line(exc)}; use --overwrite to replace it") from None
+        raise ConfigError(f"out: {_first_line(exc)}; use overwrite=True to replace it") from None
     if overwrite or old is None:
         if old is None and store.has_results():
             if not overwrite:
                 raise ConfigError(
-                    f"--out: {path} holds result files but no config.json; use --overwrite to replace them"
+                    f"out: {path} holds result files but no config.json; use overwrite=True to replace them"
                 )
         return config
     kept = _compare(old, config, extend, path)
@@ -824,7 +870,7 @@ def _start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) -
     try:
         store.write_config(config)
     except OSError as exc:
-        raise ConfigError(f"--out: cannot write {store.config_path} ({exc.strerror or _first_line(exc)})") from None
+        raise ConfigError(f"out: cannot write {store.config_path} ({exc.strerror or _first_line(exc)})") from None
 
 
 # -- execution -----------------------------------------------------------------------------------
@@ -843,8 +889,10 @@ def _make_estimator(plan: RunPlan, task: Task):
         kwargs["temperature"] = plan.temperature
     elif task.method == "mc":
         kwargs.update(n_samples=task.n_samples, confidence=plan.ci_level, interval=plan.interval)
-    elif kind == "mc":  # mc_cv, mc_is: Monte Carlo around an mvn-cdf linearisation
-        kwargs.update(n_samples=task.n_samples, confidence=plan.ci_level, tol=plan.tol)
+    elif kind == "mc":  # mc_cv, mc_is: Monte Carlo around an MMSE linearisation (mvn-cdf)
+        kwargs.update(
+            n_samples=task.n_samples, confidence=plan.ci_level, tol=plan.tol, mmse_samples=plan.linearisation_samples
+        )
     elif kind == "mmse":
         kwargs.update(n_samples=task.n_samples, tol=plan.tol, sampling=plan.mmse_sampling)
     else:
@@ -857,26 +905,14 @@ def _make_estimator(plan: RunPlan, task: Task):
     return make_estimator(task.method, plan.model, sigma, **kwargs)
 
 
-@functools.cache
-def _accepts_indices(estimator_type: type) -> bool:
-    """Whether the estimator's call takes the points' data-set indices (``indices=``)."""
-    try:
-        return "indices" in inspect.signature(estimator_type.__call__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 _FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *(c for c in OPTIONAL_COLUMNS if c != "n_drawn"))
 
 
 def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) -> dict[str, np.ndarray | None]:
     """Run the estimator on points with data-set indices ``indices`` (sorted, maybe sparse)."""
-    if _accepts_indices(type(estimator)):
-        results = [estimator(x, target, indices=torch.from_numpy(indices))]
-    else:
-        # Without an indices argument the estimator numbers rows from index_offset, so each
-        # run of consecutive indices gets its own call.
-        results = [estimator(x[r], target[r], index_offset=int(indices[r.start])) for r in _runs(indices)]
+    # The estimator numbers rows from index_offset, so each run of consecutive indices gets
+    # its own call.
+    results = [estimator(x[r], target[r], index_offset=int(indices[r.start])) for r in _runs(indices)]
     out: dict[str, np.ndarray | None] = {}
     for name in _FIELDS:
         values = [getattr(r, name) for r in results]
@@ -1103,7 +1139,9 @@ def run_estimate(
         split: "train" or "test" (for a named data set).
         mc_samples: Monte Carlo draws per point (mc, mc_cv, mc_is); several values give one
             row each.
-        mmse_samples: MMSE noisy copies per point; several values give one row each.
+        mmse_samples: MMSE noisy copies per point; several values give one row each (mmse,
+            mmse_mvs). The MMSE linearisation inside mc_cv and mc_is uses the first once sorted,
+            i.e. the smallest; to extend a folder holding mc_cv or mc_is rows, keep it the same.
         limit: score only the first ``limit`` selected points.
         indices: points to score: ints or strings like "0-99", "0-999:10" (inclusive ranges).
         device: "cpu", "cuda", "cuda:N" or "auto" (cuda if available); under torchrun on

@@ -12,10 +12,11 @@ units ([0, 1], before the model's normalisation layer), the units noise ``sigma`
 The paper's robust family uses ``lambda`` in {0, 1e-4, 1e-3, 1e-2}.
 
 Training is SGD with momentum and a per-step learning-rate schedule. After every epoch a
-checkpoint (weights, metadata, optimiser and schedule state) and its JSON sidecar are written
-atomically; run again with ``resume=True`` and training continues from the last completed epoch,
-giving the same final weights on CPU as an uninterrupted run (shuffling, augmentation and any
-randomness in the model are seeded per epoch from ``seed``).
+checkpoint (weights, metadata, optimiser and schedule state, and the extra loss's state when it
+has a ``state_dict()``) and its JSON sidecar are written atomically; run again with
+``resume=True`` and training continues from the last completed epoch, giving the same final
+weights on CPU as an uninterrupted run (shuffling, augmentation and any randomness in the model
+are seeded per epoch from ``seed``).
 
 Example:
     >>> result = probust.train.train("fashion-mnist", "cnn", epochs=3, out="models/fmnist_cnn.pt")
@@ -240,7 +241,9 @@ def train(
             return it as is if finished; False starts over and overwrites it.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"``.
         show_progress: a tqdm bar per epoch with running loss and accuracy.
-        extra_loss: ``(model, x, y, logits) -> scalar`` added to every batch's loss.
+        extra_loss: ``(model, x, y, logits) -> scalar`` added to every batch's loss. If it has
+            ``state_dict()`` / ``load_state_dict()`` (as :class:`~probust.RobustLoss`'s warm-up
+            count), that state is checkpointed and restored on resumption.
         momentum: SGD momentum.
         schedule: learning-rate schedule over all steps, one of :data:`SCHEDULES`.
         augment: random crop (pad 4) and horizontal flip; default on for CIFAR only.
@@ -376,7 +379,7 @@ def _train(
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if path is not None and resume and path.exists():
-        saved = _restore(path, config, model, optimizer, scheduler)
+        saved = _restore(path, config, model, optimizer, scheduler, extra_loss)
         if saved.get("complete"):
             model.eval()
             return TrainResult(model=model, meta=saved, path=path)
@@ -408,6 +411,8 @@ def _train(
         }
         if path is not None:
             state = None if done else {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            if state is not None and callable(getattr(extra_loss, "state_dict", None)):
+                state["extra_loss"] = extra_loss.state_dict()  # e.g. RobustLoss's warm-up count
             _models.save_checkpoint(path, model, meta, train_state=state)
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, meta)
@@ -453,8 +458,10 @@ def _restore(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
+    extra_loss: ExtraLoss | None = None,
 ) -> dict[str, Any]:
-    """Loads the run saved at ``path`` into model, optimiser and schedule; returns its meta.
+    """Loads the run saved at ``path`` into model, optimiser, schedule and the extra loss's
+    state (when it has ``load_state_dict`` and the checkpoint holds one); returns its meta.
 
     Raises:
         CheckpointMismatchError: the saved run has other settings than ``config``.
@@ -476,6 +483,9 @@ def _restore(
     if not saved.get("complete"):
         optimizer.load_state_dict(payload["train_state"]["optimizer"])
         scheduler.load_state_dict(payload["train_state"]["scheduler"])
+        loss_state = payload["train_state"].get("extra_loss")
+        if loss_state is not None and callable(getattr(extra_loss, "load_state_dict", None)):
+            extra_loss.load_state_dict(loss_state)
     return saved
 
 

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{name}: must be at least 1, got {value}")
     from probust import data as pdata
+    from probust.cli.report import print_output
     from probust.demo import DemoConfigError, print_summary, run_demo
 
     if args.data is not None:
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             verbose=not args.quiet,
             argv=_command(args, out),
+            on_output=None if args.quiet else print_output,
         )
     except pdata.ProbustDataError as exc:
         raise UsageError(f"--data: {str(exc).splitlines()[0]}") from None

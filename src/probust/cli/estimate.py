@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 _EPILOG = """\
@@ -17,6 +18,59 @@ examples:
 Run the same command again to resume an interrupted run: only missing rows are computed.
 Read the table with probust.store.read_results(OUT) (also while the run is going).
 """
+
+
+#: run_estimate's keyword arguments and the flags that set them: the library's messages name the
+#: arguments, this command's name its flags (see :func:`cli_message`).
+ARGUMENT_FLAGS = {
+    "data": "--data",
+    "split": "--split",
+    "model": "--model",
+    "sigmas": "--sigma",
+    "methods": "--methods",
+    "mc_samples": "--mc-samples",
+    "mmse_samples": "--mmse-samples",
+    "limit": "--limit",
+    "indices": "--indices",
+    "target": "--target",
+    "device": "--device",
+    "seed": "--seed",
+    "batch_size": "--batch-size",
+    "eval_batch_size": "--eval-batch-size",
+    "mc_half_width": "--mc-half-width",
+    "memory_budget": "--memory-budget",
+    "channels_last": "--channels-last",
+    "jacobian": "--jacobian",
+    "temperature": "--temperature",
+    "tol": "--tol",
+    "ci_level": "--confidence",
+    "interval": "--interval",
+    "mmse_sampling": "--mmse-sampling",
+    "p_fail": "--p-fail",
+    "out": "--out",
+    "overwrite": "--overwrite",
+    "extend": "--extend",
+    "data_root": "--data-root",
+    "download": "--download",
+    "allow_pickle": "--allow-pickle",
+}
+_ASSIGNMENT = re.compile(r"\b(" + "|".join(ARGUMENT_FLAGS) + r")=(?:'([^']*)'|(\w+))")
+
+
+def cli_message(message: str) -> str:
+    """A library message in this command's words: a leading ``name:`` becomes the flag, and
+    hints such as ``overwrite=True`` or ``device='cpu'`` become ``--overwrite``, ``--device cpu``
+    (a hint's own "(CLI: ...)" aside is then dropped)."""
+    message = re.sub(r" \(CLI: [^)]*\)", "", message)
+    name, colon, rest = message.partition(":")
+    if colon and name in ARGUMENT_FLAGS:
+        message = ARGUMENT_FLAGS[name] + colon + rest
+
+    def flag(m: re.Match) -> str:
+        value = m.group(2) if m.group(2) is not None else m.group(3)
+        return ARGUMENT_FLAGS[m.group(1)] + ("" if value == "True" else f" {value}")
+
+    return _ASSIGNMENT.sub(flag, message).replace("another out folder", "another --out")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=["5"],
         metavar="N",
-        help="MMSE noisy copies per point; several values allowed (default: 5)",
+        help="MMSE noisy copies per point; several values give one row each (mmse, mmse_mvs); the MMSE "
+        "linearisation of mc_cv and mc_is uses the smallest (default: 5)",
     )
     what.add_argument("--limit", metavar="N", help="score only the first N selected points")
     what.add_argument(
@@ -238,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
             argv=sys.argv[1:] if sys.argv else None,
         )
     except ConfigError as exc:
-        raise UsageError(str(exc).replace("\n", "; ")) from None
+        raise UsageError(cli_message(str(exc).replace("\n", "; "))) from None
     main = plan.world.is_main
     if not args.quiet and main:
         for note in plan.warnings:

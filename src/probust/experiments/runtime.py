@@ -65,7 +65,7 @@ def _estimator(method: str, model, sigma: float, n: int | None, seed: int):
     from probust.functional import make_estimator
 
     if method == "softmax":
-        return make_estimator(method, model, seed=seed)
+        return make_estimator(method, model, None, seed=seed)
     return make_estimator(method, model, sigma, n_samples=n, seed=seed)
 
 
