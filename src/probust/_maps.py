@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from probust.linearize import other_classes
 from probust.mvn import mvn_cdf
 from probust.noise import Noise
 from probust.tails import mvn_sf
@@ -29,12 +30,6 @@ class Standardised:
     z: Tensor
     z_others: Tensor
     corr: Tensor
-
-
-def other_classes(target: Tensor, classes: int) -> Tensor:
-    """int64 [B, C-1]: for each point the class indices other than its target, in order."""
-    everything = torch.arange(classes, device=target.device).expand(len(target), classes)
-    return everything[everything != target[:, None]].view(len(target), classes - 1)
 
 
 def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Standardised:

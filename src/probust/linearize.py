@@ -197,7 +197,7 @@ def margin_jacobian(
         t = check_target(target, logits)
         holder["target"] = t
         classes = logits.shape[1]
-        others = _other_classes(t, classes)
+        others = other_classes(t, classes)
         if limit is not None:
             others = others[:, :limit]
         cot = torch.zeros(others.shape[1], logits.shape[0], classes, dtype=logits.dtype, device=logits.device)
@@ -210,7 +210,7 @@ def margin_jacobian(
         t = check_target(target, logits.detach())
         u = margin_gradients(jacobian, t)
         if limit is not None:
-            u = u.gather(1, _expand_index(_other_classes(t, logits.shape[1])[:, :limit], u))
+            u = u.gather(1, _expand_index(other_classes(t, logits.shape[1])[:, :limit], u))
         logits, u = _finish(logits, u, differentiable)
         return logits, t, u
     logits, grads = _pull(
@@ -229,7 +229,8 @@ def margin_jacobian(
     return logits, t, grads
 
 
-def _other_classes(target: Tensor, classes: int) -> Tensor:
+def other_classes(target: Tensor, classes: int) -> Tensor:
+    """int64 [B, C-1]: for each point the class indices other than its target, in order."""
     everything = torch.arange(classes, device=target.device).expand(len(target), classes)
     return everything[everything != target[:, None]].view(len(target), classes - 1)
 
