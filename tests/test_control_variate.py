@@ -222,3 +222,14 @@ def test_cv_statistics_floors_the_variance_when_no_disagreement_was_seen():
     # Clopper-Pearson: a disagreement rate up to 1 - 0.025^(1/n) ~ 3.69 / n is not excluded
     bound = 1 - 0.025 ** (1 / 1000)
     assert s.stderr.item() == pytest.approx((bound / 1000) ** 0.5, rel=1e-6)
+
+
+def test_the_linearisation_shares_the_monte_carlo_estimators_execution_settings():
+    model = torch.nn.Linear(4, 3)
+    for cls in (probust.MonteCarloCV, probust.MonteCarloIS):
+        outer = cls(model, 0.2, seed=7, memory_budget="1GB", channels_last=False, jacobian_batch_size=5, jacobian="loop")
+        linear = outer.linear
+        assert (linear.seed, linear.memory_budget, linear.channels_last) == (7, "1GB", False)
+        assert (linear.batch_size, linear.jacobian, linear.method) == (5, "loop", "mmse")
+        with pytest.raises(ValueError, match="linearisation must be one of"):
+            cls(model, 0.2, linearisation="quadratic")

@@ -114,20 +114,39 @@ def cv_statistics(
 
 
 def linearised_estimator(
-    model: nn.Module, noise: Noise, linearisation: str, *, mmse_samples: int, **kwargs: Any
+    outer: Estimator,
+    model: nn.Module,
+    noise: Noise,
+    linearisation: str,
+    *,
+    mmse_samples: int,
+    jacobian_batch_size: int | None,
+    **kwargs: Any,
 ) -> Taylor:
-    """The Taylor or MMSE estimator that gives the Monte Carlo variants their linearisation.
+    """The Taylor or MMSE estimator that gives a Monte Carlo variant its linearisation.
 
     Args:
+        outer: the Monte Carlo estimator; its seed, memory budget and memory format are the
+            linearisation's too.
         model: the classifier.
         noise: the (Gaussian) noise the linearisation is taken under.
         linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
         mmse_samples: N, copies of the MMSE linearisation.
-        **kwargs: passed to the estimator (tol, batch_size, jacobian, memory_budget, seed, ...).
+        jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
+        **kwargs: passed to the estimator (tol, class_chunk_size, jacobian, ...).
     """
+    if linearisation not in LINEARISATIONS:
+        raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
+    common = dict(
+        batch_size=jacobian_batch_size,
+        memory_budget=outer.memory_budget,
+        channels_last=outer.channels_last,
+        seed=outer.seed,
+        **kwargs,
+    )
     if linearisation == "taylor":
-        return Taylor(model, noise, **kwargs)
-    return MMSE(model, noise, n_samples=mmse_samples, **kwargs)
+        return Taylor(model, noise, **common)
+    return MMSE(model, noise, n_samples=mmse_samples, **common)
 
 
 class MonteCarloCV(Estimator):
@@ -182,8 +201,6 @@ class MonteCarloCV(Estimator):
         self.noise = as_noise(sigma)
         require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
-        if linearisation not in LINEARISATIONS:
-            raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
         if not 0 < confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
         self.linearisation = linearisation
@@ -193,16 +210,15 @@ class MonteCarloCV(Estimator):
         )
         self.check_every = check_positive_int(check_every, "check_every")
         self.linear = linearised_estimator(
+            self,
             model,
             self.noise,
             linearisation,
             mmse_samples=mmse_samples,
+            jacobian_batch_size=jacobian_batch_size,
             tol=tol,
-            batch_size=jacobian_batch_size,
             class_chunk_size=class_chunk_size,
             jacobian=jacobian,
-            memory_budget=self.memory_budget,
-            seed=self.seed,
         )
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:

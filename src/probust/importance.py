@@ -47,7 +47,7 @@ from probust import _maps, _rng
 from probust._checks import check_positive_int
 from probust._progress import progress
 from probust._stats import upper_rate
-from probust.control_variate import LINEARISATIONS, linearised_estimator
+from probust.control_variate import linearised_estimator
 from probust.estimators import Estimator
 from probust._tuning import to_format, weights_in_format
 from probust.linearize import plan_blocks, project
@@ -119,8 +119,6 @@ class MonteCarloIS(Estimator):
         self.noise = as_noise(sigma)
         require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
-        if linearisation not in LINEARISATIONS:
-            raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
         self.components = None if components is None else check_positive_int(components, "components")
         if not 0 <= defensive < 1:
             raise ValueError(f"defensive must be in [0, 1), got {defensive!r}")
@@ -130,16 +128,15 @@ class MonteCarloIS(Estimator):
         self.confidence = confidence
         self.linearisation = linearisation
         self.linear = linearised_estimator(
+            self,
             model,
             self.noise,
             linearisation,
             mmse_samples=mmse_samples,
+            jacobian_batch_size=jacobian_batch_size,
             tol=tol,
-            batch_size=jacobian_batch_size,
             class_chunk_size=class_chunk_size,
             jacobian=jacobian,
-            memory_budget=self.memory_budget,
-            seed=self.seed,
         )
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
