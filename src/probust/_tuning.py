@@ -103,7 +103,8 @@ def to_format(x: Tensor, channels_last: bool) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a clock reads true."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -114,13 +115,13 @@ def _seconds(run: Callable[[], object], device: torch.device) -> float:
     ``_MIN_TIMING``. Other work on the machine only ever slows a call down, so the minimum is
     the estimate least disturbed by it (a mean of one call of a millisecond is noise)."""
     run()
-    _sync(device)
+    sync(device)
     best = float("inf")
     for _ in range(_MIN_CALLS):
         calls, start = 0, time.perf_counter()
         while True:
             run()
-            _sync(device)
+            sync(device)
             calls += 1
             elapsed = time.perf_counter() - start
             if elapsed >= _MIN_TIMING / _MIN_CALLS:

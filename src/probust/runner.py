@@ -40,7 +40,7 @@ from probust._budget import check_budget
 from probust._checks import eval_mode
 from probust._json import jsonable
 from probust._stats import INTERVALS
-from probust._tuning import JACOBIANS
+from probust._tuning import JACOBIANS, sync
 from probust.estimators import MMSE
 from probust.functional import METHODS, make_estimator
 from probust.store import OPTIONAL_COLUMNS, ResultStore, read_results
@@ -934,11 +934,6 @@ def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor]:
     return prediction, confidence
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _part_name(task: Task, indices: np.ndarray) -> str:
     return f"{task.method}-n{task.n_samples}-sigma{task.sigma!r}-{int(indices[0]):08d}-{int(indices[-1]):08d}"
 
@@ -956,10 +951,10 @@ def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo
         sel = torch.from_numpy(rows)
         x, labels, prediction, confidence = x[sel], labels[sel], prediction[sel], confidence[sel]
     target = prediction if plan.target == "prediction" else labels
-    _sync(plan.device)
+    sync(plan.device)
     start = time.perf_counter()
     est = _estimate(estimator, x.to(plan.device), target.to(plan.device), todo)
-    _sync(plan.device)
+    sync(plan.device)
     seconds = (time.perf_counter() - start) / len(todo)
     n = len(todo)
     plan.store.write_part(
