@@ -21,7 +21,7 @@ import time
 import torch
 
 import probust
-from probust.linearize import logit_jacobian
+from probust.linearise import logit_jacobian
 from probust.models import build
 
 

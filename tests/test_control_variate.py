@@ -15,7 +15,7 @@ from scipy import special
 from torch import nn
 
 import probust
-from probust.control_variate import cv_statistics
+from probust.estimators.control_variate import cv_statistics
 from probust.noise import require_gaussian
 
 from conftest import linear_model

@@ -236,7 +236,7 @@ def test_mv_sigmoid_pairs_share_z_and_statistics_match_scipy(results, out_dir):
 
 def test_mv_sigmoid_is_the_closed_form_of_the_rows_z():
     # the experiment's premise: mv-sigmoid(z) = 1 / (1 + sum exp(-z)) (checked on probust's map)
-    from probust._maps import mv_sigmoid
+    from probust.estimators.maps import mv_sigmoid
 
     z = torch.tensor([[0.5, 1.0, 2.0], [3.0, -1.0, 0.0]], dtype=torch.float64)
     expected = 1 / (1 + torch.exp(-z).sum(1))

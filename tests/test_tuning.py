@@ -8,7 +8,7 @@ from torch import nn
 
 import probust
 from probust import _tuning
-from probust.linearize import logit_jacobian
+from probust.linearise import logit_jacobian
 from probust.models import build
 
 
@@ -95,7 +95,7 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
 def test_margin_jacobian_equals_differences_of_logit_gradients(strategy):
-    from probust.linearize import margin_jacobian
+    from probust.linearise import margin_jacobian
 
     model = _mlp(6, 5, seed=2)
     x = torch.randn(7, 6)

@@ -8,13 +8,21 @@ of scale sigma. The estimators share one call convention::
     p = probust.estimate(model, x, sigma=0.1, method="taylor")
 """
 
-from probust.control_variate import MonteCarloCV
-from probust.estimators import MMSE, Estimator, MonteCarlo, Softmax, Taylor
-from probust.functional import METHODS, estimate, make_estimator
-from probust.importance import MonteCarloIS
+from probust.estimators import (
+    METHODS,
+    MMSE,
+    Estimate,
+    Estimator,
+    MonteCarlo,
+    MonteCarloCV,
+    MonteCarloIS,
+    Softmax,
+    Taylor,
+    estimate,
+    make_estimator,
+)
 from probust.mvn import mvn_cdf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
-from probust.result import Estimate
 from probust.robust_loss import RobustLoss
 from probust.tails import mvn_sf
 

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Protocol
+
+
+class Progress(Protocol):
+    """What the work reports to a progress bar: units done since the last update."""
+
+    def update(self, n: int = 1) -> object: ...
 
 
 class _Silent:
@@ -12,7 +19,7 @@ class _Silent:
 
 
 @contextlib.contextmanager
-def progress(total: int, description: str, enabled: bool) -> Iterator:
+def progress(total: int, description: str, enabled: bool) -> Iterator[Progress]:
     """A tqdm bar over ``total`` units (points or model evaluations), or a no-op."""
     if not enabled:
         yield _Silent()

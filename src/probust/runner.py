@@ -42,7 +42,7 @@ from probust._json import jsonable
 from probust._stats import INTERVALS
 from probust._tuning import JACOBIANS, sync
 from probust.estimators import MMSE
-from probust.functional import METHODS, make_estimator
+from probust.estimators import METHODS, make_estimator
 from probust.store import OPTIONAL_COLUMNS, ResultStore, read_results
 
 __all__ = [

@@ -75,7 +75,7 @@ def cli_message(message: str) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` sub-command."""
-    from probust.functional import METHODS
+    from probust.estimators import METHODS
     from probust.runner import DEFAULT_METHODS
 
     p = subparsers.add_parser(

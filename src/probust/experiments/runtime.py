@@ -62,7 +62,7 @@ def _grid(methods: Sequence[str], mc_counts: Sequence[int], mmse_counts: Sequenc
 
 
 def _estimator(method: str, model, sigma: float, n: int | None, seed: int):
-    from probust.functional import make_estimator
+    from probust.estimators import make_estimator
 
     if method == "softmax":
         return make_estimator(method, model, None, seed=seed)

@@ -1,17 +1,15 @@
-"""``probust.estimate``: the functional form of every estimator."""
+"""``probust.estimate``: the functional form of every estimator, built from the method registry."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 from torch import Tensor, nn
 
-from probust.control_variate import MonteCarloCV
-from probust.estimators import MMSE, Estimator, MonteCarlo, Softmax, Taylor
-from probust.importance import MonteCarloIS
+from probust.estimators.base import Estimator
+from probust.estimators.registry import method_spec
 from probust.noise import Noise
-
-#: The paper's six methods, then those beyond it: Monte Carlo with the linearised model as a
-#: control variate ("mc_cv") and importance-sampled Monte Carlo for small p_fail ("mc_is").
-METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is")
 
 
 def make_estimator(
@@ -20,29 +18,19 @@ def make_estimator(
     sigma: float | Tensor | Noise | None,
     *,
     n_samples: int | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> Estimator:
     """Build the estimator that ``method`` names, with the same arguments as :func:`estimate`.
 
-    ``sigma`` is required; it may be None only for "softmax", which uses no noise.
+    ``sigma`` is required; it may be None only for methods that use no noise ("softmax").
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    if method == "softmax":
-        return Softmax(model, **kwargs)
+    spec = method_spec(method)
+    if n_samples is not None and spec.samples is None:
+        raise ValueError(f"n_samples does not apply to method {method!r} (it uses no noise samples)")
     samples = {} if n_samples is None else {"n_samples": n_samples}
-    if method == "mc":
-        return MonteCarlo(model, sigma, **samples, **kwargs)
-    if method == "mc_cv":
-        return MonteCarloCV(model, sigma, **samples, **kwargs)
-    if method == "mc_is":
-        return MonteCarloIS(model, sigma, **samples, **kwargs)
-    cdf = "mv-sigmoid" if method.endswith("_mvs") else "mvn"
-    if method.startswith("taylor"):
-        if n_samples is not None:
-            raise ValueError(f"n_samples does not apply to method {method!r} (it uses no noise samples)")
-        return Taylor(model, sigma, cdf=cdf, **kwargs)
-    return MMSE(model, sigma, **({} if n_samples is None else {"n_samples": n_samples}), cdf=cdf, **kwargs)
+    build = cast(Callable[..., Estimator], spec.estimator)  # each class has its own signature
+    noise = () if not spec.uses_noise else (sigma,)
+    return build(model, *noise, **spec.options, **samples, **kwargs)
 
 
 def estimate(
@@ -54,7 +42,7 @@ def estimate(
     n_samples: int | None = None,
     target: Tensor | None = None,
     index_offset: int = 0,
-    **kwargs,
+    **kwargs: Any,
 ) -> Tensor:
     """p_robust for each row of x: the probability that the prediction survives the noise.
 
@@ -64,8 +52,8 @@ def estimate(
         sigma: noise standard deviation per input coordinate (units of x), or a Noise.
             Required; it may be None only for "softmax", which ignores it (pass
             temperature= instead): ``estimate(model, x, None, "softmax")``.
-        method: one of :data:`METHODS`: "mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs",
-            "softmax", "mc_cv", "mc_is".
+        method: one of :data:`probust.METHODS` (see :data:`probust.estimators.REGISTRY`): "mc",
+            "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is".
         n_samples: Monte Carlo draws (mc, mc_cv, mc_is: default 10,000) or MMSE copies (mmse,
             default 5).
         target: long [B] classes to measure; default the clean prediction.

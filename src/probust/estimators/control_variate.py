@@ -40,17 +40,16 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust import _maps, _rng
+from probust import _rng
 from probust._checks import check_positive_float, check_positive_int
-from probust._progress import progress
+from probust._progress import Progress
 from probust._stats import upper_rate
-from probust.estimators import MMSE, Estimator, Taylor
 from probust._tuning import to_format, weights_in_format
-from probust.linearize import plan_blocks, project
-from probust.noise import Noise, as_noise, require_gaussian
-from probust.result import Estimate
-
-LINEARISATIONS = ("taylor", "mmse")
+from probust.estimators import maps
+from probust.estimators.estimate import Estimate
+from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.linearise import plan_blocks, project
+from probust.noise import Noise
 
 
 @dataclass
@@ -113,43 +112,7 @@ def cv_statistics(
     )
 
 
-def linearised_estimator(
-    outer: Estimator,
-    model: nn.Module,
-    noise: Noise,
-    linearisation: str,
-    *,
-    mmse_samples: int,
-    jacobian_batch_size: int | None,
-    **kwargs: Any,
-) -> Taylor:
-    """The Taylor or MMSE estimator that gives a Monte Carlo variant its linearisation.
-
-    Args:
-        outer: the Monte Carlo estimator; its seed, memory budget and memory format are the
-            linearisation's too.
-        model: the classifier.
-        noise: the (Gaussian) noise the linearisation is taken under.
-        linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
-        mmse_samples: N, copies of the MMSE linearisation.
-        jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
-        **kwargs: passed to the estimator (tol, class_chunk_size, jacobian, ...).
-    """
-    if linearisation not in LINEARISATIONS:
-        raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
-    common = dict(
-        batch_size=jacobian_batch_size,
-        memory_budget=outer.memory_budget,
-        channels_last=outer.channels_last,
-        seed=outer.seed,
-        **kwargs,
-    )
-    if linearisation == "taylor":
-        return Taylor(model, noise, **common)
-    return MMSE(model, noise, n_samples=mmse_samples, **common)
-
-
-class MonteCarloCV(Estimator):
+class MonteCarloCV(LinearisedMonteCarlo):
     """Monte Carlo with the linearised model as a control variate: unbiased, with a valid
     interval, and far fewer model evaluations where the linearisation is good.
 
@@ -186,63 +149,20 @@ class MonteCarloCV(Estimator):
         sigma: float | Tensor | Noise,
         n_samples: int = 10_000,
         *,
-        linearisation: str = "mmse",
-        mmse_samples: int = 5,
-        confidence: float = 0.95,
         target_half_width: float | None = None,
         check_every: int = 500,
-        tol: float = 1e-4,
-        jacobian_batch_size: int | None = None,
-        class_chunk_size: int | None = None,
-        jacobian: str = "auto",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(model, **kwargs)
-        self.noise = as_noise(sigma)
-        require_gaussian(self.noise, self.method)
-        self.n_samples = check_positive_int(n_samples, "n_samples")
-        if not 0 < confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-        self.linearisation = linearisation
-        self.confidence = confidence
+        super().__init__(model, sigma, n_samples, **kwargs)
         self.target_half_width = (
             None if target_half_width is None else check_positive_float(target_half_width, "target_half_width")
         )
         self.check_every = check_positive_int(check_every, "check_every")
-        self.linear = linearised_estimator(
-            self,
-            model,
-            self.noise,
-            linearisation,
-            mmse_samples=mmse_samples,
-            jacobian_batch_size=jacobian_batch_size,
-            tol=tol,
-            class_chunk_size=class_chunk_size,
-            jacobian=jacobian,
-        )
 
-    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
-        self.noise.check_shape(x.shape[1:])
-        parts: list[Estimate] = []
-        chunk = self.linear._points_per_chunk(x)
-        total = x.shape[0] * self.n_samples
-        with progress(total, self.method, self.show_progress) as bar:
-            for first in range(0, x.shape[0], chunk):
-                rows = slice(first, min(first + chunk, x.shape[0]))
-                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
-                parts.append(self._estimate_chunk(x[rows], chunk_target, indices[rows], bar))
-        names = ("p", "target", "stderr", "ci_low", "ci_high", "n_samples", "margin", "grad_norm", "z",
-                 "cdf_error", "p_mc", "p_linearised", "cv_beta")  # fmt: skip
-        return Estimate(
-            **{name: torch.cat([getattr(part, name) for part in parts]) for name in names},
-            method=self.method,
-            confidence=self.confidence,
-        )
-
-    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar) -> Estimate:
-        target, c, u = self.linear._linearise(x, target, indices)
-        std = _maps.standardise(c, u, target, self.noise)
-        mu, mu_error = _maps.mvn_probability(std, tol=self.linear.tol, seed=self.seed)
+    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar: Progress) -> Estimate:
+        target, c, u = self.linear.linearise(x, target, indices)
+        std = maps.standardise(c, u, target, self.noise)
+        mu, mu_error = maps.mvn_probability(std, tol=self.linear.tol, seed=self.seed)
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
         # The target's margin is 0 by construction; it must never count as a crossing.
         c_keep = c.scatter(1, target[:, None], torch.inf)
@@ -258,10 +178,10 @@ class MonteCarloCV(Estimator):
                 counts[:, rows] += self._count(x[rows], target[rows], c_keep[rows], u[rows], keys[rows], start, n, bar)
                 start += n
                 if self.target_half_width is not None:
-                    s = cv_statistics(*counts, mu, mu_error, self.confidence)
+                    s = cv_statistics(counts[0], counts[1], counts[2], counts[3], mu, mu_error, self.confidence)
                     active &= s.half_width > self.target_half_width
         bar.update(int((self.n_samples - counts[0]).sum()))  # points that stopped early
-        s = cv_statistics(*counts, mu, mu_error, self.confidence)
+        s = cv_statistics(counts[0], counts[1], counts[2], counts[3], mu, mu_error, self.confidence)
         return Estimate(
             p=s.p,
             target=target,
@@ -279,7 +199,9 @@ class MonteCarloCV(Estimator):
             cv_beta=s.beta,
         )
 
-    def _count(self, x: Tensor, target: Tensor, c: Tensor, u: Tensor, keys: Tensor, start: int, n: int, bar) -> Tensor:
+    def _count(
+        self, x: Tensor, target: Tensor, c: Tensor, u: Tensor, keys: Tensor, start: int, n: int, bar: Progress
+    ) -> Tensor:
         """Counts (n, sum Y, sum X, sum XY) over draws start..start+n-1: int64 [4, B]."""
         shape = x.shape[1:]
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)

@@ -1,9 +1,12 @@
-"""The value every estimator returns."""
+"""The value every estimator returns: ``Estimate``, one row per point."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -58,7 +61,25 @@ class Estimate:
     def __len__(self) -> int:
         return len(self.p)
 
+    @classmethod
+    def cat(cls, parts: Sequence[Estimate]) -> Estimate:
+        """The estimates of consecutive chunks of points as one.
+
+        Tensor fields are concatenated along the batch (dim 0) in order; the others (``method``,
+        ``confidence``) come from the first part. Fields that the first part leaves None stay None.
+        """
+        if not parts:
+            raise ValueError("parts must hold at least one Estimate")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            first = getattr(parts[0], f.name)
+            values[f.name] = (
+                torch.cat([getattr(part, f.name) for part in parts]) if isinstance(first, Tensor) else first
+            )
+        return cls(**values)
+
     def cpu(self) -> Estimate:
         """A copy with every tensor moved to the CPU."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Estimate(**{k: v.cpu() if isinstance(v, Tensor) else v for k, v in values.items()})
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved: dict[str, Any] = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in values.items()}
+        return Estimate(**moved)

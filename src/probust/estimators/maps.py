@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probust.linearize import other_classes
+from probust.linearise import other_classes
 from probust.mvn import mvn_cdf
 from probust.noise import Noise
 from probust.tails import mvn_sf
@@ -72,7 +72,8 @@ def mv_sigmoid(z_others: Tensor) -> Tensor:
 
 def mvn_probability(std: Standardised, *, tol: float, seed: int) -> tuple[Tensor, Tensor]:
     """P(Y <= z) for Y ~ N(0, corr): (p [B], absolute error estimate [B]), float64."""
-    return mvn_cdf(std.z_others, std.corr, tol=tol, seed=seed, return_error=True)
+    p, error = mvn_cdf(std.z_others, std.corr, tol=tol, seed=seed, return_error=True)
+    return p, error
 
 
 def mv_sigmoid_fail(z_others: Tensor) -> Tensor:
@@ -82,4 +83,5 @@ def mv_sigmoid_fail(z_others: Tensor) -> Tensor:
 
 def mvn_fail_probability(std: Standardised, *, rtol: float, seed: int) -> tuple[Tensor, Tensor]:
     """P(Y_i > z_i for some i), Y ~ N(0, corr): (p_fail [B], relative error [B]), float64."""
-    return mvn_sf(std.z_others.detach(), std.corr.detach(), rtol=rtol, seed=seed, return_error=True)
+    p_fail, error = mvn_sf(std.z_others.detach(), std.corr.detach(), rtol=rtol, seed=seed, return_error=True)
+    return p_fail, error

@@ -38,21 +38,22 @@ binomial), and a proposal that does meet the failure region sees ~n / 2 failures
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust import _maps, _rng
+from probust import _rng
 from probust._checks import check_positive_int
-from probust._progress import progress
+from probust._progress import Progress
 from probust._stats import upper_rate
-from probust.control_variate import linearised_estimator
-from probust.estimators import Estimator
 from probust._tuning import to_format, weights_in_format
-from probust.linearize import plan_blocks, project
-from probust.noise import Gaussian, Noise, as_noise, require_gaussian
-from probust.result import Estimate
+from probust.estimators import maps
+from probust.estimators.estimate import Estimate
+from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.linearise import plan_blocks, project
+from probust.noise import Gaussian, Noise
 
 # Derived from the reserved control stream so the two draws of a sample (which component,
 # and the Gaussian around it) are independent of each other and of every other estimator's.
@@ -66,11 +67,12 @@ def covariance_times(noise: Gaussian, u: Tensor) -> Tensor:
         return noise.sigma**2 * u
     if noise.std is not None:
         return u * noise.std.to(u.device, u.dtype) ** 2
+    assert noise.cov is not None  # a Gaussian has one of sigma, std, cov
     flat = u.flatten(2).to(torch.float64) @ noise.cov.to(u.device)
     return flat.to(u.dtype).view_as(u)
 
 
-class MonteCarloIS(Estimator):
+class MonteCarloIS(LinearisedMonteCarlo):
     """p_fail (and p = 1 - p_fail) by importance sampling around the linearised boundaries.
 
     Args:
@@ -104,62 +106,21 @@ class MonteCarloIS(Estimator):
         sigma: float | Tensor | Noise,
         n_samples: int = 10_000,
         *,
-        linearisation: str = "mmse",
-        mmse_samples: int = 5,
         components: int | None = None,
         defensive: float = 0.1,
-        confidence: float = 0.95,
-        tol: float = 1e-4,
-        jacobian_batch_size: int | None = None,
-        class_chunk_size: int | None = None,
-        jacobian: str = "auto",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(model, **kwargs)
-        self.noise = as_noise(sigma)
-        require_gaussian(self.noise, self.method)
-        self.n_samples = check_positive_int(n_samples, "n_samples")
+        super().__init__(model, sigma, n_samples, **kwargs)
         self.components = None if components is None else check_positive_int(components, "components")
         if not 0 <= defensive < 1:
             raise ValueError(f"defensive must be in [0, 1), got {defensive!r}")
-        if not 0 < confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
         self.defensive = float(defensive)
-        self.confidence = confidence
-        self.linearisation = linearisation
-        self.linear = linearised_estimator(
-            self,
-            model,
-            self.noise,
-            linearisation,
-            mmse_samples=mmse_samples,
-            jacobian_batch_size=jacobian_batch_size,
-            tol=tol,
-            class_chunk_size=class_chunk_size,
-            jacobian=jacobian,
-        )
-
-    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
-        self.noise.check_shape(x.shape[1:])
-        parts = []
-        chunk = self.linear._points_per_chunk(x)
-        with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
-            for first in range(0, x.shape[0], chunk):
-                rows = slice(first, min(first + chunk, x.shape[0]))
-                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
-                parts.append(self._estimate_chunk(x[rows], chunk_target, indices[rows], bar))
-        names = ("p", "target", "stderr", "ci_low", "ci_high", "n_samples", "z", "p_fail", "p_fail_error")
-        return Estimate(
-            **{name: torch.cat([getattr(part, name) for part in parts]) for name in names},
-            method=self.method,
-            confidence=self.confidence,
-        )
 
     def _proposal(self, target: Tensor, c: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Mixture log-weights [B, 1 + C] (nominal first), shifts delta [B, C, *S], the
         coefficients (c_i / q_i [B, C], z_i^2 / 2 [B, C]) of the density ratio (float64), and z."""
         q = self.noise.quadratic_form(u).diagonal(dim1=1, dim2=2)
-        std = _maps.standardise(c, u, target, self.noise)
+        std = maps.standardise(c, u, target, self.noise)
         usable = torch.isfinite(std.z)  # not the target, not a boundary the noise cannot move
         safe_q = torch.where(usable, q, 1.0)
         ratio = torch.where(usable, c.to(torch.float64) / safe_q, 0.0)
@@ -173,11 +134,11 @@ class MonteCarloIS(Estimator):
         # No movable boundary: all draws nominal (the estimate is then plain Monte Carlo).
         share = torch.where(any_boundary, self.defensive, 1.0)
         log_mix = torch.cat([share.log(), (1 - share).log() + log_pi], dim=1)
-        delta = -(ratio[:, :, None].to(u.dtype) * covariance_times(self.noise, u).flatten(2)).view_as(u)
+        delta = -(ratio[:, :, None].to(u.dtype) * covariance_times(cast(Gaussian, self.noise), u).flatten(2)).view_as(u)
         return log_mix, delta, ratio, half_z2, std.z
 
-    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar) -> Estimate:
-        target, c, u = self.linear._linearise(x, target, indices)
+    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar: Progress) -> Estimate:
+        target, c, u = self.linear.linearise(x, target, indices)
         log_mix, delta, ratio, half_z2, z = self._proposal(target, c, u)
         noise_keys = _rng.point_keys(self.seed, indices, _STREAM_NOISE)
         component_keys = _rng.point_keys(self.seed, indices, _STREAM_COMPONENT)
@@ -201,7 +162,9 @@ class MonteCarloIS(Estimator):
                 proj = project(u[points], eps).to(torch.float64)  # [P, n, C]
                 exponent = -ratio[points, None, :] * proj - half_z2[points, None, :]
                 log_g = torch.logsumexp(
-                    torch.cat([log_mix[points, None, :1].expand(-1, count, -1), log_mix[points, None, 1:] + exponent], 2),
+                    torch.cat(
+                        [log_mix[points, None, :1].expand(-1, count, -1), log_mix[points, None, 1:] + exponent], 2
+                    ),
                     dim=2,
                 )
                 w = torch.where(fail, torch.exp(-log_g), 0.0)

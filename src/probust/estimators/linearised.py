@@ -1,0 +1,286 @@
+"""Taylor and MMSE: linearise the C-1 margins, then map their z-scores to a probability.
+
+Both return, per point, the margins c_i and boundary normals u_i of their linearisation
+(:meth:`Linearised.linearise`, which the Monte Carlo variants mc_cv and mc_is reuse), then
+p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from probust import _rng
+from probust._budget import row_cost, rows_within
+from probust._checks import check_logits, check_positive_float, check_positive_int, check_target
+from probust._progress import progress
+from probust._tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
+from probust.estimators import maps
+from probust.estimators.base import Estimator
+from probust.estimators.estimate import Estimate
+from probust.linearise import margin_jacobian, margins, smoothed_margin_jacobian
+from probust.noise import Noise, as_noise
+
+CDFS = ("mvn", "mv-sigmoid")
+_MAX_POINTS_PER_CHUNK = 1024  # the mvn-cdf is batched: more points per call gain nothing beyond this
+
+
+class Linearisation(NamedTuple):
+    """The linearised margins of a chunk of points.
+
+    Attributes:
+        target: int64 [B], the class whose survival is measured.
+        margin: [B, C], c_i (0 at the target), in the model's dtype.
+        normal: [B, C, *S], u_i, the gradient of the linearised margin g_i (0 at the target).
+    """
+
+    target: Tensor
+    margin: Tensor
+    normal: Tensor
+
+
+class Linearised(Estimator):
+    """Shared by Taylor and MMSE: linearise the margins, then map z to a probability."""
+
+    base_method = ""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise,
+        *,
+        cdf: str = "mvn",
+        tol: float = 1e-4,
+        jacobian: str = "auto",
+        class_chunk_size: int | None = None,
+        differentiable: bool = False,
+        p_fail: bool = False,
+        fail_rtol: float = 1e-2,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, **kwargs)
+        if jacobian not in JACOBIANS:
+            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
+        self.jacobian = jacobian
+        self.noise = as_noise(sigma)
+        if cdf not in CDFS:
+            raise ValueError(f"cdf must be one of {CDFS}, got {cdf!r}")
+        self.cdf = cdf
+        self.tol = check_positive_float(tol, "tol")
+        self.class_chunk_size = (
+            None if class_chunk_size is None else check_positive_int(class_chunk_size, "class_chunk_size")
+        )
+        if not isinstance(differentiable, bool) or not isinstance(p_fail, bool):
+            raise ValueError(f"differentiable and p_fail must be bools, got {differentiable!r} and {p_fail!r}")
+        self.differentiable = differentiable
+        self.p_fail = p_fail
+        self.fail_rtol = check_positive_float(fail_rtol, "fail_rtol")
+        if self.fail_rtol >= 1:
+            raise ValueError(f"fail_rtol must be in (0, 1), got {fail_rtol!r}")
+
+    @property
+    def method(self) -> str:  # type: ignore[override]
+        return self.base_method if self.cdf == "mvn" else f"{self.base_method}_mvs"
+
+    @abstractmethod
+    def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
+        """The linearised margins of a chunk of points.
+
+        Args:
+            x: [B, *S] on the model's device, in its dtype; the model already in eval mode (as
+                inside an estimator's call).
+            target: long [B] or None (the clean prediction; a tie is an error).
+            indices: int64 [B], the points' indices in the data set (their random streams).
+        """
+
+    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
+        self.noise.check_shape(x.shape[1:])
+        parts = []
+        chunk = self.points_per_chunk(x)
+        with progress(x.shape[0], self.method, self.show_progress) as bar:
+            for first in range(0, x.shape[0], chunk):
+                rows = slice(first, min(first + chunk, x.shape[0]))
+                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
+                parts.append(self._from_linearisation(*self.linearise(x[rows], chunk_target, indices[rows])))
+                bar.update(rows.stop - rows.start)
+        return Estimate.cat(parts)
+
+    #: noisy copies linearised per point (MMSE's N)
+    copies = 1
+
+    def points_per_chunk(self, x: Tensor) -> int:
+        """Points linearised together: their gradients, a float64 copy of them for the
+        covariance, and their noisy copies' inputs take at most half the memory budget."""
+        cost = row_cost(self.model, x)
+        per_point = 4 * cost.classes * cost.input + 2 * self.copies * cost.input + 24 * cost.classes**2
+        fits = rows_within(self._budget(x) // 2, per_point, what="the margin gradients of one point")
+        return min(_MAX_POINTS_PER_CHUNK, fits)
+
+    def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
+        """How to differentiate ``rows`` rows like ``x`` (measured once per model; half the budget)."""
+        cost = row_cost(self.model, x)
+        return plan_jacobian(
+            self.model,
+            x[:16],
+            cost.classes,
+            budget=self._budget(x) // 2,
+            total_rows=rows,
+            strategy=self.jacobian,
+            rows=self.batch_size,
+            class_chunk=self.class_chunk_size,
+            channels_last=self.channels_last,
+            differentiable=self.differentiable,
+            run=self._timed_jacobian,
+        )
+
+    def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
+        with weights_in_format(self.model, plan.channels_last):
+            return margin_jacobian(
+                self.model,
+                to_format(rows, plan.channels_last),
+                class_chunk_size=plan.class_chunk,
+                strategy=plan.strategy,
+                limit=None if plan.strategy == "forward" else margins,
+                fallback=False,
+            )
+
+    def _from_linearisation(self, target: Tensor, c: Tensor, u: Tensor) -> Estimate:
+        std = maps.standardise(c, u, target, self.noise)
+        p_fail = fail_error = None
+        if self.cdf == "mvn":
+            p, err = maps.mvn_probability(std, tol=self.tol, seed=self.seed)
+            if self.p_fail:
+                p_fail, fail_error = maps.mvn_fail_probability(std, rtol=self.fail_rtol, seed=self.seed)
+        else:
+            p, err = maps.mv_sigmoid(std.z_others), None
+            if self.p_fail:  # a closed form: exact up to rounding
+                p_fail = maps.mv_sigmoid_fail(std.z_others)
+                fail_error = torch.zeros_like(p_fail)
+        return Estimate(
+            p=p,
+            target=target,
+            method=self.method,
+            margin=c,
+            grad_norm=u.detach().flatten(2).norm(dim=2),  # a diagnostic: no graph (norm'(0) is NaN)
+            z=std.z,
+            cdf_error=err,
+            p_fail=p_fail,
+            p_fail_error=fail_error,
+        )
+
+
+class Taylor(Linearised):
+    """p_robust from the first-order Taylor linearisation of the margins at x.
+
+    c_i = g_i(x), u_i = grad g_i(x); exact for linear models under Gaussian noise.
+
+    Args:
+        model, batch_size, seed, show_progress: see :class:`Estimator`.
+        sigma: noise standard deviation per input coordinate, in the units of x; or a
+            :class:`probust.noise.Noise` (its covariance S enters as u S u^T).
+        cdf: "mvn" (multivariate normal CDF) or "mv-sigmoid" (the paper's closed form).
+        tol: absolute error tolerance of the mvn-cdf.
+        class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
+        differentiable: keep the autograd graph, so that ``r.p`` (and ``r.z``, ``r.margin``)
+            can be differentiated with respect to the model's parameters and, when it requires
+            grad, the input x (double backpropagation through the margins' Jacobian, then
+            through the mvn-cdf or the mv-sigmoid). Off by default: the graph costs memory and
+            time. The mvn-cdf's gradient holds its QMC points fixed (see :mod:`probust.mvn`).
+        p_fail: also compute ``r.p_fail`` = 1 - p directly, with relative accuracy, and its
+            relative error ``r.p_fail_error`` (:func:`probust.tails.mvn_sf`; the mv-sigmoid's
+            is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
+        fail_rtol: target relative error of ``r.p_fail``.
+    """
+
+    base_method = "taylor"
+
+    def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
+        plan = self._jacobian_plan(x, x.shape[0])
+        logits, targets, normals = [], [], []
+        with weights_in_format(self.model, plan.channels_last):
+            for first in range(0, x.shape[0], plan.rows):
+                rows = slice(first, first + plan.rows)
+                block_logits, block_target, u = margin_jacobian(
+                    self.model,
+                    to_format(x[rows], plan.channels_last),
+                    None if target is None else target[rows],
+                    class_chunk_size=plan.class_chunk,
+                    differentiable=self.differentiable,
+                    strategy=plan.strategy,
+                )
+                check_logits(block_logits, u.shape[0])
+                logits.append(block_logits)
+                targets.append(block_target)
+                normals.append(u)
+        target = torch.cat(targets)
+        return Linearisation(
+            target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]
+        )
+
+
+class MMSE(Linearised):
+    """p_robust from the MMSE (SmoothGrad) linearisation: margins and gradients averaged
+    over N noisy copies x + eps_j, eps_j drawn from the same noise.
+
+    Args:
+        model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
+            p_fail, fail_rtol: see :class:`Taylor`. Differentiable MMSE differentiates through the
+            N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
+        n_samples: N, noisy copies per point (the paper uses 5 to 500).
+        sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to
+            zero and rescaled by sqrt(N / (N - 1)), so each copy is still exactly N(0, S)
+            (the average stays unbiased) while the linear part of the model cancels exactly:
+            MMSE is exact for linear models at any N >= 2. "iid": independent draws, as in
+            the paper. Non-Gaussian noise always uses independent draws.
+    """
+
+    base_method = "mmse"
+    SAMPLINGS = ("centred", "iid")
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise,
+        n_samples: int = 5,
+        *,
+        sampling: str = "centred",
+        **kwargs,
+    ) -> None:
+        super().__init__(model, sigma, **kwargs)
+        self.n_samples = check_positive_int(n_samples, "n_samples")
+        if sampling not in self.SAMPLINGS:
+            raise ValueError(f"sampling must be one of {self.SAMPLINGS}, got {sampling!r}")
+        self.sampling = sampling
+
+    @property
+    def copies(self) -> int:  # type: ignore[override]
+        return self.n_samples
+
+    def _draws(self, keys: Tensor, shape: torch.Size) -> Tensor:
+        """Noise [B, N, *S] for the N copies of each point."""
+        eps = self.noise.sample(keys, 0, self.n_samples, shape)
+        if self.sampling == "centred" and self.noise.is_gaussian and self.n_samples >= 2:
+            # A linear map of Gaussians: each centred, rescaled draw is again exactly N(0, S).
+            eps = (eps - eps.mean(dim=1, keepdim=True)) * (self.n_samples / (self.n_samples - 1)) ** 0.5
+        return eps
+
+    def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
+        target = check_target(target, self._clean_logits(x))
+        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
+        plan = self._jacobian_plan(x, x.shape[0] * self.n_samples)
+        with weights_in_format(self.model, plan.channels_last):
+            c, u = smoothed_margin_jacobian(
+                self.model,
+                x,
+                target,
+                self._draws(keys, x.shape[1:]),
+                batch_size=plan.rows,
+                class_chunk_size=plan.class_chunk,
+                differentiable=self.differentiable,
+                strategy=plan.strategy,
+                to_rows=lambda rows: to_format(rows, plan.channels_last),
+            )
+        return Linearisation(target, c, u)

@@ -1,0 +1,130 @@
+"""What the Monte Carlo variants around a linearisation (mc_cv, mc_is) share.
+
+Both take the margins and normals of a Taylor or MMSE linearisation of each point
+(:meth:`probust.estimators.linearised.Linearised.linearise`) and spend ``n_samples`` noisy
+model evaluations per point; they differ in how the draws are made and weighed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probust._checks import check_positive_int
+from probust._progress import Progress, progress
+from probust.estimators.base import Estimator
+from probust.estimators.estimate import Estimate
+from probust.estimators.linearised import MMSE, Linearised, Taylor
+from probust.noise import Noise, as_noise, require_gaussian
+
+LINEARISATIONS = ("taylor", "mmse")
+
+
+def linearised_estimator(
+    outer: Estimator,
+    model: nn.Module,
+    noise: Noise,
+    linearisation: str,
+    *,
+    mmse_samples: int,
+    jacobian_batch_size: int | None,
+    **kwargs: Any,
+) -> Linearised:
+    """The Taylor or MMSE estimator that gives a Monte Carlo variant its linearisation.
+
+    Args:
+        outer: the Monte Carlo estimator; its seed, memory budget and memory format are the
+            linearisation's too.
+        model: the classifier.
+        noise: the (Gaussian) noise the linearisation is taken under.
+        linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
+        mmse_samples: N, copies of the MMSE linearisation.
+        jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
+        **kwargs: passed to the estimator (tol, class_chunk_size, jacobian, ...).
+    """
+    if linearisation not in LINEARISATIONS:
+        raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
+    common = dict(
+        batch_size=jacobian_batch_size,
+        memory_budget=outer.memory_budget,
+        channels_last=outer.channels_last,
+        seed=outer.seed,
+        **kwargs,
+    )
+    if linearisation == "taylor":
+        return Taylor(model, noise, **common)
+    return MMSE(model, noise, n_samples=mmse_samples, **common)
+
+
+class LinearisedMonteCarlo(Estimator):
+    """Base of the Monte Carlo estimators that draw around a linearisation of each point.
+
+    Args:
+        model, batch_size, memory_budget, channels_last, seed, show_progress: see
+            :class:`probust.Estimator`; ``batch_size`` bounds the noisy copies per forward pass.
+        sigma: noise standard deviation per input coordinate (units of x), or a Gaussian
+            :class:`probust.noise.Noise`.
+        n_samples: Monte Carlo draws per point (the most, in adaptive mode).
+        linearisation: "mmse" (default; margins and gradients averaged over ``mmse_samples``
+            noisy copies) or "taylor" (at x). Its cost is not counted in ``r.n_samples``.
+        mmse_samples: N, copies of the MMSE linearisation.
+        confidence: level of the interval (``ci_low``, ``ci_high``).
+        tol: absolute tolerance of the linearisation's mvn-cdf.
+        jacobian_batch_size: rows per Jacobian pass of the linearisation (None: measured).
+        class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
+        jacobian: the linearisation's Jacobian strategy (see :class:`probust.Taylor`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise,
+        n_samples: int = 10_000,
+        *,
+        linearisation: str = "mmse",
+        mmse_samples: int = 5,
+        confidence: float = 0.95,
+        tol: float = 1e-4,
+        jacobian_batch_size: int | None = None,
+        class_chunk_size: int | None = None,
+        jacobian: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, **kwargs)
+        self.noise = as_noise(sigma)
+        require_gaussian(self.noise, self.method)
+        self.n_samples = check_positive_int(n_samples, "n_samples")
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        self.confidence = confidence
+        self.linearisation = linearisation
+        self.linear = linearised_estimator(
+            self,
+            model,
+            self.noise,
+            linearisation,
+            mmse_samples=mmse_samples,
+            jacobian_batch_size=jacobian_batch_size,
+            tol=tol,
+            class_chunk_size=class_chunk_size,
+            jacobian=jacobian,
+        )
+
+    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
+        self.noise.check_shape(x.shape[1:])
+        parts = []
+        chunk = self.linear.points_per_chunk(x)
+        with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
+            for first in range(0, x.shape[0], chunk):
+                rows = slice(first, min(first + chunk, x.shape[0]))
+                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
+                parts.append(self._estimate_chunk(x[rows], chunk_target, indices[rows], bar))
+        return dataclasses.replace(Estimate.cat(parts), confidence=self.confidence)
+
+    @abstractmethod
+    def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar: Progress) -> Estimate:
+        """The estimate of one chunk of points (as many as the linearisation holds at once)."""

@@ -1,0 +1,115 @@
+"""Monte Carlo: the fraction of noisy copies whose prediction is unchanged."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from probust import _rng
+from probust._checks import check_positive_float, check_positive_int, check_target
+from probust._progress import progress
+from probust._stats import INTERVALS, binomial_interval
+from probust._tuning import ForwardPlan, to_format, weights_in_format
+from probust.estimators.base import Estimator
+from probust.estimators.estimate import Estimate
+from probust.linearise import plan_blocks
+from probust.noise import Noise, as_noise
+
+
+class MonteCarlo(Estimator):
+    """The fraction of noisy copies x + eps still predicted as the target.
+
+    Args:
+        model, batch_size, seed, show_progress: see :class:`Estimator`; ``batch_size`` bounds
+            the noisy copies per forward pass (memory), not the number of samples.
+        sigma: noise standard deviation per input coordinate, in the units of x; or a
+            :class:`probust.noise.Noise` (Gaussian with any covariance, Uniform, Laplace).
+        n_samples: M, noisy copies per point (the most, in adaptive mode).
+        confidence: level of the returned interval (``ci_low``, ``ci_high``).
+        interval: "wilson" or "clopper-pearson".
+        target_half_width: adaptive mode: stop a point once its interval's half-width is
+            at most this (checked every ``check_every`` samples). None: always M samples.
+        check_every: samples between adaptive checks; fixed so results do not depend on batching.
+    """
+
+    method = "mc"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise,
+        n_samples: int = 10_000,
+        *,
+        confidence: float = 0.95,
+        interval: str = "wilson",
+        target_half_width: float | None = None,
+        check_every: int = 1000,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, **kwargs)
+        self.noise = as_noise(sigma)
+        self.n_samples = check_positive_int(n_samples, "n_samples")
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        if interval not in INTERVALS:
+            raise ValueError(f"interval must be one of {INTERVALS}, got {interval!r}")
+        self.confidence = confidence
+        self.interval = interval
+        self.target_half_width = (
+            None if target_half_width is None else check_positive_float(target_half_width, "target_half_width")
+        )
+        self.check_every = check_positive_int(check_every, "check_every")
+
+    def _count(self, x: Tensor, target: Tensor, keys: Tensor, start: int, n: int, bar, plan: ForwardPlan) -> Tensor:
+        """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B]."""
+        shape = x.shape[1:]
+        counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+        for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
+            noisy = self.noise.sample(keys[points], start + first, count, shape)
+            noisy += x[points, None]
+            with torch.inference_mode():
+                logits = self.model(to_format(noisy.view(-1, *shape), plan.channels_last))
+            kept = logits.argmax(dim=1).view(-1, count) == target[points, None]
+            counts[points] += kept.sum(dim=1)
+            bar.update(kept.numel())
+        return counts
+
+    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
+        self.noise.check_shape(x.shape[1:])
+        target = check_target(target, self._clean_logits(x))
+        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
+        batch = x.shape[0]
+        plan = self._forward_plan(x, batch * self.n_samples, self.noise)
+        with (
+            torch.no_grad(),
+            weights_in_format(self.model, plan.channels_last),
+            progress(batch * self.n_samples, "mc", self.show_progress) as bar,
+        ):
+            if self.target_half_width is None:
+                successes = self._count(x, target, keys, 0, self.n_samples, bar, plan)
+                trials = torch.full_like(successes, self.n_samples)
+            else:
+                successes = torch.zeros(batch, dtype=torch.int64, device=x.device)
+                trials = torch.zeros_like(successes)
+                active = torch.ones(batch, dtype=torch.bool, device=x.device)
+                start = 0
+                while start < self.n_samples and active.any():
+                    n = min(self.check_every, self.n_samples - start)
+                    rows = active.nonzero().flatten()
+                    successes[rows] += self._count(x[rows], target[rows], keys[rows], start, n, bar, plan)
+                    trials[rows] += n
+                    start += n
+                    low, high = binomial_interval(successes, trials, self.confidence, self.interval)
+                    active &= (high - low) / 2 > self.target_half_width
+        p = successes.double() / trials.double()
+        low, high = binomial_interval(successes, trials, self.confidence, self.interval)
+        return Estimate(
+            p=p,
+            target=target,
+            method=self.method,
+            stderr=torch.sqrt(p * (1 - p) / trials.double()),
+            ci_low=low,
+            ci_high=high,
+            confidence=self.confidence,
+            n_samples=trials,
+        )

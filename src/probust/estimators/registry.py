@@ -1,0 +1,213 @@
+"""The one list of methods: what ``probust.estimate``, the runner, the CLI, the demo and the
+figures know about each estimator.
+
+Adding a method: write its estimator (one file in this package) and add one
+:class:`MethodSpec` to :data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from probust.estimators.base import Estimator
+from probust.estimators.control_variate import MonteCarloCV
+from probust.estimators.importance import MonteCarloIS
+from probust.estimators.linearised import MMSE, Taylor
+from probust.estimators.monte_carlo import MonteCarlo
+from probust.estimators.softmax import Softmax
+
+#: The run settings a method may take (names of its estimator's constructor options).
+RUN_OPTIONS = (
+    "confidence",
+    "interval",
+    "tol",
+    "sampling",
+    "temperature",
+    "jacobian",
+    "mmse_samples",
+    "p_fail",
+    "target_half_width",
+)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything the rest of probust needs to know about one method.
+
+    Attributes:
+        name: the method's name, as in ``Estimate.method`` and the results table ("mmse").
+        estimator: the estimator class.
+        options: constructor options fixed by the method (e.g. ``{"cdf": "mv-sigmoid"}``).
+        samples: what ``n_samples`` counts: "mc" (Monte Carlo draws per point), "mmse" (noisy
+            copies per point) or None (the method takes no sample count).
+        default_samples: the estimator's default ``n_samples`` (None: no sample count).
+        run_options: which run settings (of :data:`RUN_OPTIONS`) the runner passes to it.
+        uses_noise: False for methods that ignore the noise (softmax: ``sigma`` may be None).
+        paper: one of the paper's six methods (run by default).
+        label: the name in figures (matplotlib mathtext).
+        colour: its colour in figures (the mvn-cdf estimators solid, their mv-sigmoid variants
+            dashed in a lighter shade of the same colour).
+        linestyle, marker: its line style and marker in figures.
+    """
+
+    name: str
+    estimator: type[Estimator]
+    label: str
+    colour: str
+    linestyle: str
+    marker: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    samples: Literal["mc", "mmse"] | None = None
+    default_samples: int | None = None
+    run_options: frozenset[str] = frozenset()
+    uses_noise: bool = True
+    paper: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = set(self.run_options) - set(RUN_OPTIONS)
+        if unknown:
+            raise ValueError(f"run_options of {self.name!r} name unknown settings {sorted(unknown)}")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def text(self) -> str:
+        """The name in plain text (``p^mmse``)."""
+        return f"p^{self.name}"
+
+    @property
+    def html(self) -> str:
+        """The name in HTML (``p<sup>mmse</sup>``)."""
+        return f"p<sup>{self.name}</sup>"
+
+    @property
+    def linearised(self) -> bool:
+        """Monte Carlo around an MMSE linearisation: its copies are the run's smallest ``mmse_samples``."""
+        return "mmse_samples" in self.run_options
+
+
+_ANALYTIC = frozenset({"tol", "jacobian", "p_fail"})
+
+#: Every method, in the order tables and figures show them: the paper's six, then those beyond it.
+REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            MethodSpec(
+                "mc",
+                MonteCarlo,
+                r"$p^{\mathrm{mc}}$",
+                "#222222",
+                "-",
+                "s",
+                samples="mc",
+                default_samples=10_000,
+                run_options=frozenset({"confidence", "interval", "target_half_width"}),
+                paper=True,
+            ),
+            MethodSpec(
+                "taylor",
+                Taylor,
+                r"$p^{\mathrm{taylor}}$",
+                "#1f5fa8",
+                "-",
+                "o",
+                options={"cdf": "mvn"},
+                run_options=_ANALYTIC,
+                paper=True,
+            ),
+            MethodSpec(
+                "mmse",
+                MMSE,
+                r"$p^{\mathrm{mmse}}$",
+                "#c0392b",
+                "-",
+                "D",
+                options={"cdf": "mvn"},
+                samples="mmse",
+                default_samples=5,
+                run_options=_ANALYTIC | {"sampling"},
+                paper=True,
+            ),
+            MethodSpec(
+                "taylor_mvs",
+                Taylor,
+                r"$p^{\mathrm{taylor\_mvs}}$",
+                "#6fa8dc",
+                "--",
+                "o",
+                options={"cdf": "mv-sigmoid"},
+                run_options=_ANALYTIC,
+                paper=True,
+            ),
+            MethodSpec(
+                "mmse_mvs",
+                MMSE,
+                r"$p^{\mathrm{mmse\_mvs}}$",
+                "#f1948a",
+                "--",
+                "D",
+                options={"cdf": "mv-sigmoid"},
+                samples="mmse",
+                default_samples=5,
+                run_options=_ANALYTIC | {"sampling"},
+                paper=True,
+            ),
+            MethodSpec(
+                "softmax",
+                Softmax,
+                r"$p^{\mathrm{softmax}}$",
+                "#2e8b57",
+                ":",
+                "^",
+                run_options=frozenset({"temperature"}),
+                uses_noise=False,
+                paper=True,
+            ),
+            MethodSpec(
+                "mc_cv",
+                MonteCarloCV,
+                r"$p^{\mathrm{mc\_cv}}$",
+                "#7b4fa0",
+                "-.",
+                "v",
+                samples="mc",
+                default_samples=10_000,
+                run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples", "target_half_width"}),
+            ),
+            MethodSpec(
+                "mc_is",
+                MonteCarloIS,
+                r"$p^{\mathrm{mc\_is}}$",
+                "#a0522d",
+                "-.",
+                "P",
+                samples="mc",
+                default_samples=10_000,
+                run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples"}),
+            ),
+        )
+    }
+)
+
+#: Every method's name, in :data:`REGISTRY` order.
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+#: The paper's six methods: what a run computes unless told otherwise.
+PAPER_METHODS: tuple[str, ...] = tuple(name for name, spec in REGISTRY.items() if spec.paper)
+
+
+def method_spec(method: str) -> MethodSpec:
+    """The :class:`MethodSpec` of ``method``; a ValueError names the known methods otherwise."""
+    try:
+        return REGISTRY[method]
+    except (KeyError, TypeError):
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}") from None
+
+
+def methods_with(run_option: str) -> tuple[str, ...]:
+    """The methods that take the run setting ``run_option`` (e.g. "p_fail", "target_half_width")."""
+    if run_option not in RUN_OPTIONS:
+        raise ValueError(f"run_option must be one of {RUN_OPTIONS}, got {run_option!r}")
+    return tuple(name for name, spec in REGISTRY.items() if run_option in spec.run_options)
