@@ -1,34 +1,12 @@
 """Monte Carlo with the linearised model as a control variate (method ``"mc_cv"``).
 
-For noise draws eps_1..eps_n, plain Monte Carlo averages Y_j = [argmax f(x + eps_j) == t].
-The linearised model (Taylor or MMSE margins c, normals u) keeps the prediction on the same
-draw when X_j = [c_i + u_i . eps_j > 0 for every i != t] -- one matrix product, no forward
-pass -- and E[X] = mu is known exactly: it is the mvn-cdf the analytic estimators return. So
-
-    p_cv = mean(Y) - beta * (mean(X) - mu),     beta = sample Cov(Y, X) / sample Var(X)
-
-is the regression (control-variate) estimator: consistent, unbiased up to O(1/n) from fitting
-beta (and up to |beta| times the mvn-cdf's error), with variance (1 - rho^2) Var(Y) / n where rho
-is the correlation of the model's and the linearisation's verdicts. Where the linearisation is
-good, rho is close to 1 and far fewer model evaluations reach a given interval width. Because
-Y and X are binary, beta = P(Y | X = 1) - P(Y | X = 0) lies in [-1, 1]; when X never varies,
-beta = 1 (the difference estimator mu + mean(Y - X)).
-
-The interval: p_cv +- z * sqrt(s2 / n) + |beta| * cdf_error, where
-
-    s2 = max(residual variance of Y on X (n - 2 degrees of freedom),
-             Clopper-Pearson upper bound of the disagreement rate P(Y != X) - its estimate).
-
-The second term is a small-sample floor: when the model and its linearisation disagree on few or
-none of the n draws, the residual variance is estimated as ~0 although disagreements at a rate
-up to ~3.7/n may be unseen (the residual variance is at most the disagreement rate). With K
-disagreements the floor is about (2 sqrt(K) + 4) / n, so it only acts for K below ~8, where
-the normal approximation fails anyway; with none, the half-width is ~3.8 / n instead of 0.
-(Coverage is checked in tests/test_control_variate.py.)
-
-The linearisation uses its own random stream (MMSE copies) and the Monte Carlo draws are those of
-:class:`probust.MonteCarlo` with the same seed, so ``r.p_mc`` equals plain Monte Carlo's ``p``.
-Requires Gaussian noise: for other noise the mvn-cdf is only the CLT approximation of E[X].
+p_cv = mean(Y) - beta * (mean(X) - mu), where Y_j says the model kept its prediction on draw j,
+X_j that the linearised model (Taylor or MMSE margins and normals) kept it on the same draw, and
+mu = E[X] is the linearisation's exact p_robust (the mvn-cdf). Unbiased up to O(1/n) and the
+mvn-cdf's error, with a valid interval, and far fewer model evaluations where the linearisation
+is good. The Monte Carlo draws are those of :class:`probust.MonteCarlo` with the same seed, so
+``r.p_mc`` equals plain Monte Carlo's ``p``. Requires Gaussian noise. The derivation, the
+interval and its small-sample floor: ``docs/estimators.md``.
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """Importance-sampling Monte Carlo for small failure probabilities (method ``"mc_is"``).
 
-Plain Monte Carlo needs ~100 / p_fail draws to see p_fail = 1 - p_robust at all. Here the draws
-come from a mixture centred on the linearised decision boundaries, where failures happen, and
-are reweighted by the Gaussian density ratio, so the estimate stays unbiased for any model.
-
-For Gaussian noise N(0, S) and a linearised boundary c_i + u_i . eps = 0 (MMSE, N = 5 copies,
-by default), the most likely crossing point is delta_i = -(c_i / q_i) S u_i with q_i = u_i S u_i^T,
-at Mahalanobis distance z_i = c_i / sqrt(q_i). The proposal is
-
-    g = a N(0, S) + (1 - a) sum_i pi_i N(delta_i, S),      pi_i proportional to Phi(-z_i),
-
-(the defensive share ``a`` bounds every weight by 1 / a, so a model that fails where no
-linearised boundary points still gets a finite-variance estimate), and the weight of a draw is
-
-    w(eps) = 1 / (a + (1 - a) sum_i pi_i exp(-(c_i / q_i) u_i . eps - z_i^2 / 2)),
-
-which needs only the projections u_i . eps (no inverse covariance). With F = [argmax f(x + eps)
-!= t], p_fail = E_g[w F], estimated by the sample mean; the relative error reported is the
-standard error over the estimate. ``components=1`` keeps only the nearest boundary.
-
-The interval. With k >= 10 failures among the n draws (``MIN_FAILURES``) it is the CLT
-interval mean +- q * stderr. With fewer it is [0, w_max * U], where U is the one-sided
-Clopper-Pearson upper bound, at the interval's level, on P_g(F) from the failure *count* k
-(exact: the count is binomial), and w_max = 1 / a bounds every weight (1 when every draw is
-nominal): p_fail = E_g[w F] <= w_max P_g(F) <= w_max U. Its lower end 0 is always below the
-truth, so the interval covers with at least the nominal probability, whatever the model; it is
-finite also when no failure was drawn (k = 0, where the CLT interval is the single point 0),
-and it contains the estimate (which is at most w_max k / n). Conservative: it ignores that the
-proposal's own failures weigh far less than 1 / a. Why 10: the worst case for the CLT is a
-model whose failures the proposal misses, seen only through the nominal share at weight 1 / a:
-the estimate is then a scaled binomial count, for which the Wald interval covers 87% (nominal
-95%) at 5 expected failures and nothing at 0; switching to the bound below 10 observed failures
-keeps that worst case's coverage above 92.5% at every expected count (computed exactly over the
-binomial), and a proposal that does meet the failure region sees ~n / 2 failures, far above 10.
+Draws come from a mixture of the nominal Gaussian noise (share ``defensive``) and Gaussians
+centred on the most likely crossing point of each linearised decision boundary, and are
+reweighted by the density ratio, so p_fail = 1 - p_robust stays unbiased for any model, with a
+relative error far below plain Monte Carlo's when p_fail is small. Requires Gaussian noise. The
+proposal, the weights and the interval (CLT from ``MIN_FAILURES`` failures on, a conservative
+count-based bound below): ``docs/estimators.md``.
 """
 
 from __future__ import annotations
@@ -92,12 +65,12 @@ class MonteCarloIS(LinearisedMonteCarlo):
     Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p = 1 - p_fail``,
     ``p_fail``, ``p_fail_error`` (standard error / p_fail; inf when no failure was drawn),
     ``stderr``, ``ci_low``/``ci_high`` (for p: the CLT interval from ``MIN_FAILURES`` failures
-    on, below that the conservative bound of the module docstring, valid and finite also with
+    on, below that the conservative count-based bound of docs/estimators.md, valid and finite also with
     no failure), ``n_samples``, ``z``.
     """
 
     method = "mc_is"
-    #: Failures needed for the CLT interval; below it the count-based bound (module docstring).
+    #: Failures needed for the CLT interval; below it the count-based bound (docs/estimators.md).
     MIN_FAILURES = 10
 
     def __init__(
