@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterable
 
 _EPILOG = """\
 examples:
@@ -75,8 +76,14 @@ def cli_message(message: str) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` sub-command."""
-    from probust.estimators import METHODS
-    from probust.runner import DEFAULT_METHODS
+    from probust.estimators import METHODS, PAPER_METHODS, REGISTRY, methods_with
+
+    def named(methods: Iterable[str]) -> str:
+        return ", ".join(methods)
+
+    mc_methods = [name for name, spec in REGISTRY.items() if spec.samples == "mc"]
+    mmse_methods = [name for name, spec in REGISTRY.items() if spec.samples == "mmse"]
+    linearised = [name for name, spec in REGISTRY.items() if spec.linearised]
 
     p = subparsers.add_parser(
         "estimate",
@@ -110,24 +117,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument(
         "--methods",
         nargs="+",
-        default=list(DEFAULT_METHODS),
+        default=list(PAPER_METHODS),
         metavar="M",
-        help=f"any of {' '.join(METHODS)} (default: the paper's six, {' '.join(DEFAULT_METHODS)})",
+        help=f"any of {' '.join(METHODS)} (default: the paper's six, {' '.join(PAPER_METHODS)})",
     )
     what.add_argument(
         "--mc-samples",
         nargs="+",
         default=["10000"],
         metavar="M",
-        help="Monte Carlo draws per point (mc, mc_cv, mc_is); several values for convergence studies (default: 10000)",
+        help=f"Monte Carlo draws per point ({named(mc_methods)}); several values for convergence studies "
+        "(default: 10000)",
     )
     what.add_argument(
         "--mmse-samples",
         nargs="+",
         default=["5"],
         metavar="N",
-        help="MMSE noisy copies per point; several values give one row each (mmse, mmse_mvs); the MMSE "
-        "linearisation of mc_cv and mc_is uses the smallest (default: 5)",
+        help=f"MMSE noisy copies per point; several values give one row each ({named(mmse_methods)}); the MMSE "
+        f"linearisation of {named(linearised)} uses the smallest (default: 5)",
     )
     what.add_argument("--limit", metavar="N", help="score only the first N selected points")
     what.add_argument(
@@ -161,7 +169,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     how.add_argument(
         "--mc-half-width",
         metavar="W",
-        help="adaptive Monte Carlo (mc, mc_cv): stop a point once its interval's half-width is at most W "
+        help=f"adaptive Monte Carlo ({named(methods_with('target_half_width'))}): stop a point once its "
+        "interval's half-width is at most W "
         "(column n_drawn: the draws used); default: always --mc-samples draws",
     )
     how.add_argument(
@@ -203,8 +212,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     how.add_argument(
         "--p-fail",
         action="store_true",
-        help="also compute p_fail = 1 - p directly, with relative accuracy, for taylor, mmse, taylor_mvs and "
-        "mmse_mvs (columns p_fail, p_fail_error; up to C-1 extra mvn integrals per point for taylor and mmse)",
+        help=f"also compute p_fail = 1 - p directly, with relative accuracy, for {named(methods_with('p_fail'))} "
+        "(columns p_fail, p_fail_error; up to C-1 extra mvn integrals per point for the mvn-cdf methods)",
     )
 
     io = p.add_argument_group("input and output")
