@@ -19,13 +19,14 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from probust._io import atomic_write_text
 
 CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
@@ -71,8 +72,14 @@ def model_signature(model: Any) -> str:
 def plan_key(model: Any, device: torch.device, parts: tuple) -> str:
     """The key of a plan: model signature, device, software and the caller's ``parts``."""
     return json.dumps(
-        [model_signature(model), str(device), _device_name(device), torch.__version__, torch.get_num_threads(),
-         [str(p) for p in parts]],  # fmt: skip
+        [
+            model_signature(model),
+            str(device),
+            _device_name(device),
+            torch.__version__,
+            torch.get_num_threads(),
+            [str(p) for p in parts],
+        ],  # fmt: skip
         separators=(",", ":"),
     )
 
@@ -117,15 +124,8 @@ def store(model: Any, key: str, plan: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         plans = _read(path)
         plans[key] = dataclasses.asdict(plan)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plans-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump({"version": _VERSION, "plans": plans}, handle, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        text = json.dumps({"version": _VERSION, "plans": plans}, indent=1, sort_keys=True)
+        atomic_write_text(path, text, durable=False)  # a cache: losing it costs a re-measurement
 
 
 def forget(model: Any) -> None:
