@@ -24,7 +24,7 @@ from probust.estimators import (
 from probust.mvn import mvn_cdf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.robust_loss import RobustLoss
-from probust.tails import mvn_sf
+from probust.mvn import mvn_sf
 
 __version__ = "0.1.0"
 

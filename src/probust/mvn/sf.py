@@ -1,25 +1,9 @@
 """Small failure probabilities with relative accuracy: ``mvn_sf(upper, cov) = 1 - mvn_cdf(upper, cov)``.
 
-When p_robust is close to 1, what matters is p_fail = 1 - p, e.g. 1e-9. ``1 - mvn_cdf`` cannot
-resolve it: the cdf is computed to an *absolute* tolerance and 1 - (1 - 1e-9) keeps no digits.
-Here p_fail is computed directly, as a sum of positive terms (no cancellation). With the
-coordinates sorted by their standardised bounds z_(0) <= z_(1) <= ... (largest tail first),
-
-    P(some Y_i > z_i) = sum_i P(Y_i > z_i,  Y_j <= z_j for all j < i)        (disjoint events)
-
-Term 0 is Phi(-z_(0)) (from erfc: torch's ndtr is not accurate in relative terms in the far
-tail); terms i >= 1 are (i+1)-dimensional orthant probabilities with the sign of Y_i flipped,
-integrated by Genz's separation of variables (the QMC engine of :mod:`probust.mvn`; the
-bivariate closed form there is accurate only in absolute terms). Genz-Bretz reordering puts the rare constraint
-Y_i > z_i first, so the integrand is Phi(-z_i) times conditional probabilities: its *relative*
-variance stays bounded however small Phi(-z_i) is, and each term's QMC is stopped at an absolute
-tolerance proportional to p_fail's lower bound Phi(-z_(0)). (Botev's 2017 minimax tilting would
-do the same job with a bounded relative error in the far joint tails of strongly correlated
-boundaries; it is not implemented.)
-
-Terms whose upper bound Phi(-z_i) is below 1% of the budget are skipped and their bound added to
-the error. The returned relative error is the sum of the terms' error bounds (about 99% each for
-QMC terms) over p_fail.
+When p_robust is close to 1, what matters is p_fail = 1 - p, e.g. 1e-9: ``1 - mvn_cdf`` keeps no
+digits of it, since the cdf has an *absolute* tolerance. Here p_fail is a sum of positive terms
+(no cancellation), one per boundary, each computed to an absolute tolerance proportional to
+p_fail's lower bound; the decomposition and its error budget are in docs/mvn.md.
 """
 
 from __future__ import annotations
@@ -27,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from probust import mvn as _mvn
+from probust.mvn.numerics import ndtr
+from probust.mvn.problem import Problem, prepare
+from probust.mvn.qmc import qmc_cdf
 
 __all__ = ["mvn_sf"]
 
@@ -57,24 +43,20 @@ def mvn_sf(
 
     Returns:
         float64 [...] failure probabilities on ``upper``'s device and, with ``return_error``, a
-        float64 [...] relative error bound (0 where the result is exact: 0 or 1; 1 where the
-        probability underflows float64, z > 37). Not differentiable.
+        float64 [...] relative error bound: the sum of the terms' absolute error bounds (about
+        99% each for QMC terms) over the result; 0 where the result is exact (0 or 1), 1 where
+        the probability underflows float64 (z > 37). Not differentiable.
     """
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
     with torch.no_grad():
-        problem = _mvn._prepare(upper, cov, max_samples=max_samples, seed=seed)
+        problem = prepare(upper, cov, max_samples=max_samples, seed=seed)
         p, err = _sf_flat(problem, rtol)
     p, err = problem.unflatten(p), problem.unflatten(err)
     return (p, err) if return_error else p
 
 
-# Phi(x) with relative accuracy in the lower tail (erfc; torch.special.ndtr loses it on CPU:
-# about 2e-6 at x = -7, 2% at -8).
-_ndtr = _mvn._ndtr
-
-
-def _sf_flat(problem: _mvn._Problem, rtol: float) -> tuple[Tensor, Tensor]:
+def _sf_flat(problem: Problem, rtol: float) -> tuple[Tensor, Tensor]:
     """A prepared problem [n, k] -> (p_fail [n], relative error [n]), float64."""
     max_samples, seed = problem.max_samples, problem.seed
     n, k = problem.upper.shape
@@ -85,7 +67,7 @@ def _sf_flat(problem: _mvn._Problem, rtol: float) -> tuple[Tensor, Tensor]:
     z, corr = problem.limits, problem.corr  # z: +inf never crossed, -inf always
     z, order = z.sort(dim=1)  # largest tail first; +inf (never crossed) last
     corr = corr.gather(1, order[:, :, None].expand(-1, -1, k)).gather(2, order[:, None, :].expand(-1, k, -1))
-    tails = _ndtr(-z)  # [n, k], the bound of each term
+    tails = ndtr(-z)  # [n, k], the bound of each term
     dead = z[:, 0] == -torch.inf  # a boundary that is always crossed
     lower = tails[:, 0]  # p_fail >= the largest single tail
     budget = rtol * lower
@@ -119,8 +101,8 @@ def _orthant_term(z: Tensor, corr: Tensor, tol: Tensor, max_samples: int, seed: 
     """P(Y_j <= z_j for j < m, Y_m > z_m) for Y ~ N(0, corr), m = the last index: (value, abs error).
 
     The sign of Y_m is flipped, making it an orthant probability, integrated by the adaptive QMC
-    of :mod:`probust.mvn` with a per-problem absolute tolerance ``tol`` [G].
+    (:func:`probust.mvn.qmc.qmc_cdf`) with a per-problem absolute tolerance ``tol`` [G].
     """
     sign = torch.ones(z.shape[1], dtype=torch.float64, device=z.device)
     sign[-1] = -1.0
-    return _mvn._qmc_cdf(z * sign, corr * sign[:, None] * sign[None, :], target=tol, max_samples=max_samples, seed=seed)
+    return qmc_cdf(z * sign, corr * sign[:, None] * sign[None, :], target=tol, max_samples=max_samples, seed=seed)

@@ -1,0 +1,15 @@
+"""Batched multivariate normal probabilities in torch.
+
+- :func:`mvn_cdf`: P(X <= upper) for X ~ N(0, cov), differentiable, to an absolute tolerance.
+- :func:`mvn_sf`: its complement P(X_i > upper_i for some i), to a relative tolerance.
+
+Modules: ``cdf`` and ``sf`` (the two functions), ``problem`` (checked, standardised inputs;
+``checks``), ``bivariate`` (closed form for k <= 2), ``genz`` (Genz's transform and integrand),
+``qmc`` (adaptive randomised quasi-Monte Carlo), ``sobol`` (scrambled Sobol' points),
+``numerics`` (batch-independent primitives). Derivations and measurements: docs/mvn.md.
+"""
+
+from probust.mvn.cdf import mvn_cdf
+from probust.mvn.sf import mvn_sf
+
+__all__ = ["mvn_cdf", "mvn_sf"]
