@@ -21,10 +21,9 @@ from probust.estimators import (
     estimate,
     make_estimator,
 )
-from probust.mvn import mvn_cdf
+from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.robust_loss import RobustLoss
-from probust.mvn import mvn_sf
 
 __version__ = "0.1.0"
 

@@ -190,7 +190,7 @@ class Taylor(Linearised):
             through the mvn-cdf or the mv-sigmoid). Off by default: the graph costs memory and
             time. The mvn-cdf's gradient holds its QMC points fixed (see :mod:`probust.mvn`).
         p_fail: also compute ``r.p_fail`` = 1 - p directly, with relative accuracy, and its
-            relative error ``r.p_fail_error`` (:func:`probust.tails.mvn_sf`; the mv-sigmoid's
+            relative error ``r.p_fail_error`` (:func:`probust.mvn.mvn_sf`; the mv-sigmoid's
             is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
         fail_rtol: target relative error of ``r.p_fail``.
     """

@@ -18,9 +18,8 @@ import torch
 from torch import Tensor
 
 from probust.linearise import other_classes
-from probust.mvn import mvn_cdf
+from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Noise
-from probust.mvn import mvn_sf
 
 
 @dataclass
