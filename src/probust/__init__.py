@@ -15,7 +15,7 @@ from probust.importance import MonteCarloIS
 from probust.mvn import mvn_cdf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.result import Estimate
-from probust.robust_loss import RobustLoss
+from probust.training import RobustLoss
 from probust.tails import mvn_sf
 
 __version__ = "0.1.0"
