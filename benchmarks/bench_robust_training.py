@@ -39,7 +39,7 @@ import probust
 import probust.data
 from probust import experiments
 from probust.runner import run_estimate
-from probust.train import steps_per_epoch, train
+from probust.training import steps_per_epoch, train
 
 RUNS = Path("runs/bench_robust_training")
 SUBSET = 20_000

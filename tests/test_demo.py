@@ -55,7 +55,7 @@ def test_robust_loss_cnns_are_trained_like_the_family_and_scored_on_its_grid(tmp
 
 
 def test_the_robust_loss_ramps_up_over_a_fraction_of_the_training_steps(tmp_path, monkeypatch):
-    import probust.train
+    import probust.training
 
     seen = {}
 
@@ -66,7 +66,7 @@ def test_the_robust_loss_ramps_up_over_a_fraction_of_the_training_steps(tmp_path
         seen.update(kwargs, n=len(train_ds))
         raise Stop
 
-    monkeypatch.setattr(probust.train, "train", fake_train)
+    monkeypatch.setattr(probust.training, "train", fake_train)
     cfg = demo.config_for("digits", quick=True, robust_warmup=0.5)
     spec = next(s for s in demo._model_specs(cfg, tmp_path) if s.get("robust"))
     with pytest.raises(Stop):

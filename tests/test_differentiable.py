@@ -1,4 +1,4 @@
-"""Differentiable p_robust: the mvn-cdf's gradient, Taylor/MMSE with differentiable=True, RobustLoss.
+"""Differentiable p_robust: the mvn-cdf's gradient, Taylor/MMSE with differentiable=True (RobustLoss: tests/training/test_robust_loss.py).
 
 Oracles: central finite differences (directional derivatives in float64) and, for the mvn-cdf,
 the analytic identities dPhi_R(z)/dz_i = phi(z_i) P(Y_-i <= z_-i | Y_i = z_i) and Plackett's
@@ -149,71 +149,3 @@ def test_gradient_is_finite_with_a_boundary_the_noise_cannot_move():
         r = probust.Taylor(model, 0.2, cdf=cdf, differentiable=True)(x, torch.zeros(4, dtype=torch.long))
         grads = torch.autograd.grad(r.p.sum(), list(model.parameters()))
         assert all(torch.isfinite(g).all() for g in grads)
-
-
-# ---- the training objective -------------------------------------------------------------------
-
-
-def test_robust_loss_is_mu_times_mean_negative_log_p_and_reaches_every_parameter():
-    model = _mlp(4, seed=5)
-    model.train()
-    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(4), dtype=F64) * 0.5
-    y = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(5))
-    for cdf in ("mvn", "mv-sigmoid"):
-        loss_fn = probust.RobustLoss(0.3, mu=0.7, cdf=cdf, tol=1e-5, target="label", warmup_steps=0)
-        loss = loss_fn(model, x, y, None)
-        p = probust.Taylor(model, 0.3, cdf=cdf, tol=1e-5)(x, y).p
-        assert loss.item() == pytest.approx(0.7 * (-torch.log(p.clamp_min(loss_fn.min_p))).mean().item(), rel=1e-6)
-        grads = torch.autograd.grad(loss, list(model.parameters()))
-        assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
-        assert model.training, "the model's mode is given back"
-    # a step down the loss raises p_robust of the labels (mv-sigmoid: deterministic)
-    loss_fn = probust.RobustLoss(0.3, mu=1.0, cdf="mv-sigmoid", warmup_steps=0)
-    before = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x, y).p.log().mean()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loss_fn(model, x, y).backward()
-    opt.step()
-    after = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x, y).p.log().mean()
-    assert after > before
-
-
-def test_robust_loss_per_example_is_capped_at_minus_log_min_p_for_badly_wrong_examples():
-    # A misclassified example whose input gradient is tiny has z = c / (sigma |u|) near -inf:
-    # uncapped, its term (and gradient) grows without bound and training diverges.
-    model = torch.nn.Linear(2, 2).double()
-    with torch.no_grad():
-        model.weight.copy_(torch.tensor([[1e-3, 0.0], [0.0, 0.0]], dtype=F64))
-        model.bias.copy_(torch.tensor([0.0, 5.0], dtype=F64))
-    x = torch.tensor([[0.5, 0.5], [0.1, -0.2]], dtype=F64)
-    y = torch.tensor([0, 1])  # the first is wrong by a margin of 5 at |u| = 1e-3; the second right
-    for cdf in ("mv-sigmoid", "mvn"):
-        loss_fn = probust.RobustLoss(0.3, mu=1.0, cdf=cdf, warmup_steps=0, min_p=1e-4)
-        per_example = loss_fn.neg_log_p(model, x, y)
-        assert per_example[0].item() == pytest.approx(-math.log(1e-4))
-        assert per_example[1].item() < 1e-6
-        grads = torch.autograd.grad(loss_fn(model, x, y), list(model.parameters()))
-        assert all(torch.isfinite(g).all() for g in grads)
-        assert max(g.abs().max().item() for g in grads) < 1.0
-
-
-def test_robust_loss_refuses_bad_settings():
-    with pytest.raises(ValueError, match="mu"):
-        probust.RobustLoss(0.3, mu=-1)
-    with pytest.raises(ValueError, match="cdf"):
-        probust.RobustLoss(0.3, cdf="probit")
-    with pytest.raises(ValueError, match="target"):
-        probust.RobustLoss(0.3, target="both")
-    with pytest.raises(ValueError, match="sigma"):
-        probust.RobustLoss(0.0)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        probust.RobustLoss(0.3, warmup_steps=-1)
-
-
-def test_robust_loss_weight_ramps_up_over_the_warmup_steps():
-    model = _mlp(3, seed=1)
-    x = torch.randn(4, 6, dtype=F64)
-    y = torch.zeros(4, dtype=torch.long)
-    loss_fn = probust.RobustLoss(0.3, mu=2.0, warmup_steps=4)
-    full = probust.RobustLoss(0.3, mu=2.0, warmup_steps=0)(model, x, y).item()
-    values = [loss_fn(model, x, y).item() for _ in range(6)]
-    np.testing.assert_allclose(values, [full * f for f in (0.25, 0.5, 0.75, 1, 1, 1)], rtol=1e-9)

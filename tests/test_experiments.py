@@ -35,9 +35,9 @@ ROBUST = ("linear-robust", 1.0, 0.3)
 
 def build_results(root: Path) -> Path:
     """Train the tiny models and score them (once: reused when ``root/complete`` exists)."""
-    from probust.robust_loss import RobustLoss
+    from probust.training import RobustLoss
     from probust.runner import run_estimate
-    from probust.train import train
+    from probust.training import train
 
     if (root / "complete").exists():
         return root

@@ -23,7 +23,7 @@ from probust.estimators import (
 )
 from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
-from probust.robust_loss import RobustLoss
+from probust.training import RobustLoss
 
 __version__ = "0.1.0"
 

@@ -260,7 +260,7 @@ def _job(cfg_dict: dict[str, Any], spec: dict[str, Any], threads: int, verbose: 
     from probust import data as pdata
     from probust import models as pmodels
     from probust.runner import run_estimate
-    from probust.train import DEFAULTS, steps_per_epoch, train
+    from probust.training import DEFAULTS, steps_per_epoch, train
 
     torch.set_num_threads(threads)
     cfg = DemoConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.items()})
@@ -276,7 +276,7 @@ def _job(cfg_dict: dict[str, Any], spec: dict[str, Any], threads: int, verbose: 
     kwargs = dict(epochs=spec["epochs"], grad_reg=spec["grad_reg"], seed=cfg.seed, out=ckpt, show_progress=False, test_dataset=test_ds)
     robust = spec.get("robust")
     if robust is not None:
-        from probust.robust_loss import RobustLoss
+        from probust.training import RobustLoss
 
         steps = spec["epochs"] * steps_per_epoch(len(train_ds), DEFAULTS[spec["arch"]]["batch_size"])
         kwargs["extra_loss"] = RobustLoss(

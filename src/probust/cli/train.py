@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
     """Adds the ``train`` sub-command."""
     from probust.data import DATASETS
     from probust.models import ARCHS
-    from probust.train import DEFAULTS, SCHEDULES
+    from probust.training import DEFAULTS, SCHEDULES
 
     defaults = ", ".join(
         f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}" for a, d in DEFAULTS.items()
@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
 def _check(args: argparse.Namespace) -> None:
     from probust.data import canonical_name
     from probust.models import check_arch
-    from probust.train import SCHEDULES
+    from probust.training import SCHEDULES
 
     try:
         args.data = canonical_name(args.data)
@@ -134,14 +134,14 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     from probust.data import ProbustDataError
     from probust.models import CheckpointError
-    from probust.train import train
+    from probust.training import train
 
     arch_kwargs = dict(args.arch_kwargs)
     if args.pretrained:
         arch_kwargs["pretrained"] = args.pretrained
     extra_loss = None
     if args.robust_loss > 0:
-        from probust.robust_loss import RobustLoss
+        from probust.training import RobustLoss
 
         extra_loss = RobustLoss(args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup)
     try:

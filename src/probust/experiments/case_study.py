@@ -69,7 +69,7 @@ def train_and_test(x: np.ndarray, y: np.ndarray, train_pos: np.ndarray, test_pos
     """Train probust's small CNN (two outputs) on ``x[train_pos]`` and test it on ``x[test_pos]``."""
     from probust.data import ImageDataset
     from probust.models import build
-    from probust.train import train
+    from probust.training import train
 
     def ds(pos, split_name):
         return ImageDataset(torch.from_numpy(x[pos]), torch.from_numpy(y[pos]), name="high-vs-low", split=split_name,

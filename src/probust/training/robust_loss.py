@@ -1,6 +1,6 @@
 """A training objective for average-case robustness: mu * mean(-log p_robust(x)).
 
-Used as the ``extra_loss`` of :func:`probust.train.train` (CLI: ``probust train --robust-loss MU
+Used as the ``extra_loss`` of :func:`probust.training.train` (CLI: ``probust train --robust-loss MU
 --robust-sigma S``), it is added to the cross-entropy, so a batch's loss is
 
     CE + mu * mean_i -log p_robust(x_i; sigma)
@@ -14,12 +14,15 @@ the mv-sigmoid; the weight is ramped up over the first steps (see ``warmup_steps
 
 Example:
     >>> loss = probust.RobustLoss(sigma=0.3, mu=1.0)
-    >>> probust.train.train("fashion-mnist", "cnn", epochs=3, extra_loss=loss)
+    >>> probust.training.train("fashion-mnist", "cnn", epochs=3, extra_loss=loss)
+    >>> probust.RobustLoss.from_config(loss.config())  # the same settings, e.g. from a checkpoint
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +30,15 @@ from torch import Tensor, nn
 
 from probust._checks import check_positive_float, check_positive_int
 from probust.estimators import CDFS, MMSE, Taylor
-from probust.noise import Noise, as_noise
+from probust.noise import Gaussian, Laplace, Noise, Uniform, as_noise
 
 TARGETS = ("label", "prediction")
 LINEARISATIONS = ("taylor", "mmse")
+# The keys of RobustLoss.config(), in its order.
+_CONFIG_KEYS = (
+    "name", "mu", "sigma", "noise", "cdf", "linearisation", "target", "tol", "max_points", "min_p", "mmse_samples",
+    "warmup_steps",
+)  # fmt: skip
 
 
 class RobustLoss:
@@ -41,10 +49,8 @@ class RobustLoss:
         mu: weight of the term (>= 0).
         cdf: "mv-sigmoid" (default; closed form, -log p = softplus(logsumexp(-z))) or "mvn"
             (the multivariate normal CDF, differentiated through its QMC integral; slower).
-            With target="label" prefer the mv-sigmoid: for a misclassified example -log Phi(z)
-            grows like z^2 / 2, so a few badly wrong examples dominate the term, while the
-            mv-sigmoid's grows linearly, like a cross-entropy (on digits, mvn + label lost 10
-            points of accuracy and robustness where mv-sigmoid + label gained both).
+            With target="label" prefer the mv-sigmoid: -log Phi(z) grows like z^2 / 2 for a
+            misclassified example, the mv-sigmoid's linearly (docs/training.md).
         linearisation: "taylor" (at x) or "mmse" (``mmse_samples`` noisy copies; N times dearer).
         target: "label" (default: the probability that the noisy input is still classified
             correctly) or "prediction" (p_robust proper: keep the clean prediction; its
@@ -52,20 +58,13 @@ class RobustLoss:
         tol: absolute tolerance of the mvn-cdf (training tolerates a coarse one).
         max_points: use only the first this many examples of each batch (cost control); None: all.
         min_p: floor of p inside the log, for both maps: each example adds at most
-            -log(min_p) (9.2 at the default 1e-4) and no gradient once below it. Without the
-            floor the label target diverges: a misclassified example's z = c / (sigma |u|) runs
-            to -inf as its input gradient u shrinks, so its term (and gradient) grows without
-            bound; on Fashion-MNIST (mu = 3, sigma = 0.3, seed 1) the training loss reached
-            2.5e4 in the second epoch and the model collapsed to a constant class. Badly wrong
-            examples are left to the cross-entropy.
+            -log(min_p) and no gradient once below it (without it the label target diverges;
+            docs/training.md).
         mmse_samples: copies of the MMSE linearisation.
         warmup_steps: the weight grows linearly from 0 to ``mu`` over this many calls (training
-            steps; 500 ~ one epoch of Fashion-MNIST at batch 128). From a random
-            initialisation the term's gradient is many times the cross-entropy's and, applied
-            at once, drives the network towards a flat classifier (robust and useless; on
-            digits, mu = 1 without warm-up loses more than 25 points of accuracy); letting the
-            cross-entropy shape the features first avoids that. The count lives in this
-            object (:meth:`state_dict`); :func:`probust.train.train` saves it in its checkpoints,
+            steps), so that the cross-entropy shapes the features first (the full term from a
+            random initialisation flattens the network; docs/training.md). The count lives in this
+            object (:meth:`state_dict`); :func:`probust.training.train` saves it in its checkpoints,
             so a resumed run continues the ramp where the interrupted one stopped.
 
     The estimate is computed with the model in eval mode (rows must not interact for the
@@ -89,7 +88,11 @@ class RobustLoss:
         self.noise = as_noise(sigma)
         if not (isinstance(mu, (int, float)) and mu >= 0):
             raise ValueError(f"mu must be a number >= 0, got {mu!r}")
-        for value, allowed, name in ((cdf, CDFS, "cdf"), (linearisation, LINEARISATIONS, "linearisation"), (target, TARGETS, "target")):
+        for value, allowed, name in (
+            (cdf, CDFS, "cdf"),
+            (linearisation, LINEARISATIONS, "linearisation"),
+            (target, TARGETS, "target"),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         self.mu = float(mu)
@@ -117,7 +120,7 @@ class RobustLoss:
         )
 
     def config(self) -> dict:
-        """The loss's settings as a JSON-serialisable dict (``probust.train`` stores it in the
+        """The loss's settings as a JSON-serialisable dict (``probust.training.train`` stores it in the
         checkpoint's metadata as ``extra_loss_config``).
 
         Keys: ``name`` ("RobustLoss"), ``mu``, ``sigma`` (the noise's standard deviation per
@@ -142,10 +145,50 @@ class RobustLoss:
             "warmup_steps": self.warmup_steps,
         }
 
-    def estimator(self, model: nn.Module, batch: int) -> Taylor:
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], *, noise: Noise | None = None) -> RobustLoss:
+        """The loss :meth:`config` described, e.g. a checkpoint's ``meta["extra_loss_config"]``.
+
+        ``from_config(loss.config())`` has the same settings (and the same ``config()`` and
+        repr) as ``loss``; its warm-up count starts at 0 (restore it with :meth:`load_state_dict`).
+
+        Args:
+            cfg: a dict with the keys :meth:`config` returns.
+            noise: the noise, needed when ``cfg["noise"]`` only summarises it (a Gaussian with a
+                standard deviation per coordinate or a full covariance); it must be what
+                ``cfg["noise"]`` describes.
+
+        Raises:
+            ValueError: ``cfg`` is not a RobustLoss config (naming the key at fault), or its noise
+                cannot be rebuilt and ``noise`` is None, or ``noise`` does not match it.
+        """
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"cfg must be a dict from RobustLoss.config(), got {type(cfg).__name__}")
+        expected = set(_CONFIG_KEYS)
+        if cfg.get("name") != cls.__name__:
+            raise ValueError(f"cfg['name'] must be {cls.__name__!r}, got {cfg.get('name')!r}")
+        missing, unknown = sorted(expected - set(cfg)), sorted(set(cfg) - expected)
+        if missing or unknown:
+            raise ValueError(f"cfg is not a RobustLoss config: missing keys {missing}, unknown keys {unknown}")
+        described = cfg["noise"]
+        if noise is None:
+            kinds = {"gaussian": Gaussian, "uniform": Uniform, "laplace": Laplace}
+            kind = described.get("noise") if isinstance(described, Mapping) else None
+            if kind not in kinds or "sigma" not in described:
+                raise ValueError(
+                    f"cfg['noise'] = {described!r} does not determine the noise (only a summary of it is kept): "
+                    "pass it as noise="
+                )
+            noise = kinds[kind](described["sigma"])
+        elif noise.describe() != described:
+            raise ValueError(f"noise describes itself as {noise.describe()!r}, cfg['noise'] is {described!r}")
+        settings = {k: cfg[k] for k in expected - {"name", "sigma", "noise"}}
+        return cls(noise, **settings)
+
+    def estimator(self, model: nn.Module, batch: int) -> Taylor | MMSE:
         """The differentiable estimator this loss evaluates (for ``batch`` points at once)."""
         # vmap builds the double-backward graph in one vectorised pass (a per-class loop would not).
-        common = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap")
+        common: dict[str, Any] = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap")
         if self.linearisation == "taylor":
             return Taylor(model, self.noise, batch_size=batch, **common)
         return MMSE(model, self.noise, n_samples=self.mmse_samples, batch_size=batch * self.mmse_samples, **common)
@@ -157,7 +200,8 @@ class RobustLoss:
         if self.cdf == "mv-sigmoid":
             # -log(1 / (1 + sum_i exp(-z_i))); z = +inf at the target drops out of the sum. The
             # z clamp keeps logsumexp finite (an inf there turns the zero gradient into NaN).
-            return F.softplus(torch.logsumexp(-r.z.clamp_min(-1e4), dim=1)).clamp_max(-math.log(self.min_p))
+            z = cast(Tensor, r.z)  # Taylor and MMSE always report z
+            return F.softplus(torch.logsumexp(-z.clamp_min(-1e4), dim=1)).clamp_max(-math.log(self.min_p))
         return -torch.log(r.p.clamp_min(self.min_p))
 
     def weight(self) -> float:
