@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from probust.demo import DemoSummary
 
 _EPILOG = """\
 what it does (about 10 minutes on 2 CPU cores; a second run reuses models and results):
@@ -33,11 +38,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/demo, or runs/demo-quick with --quick)")
-    p.add_argument("--points", type=int, metavar="N", help="test points scored at every sigma by every estimator (default 200)")
+    p.add_argument(
+        "--points", type=int, metavar="N", help="test points scored at every sigma by every estimator (default 200)"
+    )
     p.add_argument("--quick", action="store_true", help="a tiny configuration for tests: well under a minute")
-    p.add_argument("--data", metavar="NAME", help="data set (default fashion-mnist, falling back to digits when it is missing)")
+    p.add_argument(
+        "--data", metavar="NAME", help="data set (default fashion-mnist, falling back to digits when it is missing)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of training, noise and the case study (default 0)")
-    p.add_argument("--jobs", type=int, metavar="N", help="models trained and scored in parallel (default 2; 1 with --quick)")
+    p.add_argument(
+        "--jobs", type=int, metavar="N", help="models trained and scored in parallel (default 2; 1 with --quick)"
+    )
     p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per job (default 1)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=run)
@@ -66,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name}: must be at least 1, got {value}")
     from probust import data as pdata
     from probust.cli.report import print_output
-    from probust.demo import DemoConfigError, print_summary, run_demo
+    from probust.demo import DemoConfigError, run_demo
 
     if args.data is not None:
         try:
@@ -86,11 +97,77 @@ def run(args: argparse.Namespace) -> int:
             verbose=not args.quiet,
             argv=_command(args, out),
             on_output=None if args.quiet else print_output,
+            say=say,
         )
     except pdata.ProbustDataError as exc:
         raise UsageError(f"--data: {str(exc).splitlines()[0]}") from None
     except DemoConfigError as exc:
         raise UsageError(str(exc)) from None
-    if args.quiet:
-        print_summary(summary)
+    print_summary(summary)
     return 0
+
+
+def say(text: str) -> None:
+    """One line of the demo's progress, printed at once (module-level: the demo's worker processes call it)."""
+    print(text, flush=True)
+
+
+def print_summary(summary: DemoSummary, file: TextIO | None = None) -> None:
+    """The terminal summary: each estimator's mean |error| against Monte Carlo at each sigma."""
+    import pandas as pd
+
+    from probust.report import error_summary
+
+    file = file or sys.stdout
+    report = summary.report
+    standard = [r.label for r in report.results.standard()]
+    table = error_summary(report.outputs, standard)
+    cfg = summary.config
+    print("", file=file)
+    if not table.empty:
+        print(
+            f"Mean |p_hat - p_mc| over {cfg.points} test points (Monte Carlo n={cfg.mc_samples:,}, MMSE N={cfg.mmse_samples}):",
+            file=file,
+        )
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"), file=file)
+    rt = report.output("runtime")
+    if rt is not None and not rt.skipped:
+        t = rt.table
+        b = t[t["mode"] == "batched"]
+        picks = [(m, n) for m, n in (("taylor", 0), ("mmse", 5), ("mmse", cfg.mmse_samples), ("softmax", 0))]
+        parts = []
+        for m, n in dict.fromkeys(picks):
+            r = b[(b["method"] == m) & (b["n_samples"] == n)]
+            if len(r):
+                parts.append(f"p^{m}{'' if n == 0 else f' N={n}'} {r['speedup_vs_mc'].iloc[0]:.0f}x")
+        if parts:
+            print(
+                f"Speed-up over {t['speedup_reference'].iloc[0]} (batched, this machine): " + ", ".join(parts),
+                file=file,
+            )
+    cb = report.output("class_bias")
+    if cb is not None and not cb.skipped:
+        t = cb.table
+        t = t[(t["method"] == "mc")] if (t["method"] == "mc").any() else t
+        for model, g in t.groupby("model", sort=False):
+            r = g.sort_values("sigma").iloc[-1]
+            print(
+                f"{model}, σ={r['sigma']:g}: least robust class {r['least_robust_class']} (mean p {r['least_robust_mean_p']:.3f}), "
+                f"most robust {r['most_robust_class']} ({r['most_robust_mean_p']:.3f}), Kruskal-Wallis p = {r['p_value']:.2g}",
+                file=file,
+            )
+    rt11 = report.output("robust_training")
+    if rt11 is not None and not rt11.skipped and rt11.reading:
+        import re
+
+        print(re.sub(r"<[^>]+>", "", rt11.reading[0].replace("<sup>", "^")), file=file)
+    skipped = [o.name for o in report.outputs if o.skipped]
+    if skipped:
+        print(f"Experiments not run: {', '.join(skipped)} (see the report)", file=file)
+    s = summary.seconds
+    print(
+        f"\nDone in {s['total']:.0f} s (models {s['train_and_score']:.0f} s, experiments and report {s['experiments_and_report']:.0f} s).",
+        file=file,
+    )
+    print(f"Report: {report.path}", file=file)

@@ -1,0 +1,129 @@
+"""The work of one model, run in a worker process: train (or reuse) it, then score its requests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from probust.demo.settings import DemoConfig
+from probust.demo.specs import GRID_FILE, ModelSpec, grid_key
+
+__all__ = ["run_model"]
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str], None] | None) -> dict[str, Any]:
+    """Train (or reuse) one model and score its requests; runs in a worker process.
+
+    The checkpoint is reused when it exists, was trained with the same settings and is complete;
+    the results folder is reused when its grid file holds the same :func:`~probust.demo.specs.grid_key`
+    (otherwise it is scored from scratch).
+
+    Args:
+        cfg: the demo's settings.
+        spec: the model.
+        threads: torch threads of this process.
+        say: called with a progress line after training and after scoring (None: silent). In a
+            worker process it must be picklable, e.g. a module-level function.
+
+    Returns:
+        The model's record: name, arch, grad_reg, robust_mu, robust_sigma, checkpoint, results,
+        test_accuracy, trained, train_seconds and score_seconds (JSON-ready).
+    """
+    import warnings
+
+    import torch
+
+    from probust import data as pdata
+    from probust import models as pmodels
+    from probust.runner import run_estimate
+    from probust.training import DEFAULTS, steps_per_epoch, train
+
+    torch.set_num_threads(threads)
+    name = spec.name
+    t0 = time.perf_counter()
+    ckpt = spec.checkpoint
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    train_ds = pdata.load(cfg.data, "train")
+    test_ds = pdata.load(cfg.data, "test")
+    if cfg.train_size is not None and cfg.train_size < len(train_ds):
+        train_ds = train_ds.subset(list(range(cfg.train_size)))
+    reused = ckpt.exists()
+    kwargs: dict[str, Any] = dict(
+        epochs=spec.epochs, grad_reg=spec.grad_reg, seed=cfg.seed, out=ckpt, show_progress=False, test_dataset=test_ds
+    )
+    robust = spec.robust
+    if robust is not None:
+        from probust.training import RobustLoss
+
+        steps = spec.epochs * steps_per_epoch(len(train_ds), DEFAULTS[spec.arch]["batch_size"])
+        kwargs["extra_loss"] = RobustLoss(
+            robust.sigma, robust.mu, max_points=robust.max_points, warmup_steps=round(robust.warmup * steps)
+        )
+    try:
+        result = train(train_ds, spec.arch, resume=True, **kwargs)
+    except pmodels.CheckpointMismatchError:
+        reused = False
+        result = train(train_ds, spec.arch, resume=False, **kwargs)
+    reused = reused and result.meta.get("complete", False)
+    t_train = time.perf_counter() - t0
+    acc = result.meta.get("test_accuracy")
+    if say is not None:
+        say(f"  [{name}] {'reused' if reused else 'trained'} {ckpt.name}: test accuracy {acc:.1%} ({t_train:.0f} s)")
+
+    # the results folder: recomputed from scratch when its grid or model changed
+    results = spec.results
+    grid = grid_key(cfg, spec, _file_sha(ckpt), len(test_ds))
+    grid_file = results / GRID_FILE
+    same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid
+    if not same:  # written first, so that an interrupted demo resumes the same grid
+        results.mkdir(parents=True, exist_ok=True)
+        grid_file.write_text(json.dumps(grid, indent=1) + "\n")
+    t1 = time.perf_counter()
+    for k, req in enumerate(grid["requests"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            run_estimate(
+                data=cfg.data,
+                model=ckpt,
+                sigmas=req["sigmas"],
+                methods=req["methods"],
+                out=results,
+                mc_samples=req.get("mc_samples") or [1000],
+                mmse_samples=req.get("mmse_samples") or [5],
+                indices=req["indices"],
+                device="cpu",
+                seed=cfg.seed,
+                show_progress=False,
+                overwrite=(k == 0 and not same),
+                extend=(k > 0 or same),
+            )
+    t_score = time.perf_counter() - t1
+    if say is not None:
+        say(
+            f"  [{name}] {'reused' if same else 'scored'} {results.name}: {len(grid['requests'])} request(s) ({t_score:.0f} s)"
+        )
+    return {
+        "name": name,
+        "arch": spec.arch,
+        "grad_reg": spec.grad_reg,
+        "robust_mu": robust.mu if robust is not None else None,
+        "robust_sigma": robust.sigma if robust is not None else None,
+        "checkpoint": str(ckpt),
+        "results": str(results),
+        "test_accuracy": acc,
+        "trained": not reused,
+        "train_seconds": round(t_train, 1),
+        "score_seconds": round(t_score, 1),
+    }
