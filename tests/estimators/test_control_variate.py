@@ -18,7 +18,7 @@ import probust
 from probust.estimators.control_variate import cv_statistics
 from probust.noise import require_gaussian
 
-from conftest import linear_model
+from tests._helpers import linear_model
 
 
 
