@@ -235,7 +235,8 @@ def test_output_is_one_probability_per_point_for_the_clean_prediction(name, mode
 
 BAD_X = {
     "not-a-tensor": (lambda x: x.tolist(), TypeError),
-    "no-batch-dimension": (lambda x: x[0, 0], ValueError),
+    "one-dimensional": (lambda x: x[0], ValueError),
+    "zero-dimensional": (lambda x: x[0, 0], ValueError),
     "empty": (lambda x: x[:0], ValueError),
     "integer": (lambda x: (x * 10).to(torch.int64), ValueError),
     "nan": (lambda x: x.clone().index_fill_(0, torch.tensor([2]), math.nan), ValueError),
