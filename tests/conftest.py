@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-
-def linear_model(d: int, classes: int, seed: int = 0) -> nn.Linear:
-    """A random linear classifier on R^d (its decision boundaries are exactly linear)."""
-    gen = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, classes)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(classes, d, generator=gen))
-        model.bias.copy_(torch.randn(classes, generator=gen))
-    return model
+from tests._helpers import linear_model
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from scipy import special
 from torch import nn
 
 import probust
-from tests.conftest import linear_model
+from tests._helpers import linear_model
 
 F64 = torch.float64
 

@@ -17,9 +17,7 @@ from torch import nn
 import probust
 from probust.estimators.control_variate import cv_statistics
 from probust.noise import require_gaussian
-
-from tests.conftest import linear_model
-
+from tests._helpers import linear_model
 
 
 def _toy(seed: int = 0) -> nn.Module:
@@ -45,7 +43,9 @@ def test_binary_linear_model_gives_phi_of_z_with_zero_variance():
     c = (logits.gather(1, t[:, None]) - logits.gather(1, (1 - t)[:, None])).squeeze(1)
     expected = special.ndtr((c / (sigma * (w[0] - w[1]).norm())).numpy())
     for linearisation in ("taylor", "mmse"):
-        runs = [probust.MonteCarloCV(model, sigma, n_samples=300, seed=s, linearisation=linearisation)(x) for s in range(3)]
+        runs = [
+            probust.MonteCarloCV(model, sigma, n_samples=300, seed=s, linearisation=linearisation)(x) for s in range(3)
+        ]
         for r in runs:
             # the model and its linearisation agree on every draw: the estimate is the exact mean
             np.testing.assert_allclose(r.p.numpy(), expected, atol=1e-6)
@@ -181,7 +181,9 @@ def test_mc_cv_and_mc_is_refuse_non_gaussian_noise_with_one_message(noise):
         messages[cls.method] = str(info.value)
     name = type(noise).__name__
     for method, message in messages.items():
-        assert re.fullmatch(rf"{method} needs Gaussian noise: sigma must be .*, got {name}; use method='mc' for other noise", message)
+        assert re.fullmatch(
+            rf"{method} needs Gaussian noise: sigma must be .*, got {name}; use method='mc' for other noise", message
+        )
     assert messages["mc_cv"].replace("mc_cv", "mc_is") == messages["mc_is"]
     require_gaussian(probust.Gaussian(cov=torch.eye(4)), "mc_cv")  # any Gaussian passes
 
@@ -216,8 +218,15 @@ def test_cv_statistics_is_the_least_squares_regression_estimator():
 
 def test_cv_statistics_floors_the_variance_when_no_disagreement_was_seen():
     n = torch.tensor([1000])
-    s = cv_statistics(n, torch.tensor([600]), torch.tensor([600]), torch.tensor([600]),
-                      torch.tensor([0.61], dtype=torch.float64), torch.zeros(1, dtype=torch.float64), 0.95)
+    s = cv_statistics(
+        n,
+        torch.tensor([600]),
+        torch.tensor([600]),
+        torch.tensor([600]),
+        torch.tensor([0.61], dtype=torch.float64),
+        torch.zeros(1, dtype=torch.float64),
+        0.95,
+    )
     assert s.p.item() == pytest.approx(0.61) and s.beta.item() == 1.0
     # Clopper-Pearson: a disagreement rate up to 1 - 0.025^(1/n) ~ 3.69 / n is not excluded
     bound = 1 - 0.025 ** (1 / 1000)
@@ -227,7 +236,9 @@ def test_cv_statistics_floors_the_variance_when_no_disagreement_was_seen():
 def test_the_linearisation_shares_the_monte_carlo_estimators_execution_settings():
     model = torch.nn.Linear(4, 3)
     for cls in (probust.MonteCarloCV, probust.MonteCarloIS):
-        outer = cls(model, 0.2, seed=7, memory_budget="1GB", channels_last=False, jacobian_batch_size=5, jacobian="loop")
+        outer = cls(
+            model, 0.2, seed=7, memory_budget="1GB", channels_last=False, jacobian_batch_size=5, jacobian="loop"
+        )
         linear = outer.linear
         assert (linear.seed, linear.memory_budget, linear.channels_last) == (7, "1GB", False)
         assert (linear.batch_size, linear.jacobian, linear.method) == (5, "loop", "mmse")

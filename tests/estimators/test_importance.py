@@ -10,8 +10,7 @@ import torch
 from scipy import special, stats
 
 import probust
-
-from tests.conftest import linear_model
+from tests._helpers import linear_model
 
 RUNS = 400
 
@@ -35,7 +34,9 @@ def _coverage_bounds(level: float, runs: int) -> tuple[float, float]:
 def test_clt_interval_covers_at_the_nominal_rate_when_failures_are_many():
     sigma, z = 0.1, 4.0
     model, x = _binary_point(z, sigma)
-    r = probust.MonteCarloIS(model, sigma, n_samples=200, seed=4)(x.expand(RUNS, -1), torch.zeros(RUNS, dtype=torch.long))
+    r = probust.MonteCarloIS(model, sigma, n_samples=200, seed=4)(
+        x.expand(RUNS, -1), torch.zeros(RUNS, dtype=torch.long)
+    )
     truth = 1 - special.ndtr(-z)  # p_robust
     covered = ((r.ci_low <= truth) & (truth <= r.ci_high)).double().mean().item()
     lo, hi = _coverage_bounds(0.95, RUNS)

@@ -1,38 +1,25 @@
-"""Estimators against independent oracles: closed forms, long Monte Carlo, the paper's propositions."""
+"""Taylor and MMSE (and their mv-sigmoid variants) against independent oracles: closed forms,
+long Monte Carlo, the paper's propositions."""
 
 from __future__ import annotations
 
 import math
-
 import warnings
 
 import pytest
 import torch
-from scipy import special
 from torch import nn
 
 import probust
 from probust.noise import Gaussian, Laplace, Uniform
-
-from tests.conftest import linear_model
-
-
-def _points_near_boundaries(model: nn.Linear, n: int, sigma: float, seed: int = 1) -> torch.Tensor:
-    """Points whose p_robust is spread over (0, 1) at this sigma: small-norm inputs."""
-    gen = torch.Generator().manual_seed(seed)
-    d = model.in_features
-    return torch.randn(n, d, generator=gen) * (sigma * 0.6)
-
-
-def _inside(p: torch.Tensor, mc: probust.Estimate, slack: float = 0.0) -> torch.Tensor:
-    return (p >= mc.ci_low - slack) & (p <= mc.ci_high + slack)
+from tests._helpers import inside, linear_model, points_near_boundaries
 
 
 @pytest.mark.parametrize("classes", [2, 3, 10, 100])
 def test_taylor_and_mmse_are_exact_for_linear_models(classes):
     d, sigma = 30, 0.5
     model = linear_model(d, classes, seed=classes)
-    x = _points_near_boundaries(model, 6, sigma)
+    x = points_near_boundaries(model, 6, sigma)
     mc = probust.MonteCarlo(model, sigma, n_samples=100_000, confidence=0.999, interval="clopper-pearson")(x)
     assert ((mc.p > 0.02) & (mc.p < 0.98)).sum() >= 2, "test points should not all be trivially robust"
     # At k = 99 a mid-range probability to 1e-4 costs seconds per point; 1e-3 keeps the test fast.
@@ -41,13 +28,13 @@ def test_taylor_and_mmse_are_exact_for_linear_models(classes):
         r = estimator(x)
         assert torch.equal(r.target, mc.target)
         # The mvn-cdf's own tolerance is added to the Monte Carlo interval.
-        assert _inside(r.p, mc, slack=2 * tol).all(), (estimator.method, r.p, mc.ci_low, mc.ci_high)
+        assert inside(r.p, mc, slack=2 * tol).all(), (estimator.method, r.p, mc.ci_low, mc.ci_high)
 
 
 def test_binary_case_equals_phi_of_z():
     d, sigma = 12, 0.3
     model = linear_model(d, 2, seed=3)
-    x = _points_near_boundaries(model, 8, sigma)
+    x = points_near_boundaries(model, 8, sigma)
     r = probust.Taylor(model, sigma)(x)
     w, b = model.weight.double(), model.bias.double()
     logits = x.double() @ w.T + b
@@ -61,7 +48,7 @@ def test_binary_case_equals_phi_of_z():
 
 def test_mmse_iid_sampling_is_not_exact_but_centred_is():
     model = linear_model(20, 4, seed=5)
-    x = _points_near_boundaries(model, 10, 0.5)
+    x = points_near_boundaries(model, 10, 0.5)
     taylor = probust.Taylor(model, 0.5)(x).p
     centred = probust.MMSE(model, 0.5, n_samples=3)(x).p
     iid = probust.MMSE(model, 0.5, n_samples=3, sampling="iid")(x).p
@@ -80,11 +67,11 @@ def test_mmse_iid_sampling_is_not_exact_but_centred_is():
 def test_non_isotropic_gaussian_analytic_matches_monte_carlo(noise):
     d = 16
     model = linear_model(d, 5, seed=7)
-    x = _points_near_boundaries(model, 6, 0.4)
+    x = points_near_boundaries(model, 6, 0.4)
     noise = noise(d)
     mc = probust.MonteCarlo(model, noise, n_samples=100_000, confidence=0.999)(x)
     for estimator in (probust.Taylor(model, noise), probust.MMSE(model, noise, n_samples=4)):
-        assert _inside(estimator(x).p, mc, slack=2e-4).all()
+        assert inside(estimator(x).p, mc, slack=2e-4).all()
 
 
 def _random_covariance(d: int) -> torch.Tensor:
@@ -104,7 +91,7 @@ def test_non_gaussian_noise_follows_the_clt_in_high_dimension(noise_cls):
     noise = noise_cls(sigma)
     mc = probust.MonteCarlo(model, noise, n_samples=5_000, confidence=0.999)(x)
     taylor = probust.Taylor(model, noise)(x)
-    assert _inside(taylor.p, mc, slack=0.005).all()
+    assert inside(taylor.p, mc, slack=0.005).all()
     # and the draws really have the documented standard deviation
     keys = torch.arange(3)
     eps = noise.sample(keys, 0, 1000, torch.Size([10]))
@@ -164,26 +151,9 @@ def test_mmse_beats_taylor_for_anisotropic_quadratic_boundaries():
     assert mmse < 0.05
 
 
-def test_softmax_equals_taylor_mvs_when_boundary_norms_are_equal():
-    # The paper's softmax lemma: equal ||u_i|| = k gives p_softmax(T = sigma k) = p_taylor_mvs.
-    d, classes, sigma = 10, 4, 0.3
-    gen = torch.Generator().manual_seed(0)
-    w0 = torch.randn(d, generator=gen)
-    directions = torch.linalg.qr(torch.randn(d, classes - 1, generator=gen)).Q.T  # orthonormal
-    model = nn.Linear(d, classes)
-    with torch.no_grad():
-        model.weight.copy_(torch.cat([w0[None], w0[None] - 2.0 * directions]))  # ||w_0 - w_i|| = 2
-        model.bias.zero_()
-    x = torch.randn(6, d, generator=gen) * 0.2
-    target = torch.zeros(6, dtype=torch.long)
-    mvs = probust.Taylor(model, sigma, cdf="mv-sigmoid")(x, target).p
-    soft = probust.Softmax(model, temperature=sigma * 2.0)(x, target).p
-    torch.testing.assert_close(mvs, soft, rtol=1e-6, atol=1e-9)
-
-
 def test_mv_sigmoid_is_the_paper_formula():
     model = linear_model(8, 5, seed=9)
-    x = _points_near_boundaries(model, 4, 0.3)
+    x = points_near_boundaries(model, 4, 0.3)
     r = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x)
     others = r.z.isfinite()
     expected = 1 / (1 + torch.where(others, torch.exp(-r.z), 0.0).sum(1))
@@ -191,69 +161,9 @@ def test_mv_sigmoid_is_the_paper_formula():
     assert r.method == "taylor_mvs"
 
 
-@pytest.mark.parametrize("method", ["mc", "mmse", "taylor"])
-def test_estimate_does_not_depend_on_batch_split(method):
-    model = linear_model(10, 6, seed=1)
-    x = _points_near_boundaries(model, 7, 0.4)
-    kwargs = {"n_samples": 300} if method == "mc" else {}
-    whole = probust.estimate(model, x, 0.4, method, batch_size=64, **kwargs)
-    parts = torch.cat(
-        [
-            probust.estimate(model, x[:3], 0.4, method, batch_size=5, **kwargs),
-            probust.estimate(model, x[3:], 0.4, method, batch_size=1000, index_offset=3, **kwargs),
-        ]
-    )
-    # The noise is identical; only the model's float rounding may differ with the BLAS batch size.
-    torch.testing.assert_close(whole, parts, rtol=0, atol=1e-5)
-    # and a point's number depends on its index, not on its row
-    reordered = probust.estimate(model, x[[3]], 0.4, method, index_offset=3, **kwargs)
-    torch.testing.assert_close(reordered, whole[[3]], rtol=0, atol=1e-5)
-
-
-def test_seed_changes_the_noise_and_fixes_it():
-    model = linear_model(10, 3, seed=2)
-    x = _points_near_boundaries(model, 5, 0.5)
-    a = probust.MonteCarlo(model, 0.5, n_samples=500, seed=1)(x).p
-    b = probust.MonteCarlo(model, 0.5, n_samples=500, seed=1)(x).p
-    c = probust.MonteCarlo(model, 0.5, n_samples=500, seed=2)(x).p
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
-
-
-def test_monte_carlo_interval_and_stderr():
-    model = linear_model(10, 3, seed=2)
-    x = _points_near_boundaries(model, 5, 0.5)
-    r = probust.MonteCarlo(model, 0.5, n_samples=2000, confidence=0.9)(x)
-    assert r.confidence == 0.9
-    assert (r.ci_low <= r.p).all() and (r.p <= r.ci_high).all()
-    torch.testing.assert_close(r.stderr, torch.sqrt(r.p * (1 - r.p) / 2000))
-    assert (r.n_samples == 2000).all()
-
-
-def test_adaptive_monte_carlo_stops_each_point_at_its_target_width():
-    model = linear_model(10, 3, seed=2)
-    x = torch.cat([_points_near_boundaries(model, 3, 0.5), 20 * torch.ones(1, 10)])
-    r = probust.MonteCarlo(model, 0.5, n_samples=50_000, target_half_width=0.01, check_every=500)(x)
-    half = (r.ci_high - r.ci_low) / 2
-    assert (half <= 0.01).all()
-    assert r.n_samples.min() < r.n_samples.max() <= 50_000
-    assert (r.n_samples % 500 == 0).all()
-
-
-def test_model_mode_is_restored_and_computation_is_in_eval_mode():
-    model = nn.Sequential(nn.Linear(6, 10), nn.Dropout(0.5), nn.Linear(10, 3))
-    model.train()
-    model[2].eval()
-    x = torch.randn(4, 6)
-    a = probust.Taylor(model, 0.1)(x).p
-    b = probust.Taylor(model, 0.1)(x).p
-    assert torch.equal(a, b), "dropout must be off during estimation"
-    assert model.training and model[1].training and not model[2].training
-
-
 def test_torchscript_models_give_the_same_numbers():
     model = linear_model(8, 4, seed=4)
-    x = _points_near_boundaries(model, 5, 0.3)
+    x = points_near_boundaries(model, 5, 0.3)
     scripted = torch.jit.trace(model, x)
     torch.testing.assert_close(probust.Taylor(scripted, 0.3)(x).p, probust.Taylor(model, 0.3)(x).p, rtol=0, atol=1e-5)
 
@@ -298,7 +208,7 @@ def test_models_torch_func_cannot_trace_fall_back_to_autograd():
 
 def test_diagnostics_have_documented_shapes():
     model = linear_model(8, 5, seed=4)
-    x = _points_near_boundaries(model, 3, 0.3)
+    x = points_near_boundaries(model, 3, 0.3)
     r = probust.Taylor(model, 0.3)(x)
     assert r.p.dtype == torch.float64 and r.p.shape == (3,)
     assert r.target.dtype == torch.int64
@@ -322,80 +232,6 @@ def test_zero_gradient_boundary_drops_out_instead_of_nan():
     torch.testing.assert_close(r.p, torch.special.ndtr(c), atol=1e-6, rtol=0)
 
 
-# ---------------------------------------------------------------- bad input
-
-
-@pytest.fixture
-def small():
-    return linear_model(4, 3, seed=0), torch.randn(5, 4)
-
-
-@pytest.mark.parametrize(
-    "build, x_fn, match",
-    [
-        (lambda m: probust.Taylor(m, 0.1), lambda x: x.clone().index_fill_(1, torch.tensor([0]), float("nan")), "NaN"),
-        (lambda m: probust.Taylor(m, 0.1), lambda x: x[:0], "empty"),
-        (lambda m: probust.Taylor(m, 0.1), lambda x: (x * 255).to(torch.uint8), "floating point"),
-        (lambda m: probust.Taylor(m, 0.1), lambda x: x[0], "batch dimension"),
-    ],
-)
-def test_bad_inputs_are_refused_with_a_message(small, build, x_fn, match):
-    model, x = small
-    with pytest.raises(ValueError, match=match):
-        build(model)(x_fn(x))
-
-
-@pytest.mark.parametrize("sigma", [0, -0.1, float("nan"), float("inf"), "a"])
-def test_bad_sigma_is_refused(small, sigma):
-    model, _ = small
-    with pytest.raises(ValueError, match="sigma"):
-        probust.Taylor(model, sigma)
-
-
-NOISE_ESTIMATORS = [probust.MonteCarlo, probust.Taylor, probust.MMSE, probust.MonteCarloCV, probust.MonteCarloIS]
-
-
-@pytest.mark.parametrize("cls", NOISE_ESTIMATORS)
-def test_sigma_is_a_required_argument_of_every_noise_estimator(small, cls):
-    model, _ = small
-    with pytest.raises(TypeError, match="sigma"):
-        cls(model)
-    with pytest.raises(ValueError, match="^sigma is required"):
-        cls(model, None)
-    with pytest.raises(ValueError, match="^sigma is required"):
-        cls(model, sigma=None)
-    with pytest.raises(TypeError, match="sigma"):
-        probust.make_estimator(cls(model, 0.1).method, model)
-    with pytest.raises(ValueError, match="^sigma is required"):
-        probust.make_estimator(cls(model, 0.1).method, model, None)
-
-
-def test_softmax_takes_no_sigma_and_the_functional_form_accepts_none_for_it(small):
-    model, x = small
-    with pytest.raises(TypeError):
-        probust.Softmax(model, sigma=0.1)
-    torch.testing.assert_close(probust.estimate(model, x, None, "softmax"), probust.Softmax(model)(x).p)
-    with pytest.raises(TypeError, match="sigma"):
-        probust.estimate(model, x, method="taylor")
-    with pytest.raises(ValueError, match="^sigma is required"):
-        probust.estimate(model, x, None, "taylor")
-
-
-@pytest.mark.parametrize("cls", [probust.MonteCarlo, probust.MMSE])
-def test_bad_n_samples_is_refused(small, cls):
-    model, _ = small
-    with pytest.raises(ValueError, match="n_samples"):
-        cls(model, 0.1, n_samples=0)
-
-
-def test_model_output_must_be_logits(small):
-    _, x = small
-    with pytest.raises(ValueError, match=r"\[B, C\]"):
-        probust.Softmax(lambda z: z.sum(1))(x)
-    with pytest.raises(ValueError, match="at least 2 classes"):
-        probust.Softmax(nn.Linear(4, 1))(x)
-
-
 def test_ties_at_the_clean_point_need_an_explicit_target():
     model = nn.Linear(3, 3)
     with torch.no_grad():
@@ -408,21 +244,7 @@ def test_ties_at_the_clean_point_need_an_explicit_target():
     assert torch.equal(r.target, torch.tensor([0, 1]))
 
 
-def test_target_out_of_range_is_refused(small):
+def test_unknown_cdf_is_refused(small):
     model, x = small
-    with pytest.raises(ValueError, match="target"):
-        probust.Taylor(model, 0.1)(x, target=torch.full((5,), 7))
-
-
-def test_unknown_method_and_cdf_are_refused(small):
-    model, x = small
-    with pytest.raises(ValueError, match="method must be one of"):
-        probust.estimate(model, x, 0.1, "exact")
     with pytest.raises(ValueError, match="cdf must be one of"):
         probust.Taylor(model, 0.1, cdf="probit")
-
-
-def test_functional_estimate_matches_the_classes(small):
-    model, x = small
-    torch.testing.assert_close(probust.estimate(model, x, 0.2, "taylor_mvs"), probust.Taylor(model, 0.2, cdf="mv-sigmoid")(x).p)
-    torch.testing.assert_close(probust.estimate(model, x, None, method="softmax", temperature=2.0), probust.Softmax(model, 2.0)(x).p)

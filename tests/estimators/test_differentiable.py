@@ -21,7 +21,6 @@ import probust
 F64 = torch.float64
 
 
-
 def _correlation(k: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(k, k, generator=gen, dtype=F64)

@@ -1,0 +1,214 @@
+"""Margins and their input gradients (probust.linearise) against torch.autograd.functional.jacobian.
+
+The oracle differentiates one point at a time with ``torch.autograd.functional.jacobian`` on a small
+non-linear float64 model; every batched strategy must agree with it to float64 rounding.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from probust.linearise import (
+    logit_jacobian,
+    margin_gradients,
+    margin_jacobian,
+    margins,
+    other_classes,
+    plan_blocks,
+    project,
+    smoothed_margin_jacobian,
+)
+
+F64 = torch.float64
+STRATEGIES = ("loop", "vmap", "forward")
+CLASSES = 5
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    """A non-linear classifier on inputs [B, 2, 3] with CLASSES logits, in float64."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, CLASSES)).to(F64).eval()
+
+
+def _inputs(points: int = 4, seed: int = 1) -> torch.Tensor:
+    return torch.randn(points, 2, 3, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def _oracle_jacobian(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """[B, C, *S]: each point's logit Jacobian on its own."""
+    return torch.stack([torch.autograd.functional.jacobian(lambda v: model(v[None])[0], row) for row in x])
+
+
+def _oracle_margin_gradients(jacobian: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """u[b, i] = J[b, t_b] - J[b, i], by a loop."""
+    u = torch.empty_like(jacobian)
+    for b in range(len(target)):
+        for i in range(jacobian.shape[1]):
+            u[b, i] = jacobian[b, target[b]] - jacobian[b, i]
+    return u
+
+
+# ---------------------------------------------------------------- margins and classes
+
+
+def test_margins_are_the_target_logit_minus_each_logit():
+    logits = torch.randn(4, CLASSES, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([0, 3, 4, 3])
+    g = margins(logits, target)
+    for b in range(4):
+        for i in range(CLASSES):
+            assert g[b, i] == logits[b, target[b]] - logits[b, i]
+    assert (g.gather(1, target[:, None]) == 0).all()
+
+
+def test_other_classes_lists_every_class_but_the_target_in_order():
+    target = torch.tensor([0, 2, 4, 2])
+    others = other_classes(target, CLASSES)
+    assert others.dtype == torch.int64
+    assert others.tolist() == [[c for c in range(CLASSES) if c != t] for t in target.tolist()]
+
+
+# ---------------------------------------------------------------- Jacobians
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_logit_jacobian_equals_autograd_for_every_strategy(strategy, chunk):
+    model, x = _model(), _inputs()
+    logits, jacobian = logit_jacobian(model, x, strategy=strategy, class_chunk_size=chunk)
+    torch.testing.assert_close(logits, model(x).detach(), **TOL)
+    assert jacobian.shape == (4, CLASSES, 2, 3) and not jacobian.requires_grad
+    torch.testing.assert_close(jacobian, _oracle_jacobian(model, x), **TOL)
+    # only some classes' rows
+    classes = torch.tensor([3, 1])
+    _, some = logit_jacobian(model, x, strategy=strategy, class_chunk_size=chunk, classes=classes)
+    torch.testing.assert_close(some, _oracle_jacobian(model, x)[:, classes], **TOL)
+
+
+@pytest.mark.parametrize("given_target", [False, True], ids=["prediction", "given"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_margin_jacobian_equals_autograd_for_every_strategy(strategy, given_target):
+    model, x = _model(), _inputs()
+    prediction = model(x).argmax(1)
+    target = torch.tensor([1, 0, 4, 2]) if given_target else None
+    logits, t, u = margin_jacobian(model, x, target, strategy=strategy)
+    expected_target = target if given_target else prediction
+    assert torch.equal(t, expected_target)
+    torch.testing.assert_close(logits, model(x).detach(), **TOL)
+    expected = _oracle_margin_gradients(_oracle_jacobian(model, x), expected_target)
+    torch.testing.assert_close(u, expected, **TOL)
+    assert (u.gather(1, t.view(-1, 1, 1, 1).expand(-1, 1, 2, 3)) == 0).all()
+    # the same from the full logit Jacobian by subtraction
+    torch.testing.assert_close(margin_gradients(_oracle_jacobian(model, x), expected_target), expected, **TOL)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_margin_jacobian_limit_gives_the_first_margins_in_the_order_of_the_other_classes(strategy):
+    model, x = _model(), _inputs()
+    target = torch.tensor([1, 0, 4, 2])
+    _, _, full = margin_jacobian(model, x, target, strategy=strategy)
+    _, _, some = margin_jacobian(model, x, target, strategy=strategy, limit=2)
+    first_two = other_classes(target, CLASSES)[:, :2]
+    assert some.shape == (4, 2, 2, 3)
+    torch.testing.assert_close(some, full.gather(1, first_two.view(4, 2, 1, 1).expand(-1, -1, 2, 3)), **TOL)
+
+
+def test_margin_jacobian_refuses_a_target_out_of_range():
+    with pytest.raises(ValueError, match=r"^target must hold class indices"):
+        margin_jacobian(_model(), _inputs(), torch.tensor([0, 1, 2, CLASSES]))
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_differentiable_margin_jacobian_keeps_the_graph_to_the_parameters(strategy):
+    model, x = _model(), _inputs()
+    _, t, u = margin_jacobian(model, x, strategy=strategy, differentiable=True)
+    assert u.requires_grad
+    # d/dW of sum(u) against the oracle's own double backward
+    params = list(model.parameters())
+    grads = torch.autograd.grad(u.sum(), params, allow_unused=True)
+
+    def total(*weights: torch.Tensor) -> torch.Tensor:
+        functional = dict(zip([n for n, _ in model.named_parameters()], weights))
+
+        def logits_of(v: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(model, functional, (v[None],))[0]
+
+        jac = torch.stack([torch.autograd.functional.jacobian(logits_of, row, create_graph=True) for row in x])
+        return _oracle_margin_gradients(jac, t).sum()
+
+    expected = torch.autograd.grad(total(*params), params, allow_unused=True)
+    for got, want in zip(grads, expected):
+        if want is None:
+            assert got is None or (got == 0).all()
+        else:
+            torch.testing.assert_close(got, want, **TOL)
+
+
+# ---------------------------------------------------------------- the MMSE linearisation
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 100])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_smoothed_margin_jacobian_is_the_mean_of_the_copies_jacobians(strategy, batch_size):
+    model, x = _model(), _inputs(3)
+    target = torch.tensor([2, 0, 4])
+    copies = 4
+    eps = torch.randn(3, copies, 2, 3, generator=torch.Generator().manual_seed(5), dtype=F64) * 0.3
+    g, u = smoothed_margin_jacobian(model, x, target, eps, batch_size=batch_size, strategy=strategy)
+    assert g.shape == (3, CLASSES) and u.shape == (3, CLASSES, 2, 3)
+    g_expected = torch.zeros(3, CLASSES, dtype=F64)
+    u_expected = torch.zeros(3, CLASSES, 2, 3, dtype=F64)
+    for b, j in itertools.product(range(3), range(copies)):  # each copy on its own
+        noisy = (x[b] + eps[b, j])[None]
+        with torch.no_grad():
+            g_expected[b] += margins(model(noisy), target[b : b + 1])[0] / copies
+        u_expected[b] += _oracle_margin_gradients(_oracle_jacobian(model, noisy), target[b : b + 1])[0] / copies
+    torch.testing.assert_close(g, g_expected, **TOL)
+    torch.testing.assert_close(u, u_expected, **TOL)
+
+
+def test_smoothed_margin_jacobian_applies_to_rows_to_every_block():
+    model, x = _model(), _inputs(2)
+    eps = torch.zeros(2, 3, 2, 3, dtype=F64)
+    seen: list[int] = []
+
+    def to_rows(rows: torch.Tensor) -> torch.Tensor:
+        seen.append(rows.shape[0])
+        return rows
+
+    smoothed_margin_jacobian(model, x, torch.tensor([0, 1]), eps, batch_size=4, to_rows=to_rows)
+    assert seen == [4, 2]
+
+
+# ---------------------------------------------------------------- blocks and projections
+
+
+@pytest.mark.parametrize(
+    "points, samples, rows", list(itertools.product([1, 3, 7], [1, 5, 64, 100], [1, 4, 64, 130, 1000]))
+)
+def test_plan_blocks_covers_every_point_and_sample_exactly_once_within_rows(points, samples, rows):
+    seen = torch.zeros(points, samples, dtype=torch.int64)
+    for block, first, count in plan_blocks(points, samples, rows):
+        assert count >= 1 and first >= 0 and first + count <= samples
+        n_points = len(range(points)[block])
+        assert n_points >= 1 and n_points * count <= rows
+        seen[block, first : first + count] += 1
+    assert (seen == 1).all()
+
+
+def test_project_is_the_dot_product_of_each_normal_with_each_draw():
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(3, CLASSES, 2, 3, generator=gen)
+    eps = torch.randn(3, 7, 2, 3, generator=gen)
+    got = project(u, eps)
+    assert got.shape == (3, 7, CLASSES) and got.dtype == u.dtype
+    torch.testing.assert_close(got, torch.einsum("bcd,bnd->bnc", u.flatten(2), eps.flatten(2)))
+    # float64 normals with float32 draws: the draws are cast up
+    got64 = project(u.double(), eps)
+    assert got64.dtype == F64
+    torch.testing.assert_close(got64, torch.einsum("bcd,bnd->bnc", u.double().flatten(2), eps.double().flatten(2)))
