@@ -60,6 +60,19 @@ def check_logits(logits: Tensor, batch: int) -> Tensor:
     return logits
 
 
+def check_target_shape(target: Tensor | None, batch: int, device: torch.device) -> Tensor | None:
+    """``target`` as a tensor on ``device`` if it has one entry per point (None stays None), so
+    that it can be split into chunks; the class range is checked against the logits later."""
+    if target is None:
+        return None
+    target = torch.as_tensor(target, device=device)
+    if target.is_floating_point() or target.shape != (batch,):
+        raise ValueError(
+            f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}"
+        )
+    return target
+
+
 def check_target(target: Tensor | None, logits: Tensor) -> Tensor:
     """The class whose survival is measured: given, or the clean prediction (ties refused)."""
     batch, classes = logits.shape
@@ -75,7 +88,9 @@ def check_target(target: Tensor | None, logits: Tensor) -> Tensor:
         return logits.argmax(dim=1)
     target = torch.as_tensor(target, device=logits.device)
     if target.is_floating_point() or target.shape != (batch,):
-        raise ValueError(f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}")
+        raise ValueError(
+            f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}"
+        )
     target = target.long()
     if (target < 0).any() or (target >= classes).any():
         raise ValueError(f"target must hold class indices in [0, {classes}), got values outside it")

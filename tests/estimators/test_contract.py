@@ -25,7 +25,6 @@ import probust
 from probust.estimators import (
     REGISTRY,
     Estimate,
-    Linearised,
     LinearisedMonteCarlo,
     MethodSpec,
     make_estimator,
@@ -256,11 +255,6 @@ def test_bad_x_is_refused_by_name_before_the_model_runs(name, case):
     assert counter.calls == 0
 
 
-TARGET_BUG = (
-    "src bug: Linearised/LinearisedMonteCarlo._estimate slice target per chunk before check_target: "
-    "a too-long target is silently truncated, a 0-dim one raises an IndexError that does not name target"
-)
-
 BAD_TARGET = {
     "too-short": lambda b: torch.zeros(b - 1, dtype=torch.int64),
     "too-long": lambda b: torch.zeros(b + 1, dtype=torch.int64),
@@ -274,9 +268,7 @@ BAD_TARGET = {
 
 @pytest.mark.parametrize("case", list(BAD_TARGET))
 @pytest.mark.parametrize("name", METHODS)
-def test_bad_target_is_refused_by_name(name, case, request):
-    if case in ("too-long", "0-dim") and issubclass(REGISTRY[name].estimator, (Linearised, LinearisedMonteCarlo)):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=TARGET_BUG))
+def test_bad_target_is_refused_by_name(name, case):
     model, x, sigma = _linear()
     with pytest.raises(ValueError, match=r"^target "):
         build(name, model, sigma)(x, BAD_TARGET[case](POINTS))

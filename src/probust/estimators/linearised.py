@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._budget import row_cost, rows_within
-from probust._checks import check_logits, check_positive_float, check_positive_int, check_target
+from probust._checks import check_logits, check_positive_float, check_positive_int, check_target, check_target_shape
 from probust._progress import progress
 from probust._tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
 from probust.estimators import maps
@@ -99,11 +99,12 @@ class Linearised(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
+        target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
-                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
+                chunk_target = None if target is None else target[rows]
                 parts.append(self._from_linearisation(*self.linearise(x[rows], chunk_target, indices[rows])))
                 bar.update(rows.stop - rows.start)
         return Estimate.cat(parts)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_positive_int
+from probust._checks import check_positive_int, check_target_shape
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
@@ -117,11 +117,12 @@ class LinearisedMonteCarlo(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
+        target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.linear.points_per_chunk(x)
         with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
-                chunk_target = None if target is None else torch.as_tensor(target, device=x.device)[rows]
+                chunk_target = None if target is None else target[rows]
                 parts.append(self._estimate_chunk(x[rows], chunk_target, indices[rows], bar))
         return dataclasses.replace(Estimate.cat(parts), confidence=self.confidence)
 
