@@ -19,7 +19,7 @@ from scipy import stats
 
 from probust import experiments
 from probust.experiments import _style
-from probust.experiments._results import Results
+from probust.experiments.runs import Results
 
 SIGMAS = [0.1, 0.3]
 MAIN_POINTS = 60
@@ -36,7 +36,7 @@ ROBUST = ("linear-robust", 1.0, 0.3)
 def build_results(root: Path) -> Path:
     """Train the tiny models and score them (once: reused when ``root/complete`` exists)."""
     from probust.robust_loss import RobustLoss
-    from probust.runner import run_estimate
+    from probust.run import run_estimate
     from probust.train import train
 
     if (root / "complete").exists():

@@ -17,8 +17,8 @@ import pytest
 
 from probust import experiments
 from probust.experiments import robust_training
-from probust.experiments._results import Results
-from probust.store import make_table
+from probust.experiments.runs import Results
+from probust.run.store import make_table
 
 SIGMAS = (0.1, 0.4)
 N = 41

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_experiments import build_results
+from tests.test_experiments import build_results
 
 from probust import experiments
 from probust.cli import main

@@ -1,4 +1,4 @@
-"""``probust estimate``: score a data set into a resumable results table (see probust.runner)."""
+"""``probust estimate``: score a data set into a resumable results table (see probust.run)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def cli_message(message: str) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` sub-command."""
     from probust.functional import METHODS
-    from probust.runner import DEFAULT_METHODS
+    from probust.run import DEFAULT_METHODS
 
     p = subparsers.add_parser(
         "estimate",
@@ -254,10 +254,10 @@ def _ints(values: list[str], name: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Run ``probust estimate``; returns the exit status."""
     from probust.cli import UsageError
-    from probust.runner import ConfigError, execute, prepare
+    from probust.run import ConfigError, RunSettings, execute, prepare
 
     try:
-        plan = prepare(
+        settings = RunSettings(
             data=args.data,
             model=args.model,
             sigmas=args.sigma,
@@ -290,8 +290,8 @@ def run(args: argparse.Namespace) -> int:
             download=args.download,
             data_root=args.data_root,
             allow_pickle=args.allow_pickle,
-            argv=sys.argv[1:] if sys.argv else None,
         )
+        plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
     except ConfigError as exc:
         raise UsageError(cli_message(str(exc).replace("\n", "; "))) from None
     main = plan.world.is_main
