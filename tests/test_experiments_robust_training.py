@@ -1,7 +1,7 @@
 """Experiment 11 (robust_training) and how results tell RobustLoss models apart.
 
 The results folders here are synthetic (config.json with a checkpoint's metadata + Parquet rows
-written with probust.store's schema): the p values are chosen so that medians, gains and the
+written with probust.run.store's schema): the p values are chosen so that medians, gains and the
 matched-accuracy interpolation can be computed by hand with numpy.
 """
 

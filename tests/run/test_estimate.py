@@ -10,7 +10,7 @@ from torch import nn
 
 import probust
 from probust.data import ImageDataset
-from probust.run import ConfigError, ConfigMismatchError, RunSettings, execute, parse_indices, prepare, run_estimate
+from probust.run import ConfigError, ConfigMismatchError, RunSettings, execute, prepare, run_estimate
 from probust.run.store import ResultStore, read_config, read_results
 
 SIGMAS = [0.1, 0.3]
@@ -209,13 +209,6 @@ def test_an_unwritable_output_folder_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="cannot write"):
         run(tmp_path / "file" / "out")
-
-
-def test_parse_indices():
-    assert parse_indices(["0-3", "10,12", "20-26:3", 2]).tolist() == [0, 1, 2, 3, 10, 12, 20, 23, 26]
-    for bad in ("a", "1-", "-3", "5-2"):
-        with pytest.raises(ConfigError):
-            parse_indices(bad)
 
 
 def test_the_folder_lock_refuses_a_concurrent_run(tmp_path):

@@ -16,7 +16,7 @@ examples:
   torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
 
 Run the same command again to resume an interrupted run: only missing rows are computed.
-Read the table with probust.store.read_results(OUT) (also while the run is going).
+Read the table with probust.run.read_results(OUT) (also while the run is going).
 """
 
 
