@@ -38,7 +38,7 @@ import torch
 import probust
 import probust.data
 from probust import experiments
-from probust.runner import run_estimate
+from probust.run import run_estimate
 from probust.training import steps_per_epoch, train
 
 RUNS = Path("runs/bench_robust_training")

@@ -15,7 +15,7 @@ import torch
 
 from probust import models
 from probust.cli import main
-from probust.store import read_config, read_results
+from probust.run.store import read_config, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -254,7 +254,7 @@ def test_library_messages_are_shown_with_the_flags(message, shown):
     # every name is run_estimate's, every flag this command's
     import inspect
 
-    from probust.runner import run_estimate
+    from probust.run import run_estimate
 
     assert set(ARGUMENT_FLAGS) <= set(inspect.signature(run_estimate).parameters)
     assert set(ARGUMENT_FLAGS.values()) <= {a for action in _parser_actions() for a in action.option_strings}

@@ -19,7 +19,7 @@ from scipy import stats
 
 from probust import experiments
 from probust.experiments import _style
-from probust.experiments._results import Results
+from probust.experiments.runs import Results
 
 SIGMAS = [0.1, 0.3]
 MAIN_POINTS = 60
@@ -35,9 +35,8 @@ ROBUST = ("linear-robust", 1.0, 0.3)
 
 def build_results(root: Path) -> Path:
     """Train the tiny models and score them (once: reused when ``root/complete`` exists)."""
-    from probust.training import RobustLoss
-    from probust.runner import run_estimate
-    from probust.training import train
+    from probust.run import run_estimate
+    from probust.training import RobustLoss, train
 
     if (root / "complete").exists():
         return root

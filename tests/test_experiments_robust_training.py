@@ -1,7 +1,7 @@
 """Experiment 11 (robust_training) and how results tell RobustLoss models apart.
 
 The results folders here are synthetic (config.json with a checkpoint's metadata + Parquet rows
-written with probust.store's schema): the p values are chosen so that medians, gains and the
+written with probust.run.store's schema): the p values are chosen so that medians, gains and the
 matched-accuracy interpolation can be computed by hand with numpy.
 """
 
@@ -17,8 +17,8 @@ import pytest
 
 from probust import experiments
 from probust.experiments import robust_training
-from probust.experiments._results import Results
-from probust.store import make_table
+from probust.experiments.runs import Results
+from probust.run.store import make_table
 
 SIGMAS = (0.1, 0.4)
 N = 41

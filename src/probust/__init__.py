@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # run_estimate pulls in pandas and pyarrow: import it only when it is asked for.
     if name == "run_estimate":
-        from probust.runner import run_estimate
+        from probust.run import run_estimate
 
         return run_estimate
     raise AttributeError(f"module 'probust' has no attribute {name!r}")

@@ -29,7 +29,7 @@ import pandas as pd
 from probust import experiments
 from probust.experiments import _style
 from probust.experiments._base import Output
-from probust.experiments._results import Results
+from probust.experiments.runs import Results
 
 __all__ = ["Report", "build_report", "error_summary", "render_html"]
 

@@ -1,4 +1,4 @@
-"""``probust estimate``: score a data set into a resumable results table (see probust.runner)."""
+"""``probust estimate``: score a data set into a resumable results table (see probust.run)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ examples:
   torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
 
 Run the same command again to resume an interrupted run: only missing rows are computed.
-Read the table with probust.store.read_results(OUT) (also while the run is going).
+Read the table with probust.run.read_results(OUT) (also while the run is going).
 """
 
 
@@ -263,10 +263,10 @@ def _ints(values: list[str], name: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Run ``probust estimate``; returns the exit status."""
     from probust.cli import UsageError
-    from probust.runner import ConfigError, execute, prepare
+    from probust.run import ConfigError, RunSettings, execute, prepare
 
     try:
-        plan = prepare(
+        settings = RunSettings(
             data=args.data,
             model=args.model,
             sigmas=args.sigma,
@@ -299,8 +299,8 @@ def run(args: argparse.Namespace) -> int:
             download=args.download,
             data_root=args.data_root,
             allow_pickle=args.allow_pickle,
-            argv=sys.argv[1:] if sys.argv else None,
         )
+        plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
     except ConfigError as exc:
         raise UsageError(cli_message(str(exc).replace("\n", "; "))) from None
     main = plan.world.is_main

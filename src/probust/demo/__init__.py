@@ -10,7 +10,7 @@ The pipeline (every step reuses what an earlier run with the same settings left 
    accuracy by the last experiment. A checkpoint whose name encodes its settings is reused when
    it exists.
 2. **Score** the first ``points`` test images at several sigma with every estimator into one
-   results folder per model (:func:`probust.runner.run_estimate`): Monte Carlo at a modest n,
+   results folder per model (:func:`probust.run.run_estimate`): Monte Carlo at a modest n,
    MMSE at N copies (the family members and the robust-loss CNNs with mc, taylor, mmse and
    softmax); for the main models also a convergence subset (Monte Carlo up to 10^4 or
    10^5 samples, MMSE N = 1 ... 100), and for the main CNN a larger pool scored with MMSE and

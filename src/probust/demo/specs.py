@@ -30,7 +30,7 @@ _KEY_ORDER: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """One call of :func:`probust.runner.run_estimate` on a model's results folder.
+    """One call of :func:`probust.run.run_estimate` on a model's results folder.
 
     Attributes:
         kind: "main" (every sigma, every method), "pool" (many points, one sigma) or

@@ -47,7 +47,7 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
 
     from probust import data as pdata
     from probust import models as pmodels
-    from probust.runner import run_estimate
+    from probust.run import run_estimate
     from probust.training import DEFAULTS, steps_per_epoch, train
 
     torch.set_num_threads(threads)

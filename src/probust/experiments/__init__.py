@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from probust.experiments._base import ExperimentSkipped, Output
-from probust.experiments._results import Results, Run, find_runs, load_results
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results, find_runs, load_results
 
 __all__ = [
     "EXPERIMENTS",

@@ -21,7 +21,9 @@ import torch
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
-from probust.experiments._results import Results, Run, images, load_dataset
+from probust.experiments.datasets import images, load_dataset
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 from probust.experiments.vulnerable_points import case_sigma, pool
 
 NAME = "case_study"

@@ -16,7 +16,8 @@ from scipy import stats
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "class_bias"
 TITLE = "7. Robustness bias among classes"

@@ -20,7 +20,8 @@ import pandas as pd
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, sem
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "convergence"
 TITLE = "2. Convergence of Monte Carlo in n and of MMSE in N"

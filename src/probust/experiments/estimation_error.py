@@ -18,7 +18,8 @@ import pandas as pd
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct, sem
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "estimation_error"
 TITLE = "1. Estimation error against Monte Carlo over σ"

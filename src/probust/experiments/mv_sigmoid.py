@@ -16,7 +16,8 @@ import pandas as pd
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "mv_sigmoid"
 TITLE = "4. mv-sigmoid against mvn-cdf on the same z"

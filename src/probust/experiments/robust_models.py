@@ -15,7 +15,8 @@ import pandas as pd
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 from probust.experiments.estimation_error import error_table
 
 NAME = "robust_models"

@@ -27,7 +27,8 @@ import pandas as pd
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "robust_training"
 TITLE = "11. Robust training (RobustLoss) against gradient-norm regularisation at matched accuracy"

@@ -23,7 +23,8 @@ import torch
 from probust._budget import peak_memory
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
-from probust.experiments._results import Results, Run
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "runtime"
 TITLE = "3. Runtime of the estimators (this machine)"

@@ -17,7 +17,9 @@ import torch
 
 from probust.experiments import _style
 from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
-from probust.experiments._results import Results, Run, images, load_dataset
+from probust.experiments.datasets import images, load_dataset
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "vulnerable_points"
 TITLE = "8. Vulnerable and canonical points"

@@ -12,8 +12,12 @@ Every part is written to a hidden temporary name in ``parts/``, flushed to disk 
 ``os.replace``d into place, so a reader (or a resumed run) sees a whole part or none of it,
 whatever kills the writer. :func:`read_results` reads either layout, or both at once.
 
+The folder's ``config.json`` says which run made the rows; it is marked ``"format":``
+:data:`FORMAT` (version :data:`FORMAT_VERSION`). :func:`read_config` gives it as written (a
+dict); :func:`probust.run.results_config.read_results_config` reads it typed.
+
 Example:
-    >>> df = probust.store.read_results("results/")     # works while the run is going
+    >>> df = probust.run.store.read_results("results/")     # works while the run is going
     >>> df.pivot_table(index="index", columns=["sigma", "method"], values="p")
 """
 
@@ -22,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,8 +35,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from probust.run.files import (
+    CONFIG_META_KEY,
+    KEY,
+    OPTIONAL_COLUMNS,
+    SCHEMA,
+    atomic_write_bytes,
+    atomic_write_table,
+    is_data_file,
+    make_table,
+    read_table_file,
+    to_frame,
+)
+
 __all__ = [
     "CONFIG_NAME",
+    "FORMAT",
+    "FORMAT_VERSION",
     "KEY",
     "MERGED_NAME",
     "OPTIONAL_COLUMNS",
@@ -41,125 +59,24 @@ __all__ = [
     "SCHEMA",
     "FolderLockedError",
     "ResultStore",
+    "make_table",
     "merge",
     "read_config",
     "read_results",
 ]
 
+#: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's.
+FORMAT = "probust.results"
+#: The version of that format this code writes.
+FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 PARTS_DIR = "parts"
 MERGED_NAME = "results.parquet"
 _LOCK_NAME = ".lock"
-_CONFIG_META_KEY = b"probust.config"
-
-#: Columns that identify a row: one row per (point, noise level, method, sample count).
-KEY: tuple[str, ...] = ("index", "sigma", "method", "n_samples")
-
-#: The table's columns, in order (see :func:`read_results` for their meaning).
-SCHEMA = pa.schema(
-    [
-        ("index", pa.int64()),
-        ("label", pa.int64()),
-        ("prediction", pa.int64()),
-        ("target", pa.int64()),
-        ("sigma", pa.float64()),
-        ("method", pa.string()),
-        ("n_samples", pa.int64()),
-        ("p", pa.float64()),
-        ("ci_low", pa.float64()),
-        ("ci_high", pa.float64()),
-        ("stderr", pa.float64()),
-        ("confidence", pa.float64()),
-        ("cdf_error", pa.float64()),
-        ("p_fail", pa.float64()),
-        ("p_fail_error", pa.float64()),
-        ("p_mc", pa.float64()),
-        ("p_linearised", pa.float64()),
-        ("cv_beta", pa.float64()),
-        ("n_drawn", pa.float64()),
-        ("seconds", pa.float64()),
-        ("seed", pa.int64()),
-    ]
-)
-
-#: Columns added after the first results format (the Estimate fields of "mc_cv", "mc_is" and
-#: ``p_fail``): a writer may leave them out and files written before them still read, both
-#: giving nulls.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta", "n_drawn")
 
 
 class FolderLockedError(RuntimeError):
     """Another process holds the results folder's lock."""
-
-
-def _fsync_dir(path: Path) -> None:
-    # The rename itself must reach the disk for a part to survive a power loss.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# mkstemp creates files readable by the owner only; results are meant to be shared like any file.
-_FILE_MODE = 0o666 & ~_umask()
-
-
-def _chmod(fd: int) -> None:
-    if hasattr(os, "fchmod"):
-        os.fchmod(fd, _FILE_MODE)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _chmod(fd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _atomic_write_table(path: Path, table: pa.Table) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    _chmod(fd)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _is_data_file(path: Path) -> bool:
-    return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ResultStore:
@@ -195,7 +112,7 @@ class ResultStore:
         """Every file holding rows: ``results.parquet`` first, then the parts by name."""
         files = [self.merged_path] if self.merged_path.is_file() else []
         if self.parts_dir.is_dir():
-            files += sorted(p for p in self.parts_dir.iterdir() if _is_data_file(p))
+            files += sorted(p for p in self.parts_dir.iterdir() if is_data_file(p))
         return files
 
     def has_results(self) -> bool:
@@ -277,7 +194,7 @@ class ResultStore:
 
     def write_config(self, config: dict[str, Any]) -> None:
         """Write ``config.json`` atomically."""
-        _atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
+        atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -296,11 +213,11 @@ class ResultStore:
         """
         table = make_table(columns)
         if metadata is not None:
-            table = table.replace_schema_metadata({_CONFIG_META_KEY: json.dumps(metadata).encode()})
+            table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(metadata).encode()})
         path = self.parts_dir / f"{name}.parquet"
         if path.exists():  # never overwrite rows that are already there
             path = self.parts_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.parquet"
-        _atomic_write_table(path, table)
+        atomic_write_table(path, table)
         return path
 
     def _read(self, columns: Sequence[str] | None) -> pa.Table:
@@ -309,7 +226,7 @@ class ResultStore:
         for attempt in range(10):
             files = self.data_files()
             try:
-                tables = [_read_file(p, columns) for p in files]
+                tables = [read_table_file(p, columns) for p in files]
             except FileNotFoundError:
                 time.sleep(0.05 * (attempt + 1))
                 continue
@@ -321,7 +238,7 @@ class ResultStore:
 
     def read(self) -> Any:
         """All rows as a pandas DataFrame; see :func:`read_results`."""
-        return _to_frame(self._read(None))
+        return to_frame(self._read(None))
 
     def completed(self, frame: Any = None) -> dict[tuple[float, str, int], np.ndarray]:
         """The point indices already stored for each (sigma, method, n_samples): sorted int64.
@@ -353,68 +270,14 @@ class ResultStore:
         table = pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False)
         config = config if config is not None else self.read_config()
         if config is not None:
-            table = table.replace_schema_metadata({_CONFIG_META_KEY: json.dumps(config).encode()})
+            table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(config).encode()})
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write_table(self.merged_path, table)
+        atomic_write_table(self.merged_path, table)
         # Only now that every row is safely in results.parquet may the parts go; a kill in
         # between leaves duplicates, which readers drop.
         for p in parts:
             p.unlink(missing_ok=True)
         return self.merged_path
-
-
-def _read_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
-    schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
-    try:
-        with pq.ParquetFile(path) as parquet:
-            present = set(parquet.schema_arrow.names)
-            table = parquet.read(columns=[c for c in schema.names if c in present])
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # a damaged file (only possible after disk trouble): name it
-        raise ValueError(f"cannot read results file {path}: {_first_line(exc)}; delete it and run again") from None
-    absent = [name for name in schema.names if name not in present]
-    required = [name for name in absent if name not in OPTIONAL_COLUMNS]
-    if required:
-        raise ValueError(f"results file {path} lacks the columns {required}; it was not written by probust")
-    # A file written before the optional columns existed: they are null in its rows.
-    for name in absent:
-        table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
-    return table.select(schema.names).cast(schema).replace_schema_metadata(None)
-
-
-def make_table(columns: dict[str, Any]) -> pa.Table:
-    """A :data:`SCHEMA` table from one array per column (None, or an optional column left out:
-    all nulls).
-
-    Raises:
-        ValueError: unknown or missing columns, or columns of different lengths.
-    """
-    unknown = set(columns) - set(SCHEMA.names)
-    missing = set(SCHEMA.names) - set(columns) - set(OPTIONAL_COLUMNS)
-    if unknown or missing:
-        raise ValueError(
-            f"results columns do not match the schema: unknown {sorted(unknown)}, missing {sorted(missing)}"
-        )
-    lengths = {len(v) for v in columns.values() if v is not None}
-    if len(lengths) != 1:
-        raise ValueError(f"results columns have different lengths: {sorted(lengths)}")
-    (n,) = lengths
-    arrays = [
-        pa.nulls(n, field.type)
-        if columns.get(field.name) is None
-        else pa.array(columns[field.name], type=field.type)
-        for field in SCHEMA
-    ]
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
-
-
-def _to_frame(table: pa.Table) -> Any:
-    frame = table.to_pandas()
-    frame = frame.sort_values(list(KEY), kind="stable")
-    # A kill during merge() can leave a row both in a part and in results.parquet.
-    frame = frame.drop_duplicates(subset=list(KEY), keep="first")
-    return frame.reset_index(drop=True)
 
 
 def read_results(path: str | os.PathLike) -> Any:
@@ -476,7 +339,7 @@ def read_results(path: str | os.PathLike) -> Any:
     """
     path = Path(path)
     if path.is_file():
-        return _to_frame(_read_file(path, None))
+        return to_frame(read_table_file(path, None))
     if not path.is_dir():
         raise FileNotFoundError(f"no results at {path}")
     return ResultStore(path).read()
@@ -487,7 +350,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(path)
     if path.is_file():
         meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[_CONFIG_META_KEY]) if _CONFIG_META_KEY in meta else None
+        return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
     return ResultStore(path).read_config()
 
 

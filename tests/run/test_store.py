@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probust import store
-from probust.store import KEY, SCHEMA, FolderLockedError, ResultStore, read_config, read_results
+from probust.run import store
+from probust.run.store import KEY, SCHEMA, FolderLockedError, ResultStore, read_config, read_results
 
 
 def _columns(indices, sigma=0.1, method="mc", n=100, p=None):

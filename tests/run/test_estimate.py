@@ -10,8 +10,8 @@ from torch import nn
 
 import probust
 from probust.data import ImageDataset
-from probust.runner import ConfigError, ConfigMismatchError, execute, parse_indices, prepare, run_estimate
-from probust.store import ResultStore, read_config, read_results
+from probust.run import ConfigError, ConfigMismatchError, RunSettings, execute, prepare, run_estimate
+from probust.run.store import ResultStore, read_config, read_results
 
 SIGMAS = [0.1, 0.3]
 FAST = ["mc", "taylor_mvs", "mmse_mvs", "softmax"]
@@ -101,7 +101,7 @@ def test_every_method(tmp_path):
 
 
 def test_the_default_methods_are_the_papers_six(tmp_path):
-    df = run(tmp_path / "r", methods=probust.runner.DEFAULT_METHODS, sigmas=[0.2], limit=2)
+    df = run(tmp_path / "r", methods=probust.run.DEFAULT_METHODS, sigmas=[0.2], limit=2)
     assert sorted(set(df.method)) == sorted(["mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax"])
 
 
@@ -115,11 +115,11 @@ def test_resuming_computes_only_missing_rows_and_gives_the_same_table(tmp_path):
         p.unlink()
     lost = len(full) - len(read_results(out))
     assert lost > 0
-    summary = execute(prepare(out=out, **args))
+    summary = execute(prepare(RunSettings(out=out, **args)))
     assert summary.rows_computed == lost and summary.rows_present == summary.rows_total - lost
     assert no_time(read_results(out)).equals(no_time(full))
     assert summary.merged is not None and not list((out / "parts").glob("*.parquet"))
-    assert execute(prepare(out=out, **args)).rows_computed == 0  # nothing left to do
+    assert execute(prepare(RunSettings(out=out, **args))).rows_computed == 0  # nothing left to do
 
 
 def test_a_different_configuration_is_refused_naming_what_differs(tmp_path):
@@ -170,7 +170,7 @@ def test_a_plain_torch_dataset_works(tmp_path):
 def test_config_records_the_run(tmp_path):
     run(tmp_path / "r", limit=5, indices="0-9")
     cfg = read_config(tmp_path / "r")
-    assert cfg["run"]["model_sha256"] == probust.runner.hash_state_dict(tiny_model())
+    assert cfg["run"]["model_sha256"] == probust.run.hash_state_dict(tiny_model())
     assert cfg["requests"][0]["indices"] == [[0, 5]] and cfg["requests"][0]["sigmas"] == SIGMAS
     assert cfg["probust_version"] == probust.__version__ and cfg["torch_version"] == torch.__version__
     assert cfg["device"] == "cpu" and cfg["history"][-1]["finished"] is not None
@@ -211,13 +211,6 @@ def test_an_unwritable_output_folder_is_refused(tmp_path):
         run(tmp_path / "file" / "out")
 
 
-def test_parse_indices():
-    assert parse_indices(["0-3", "10,12", "20-26:3", 2]).tolist() == [0, 1, 2, 3, 10, 12, 20, 23, 26]
-    for bad in ("a", "1-", "-3", "5-2"):
-        with pytest.raises(ConfigError):
-            parse_indices(bad)
-
-
 def test_the_folder_lock_refuses_a_concurrent_run(tmp_path):
     out = tmp_path / "r"
     run(out, limit=2)
@@ -250,7 +243,9 @@ def test_the_estimates_newer_fields_are_stored_where_the_method_has_them(tmp_pat
     for method, r in direct.items():
         names = ["p_mc", "p_linearised", "cv_beta"] if method == "mc_cv" else ["p_fail", "p_fail_error"]
         for name in names:
-            np.testing.assert_allclose(rows.loc[method][name].to_numpy(), getattr(r, name).numpy(), rtol=1e-5, atol=1e-9)
+            np.testing.assert_allclose(
+                rows.loc[method][name].to_numpy(), getattr(r, name).numpy(), rtol=1e-5, atol=1e-9
+            )
     # without the option the analytic methods leave p_fail out; mc_is always has it
     df = run(tmp_path / "s", methods=["taylor", "mc_is"], sigmas=[0.3], limit=4)
     assert df[df.method == "taylor"].p_fail.isna().all() and df[df.method == "mc_is"].p_fail.notna().all()
@@ -272,7 +267,7 @@ def _make_old(out) -> None:
 
     import pyarrow.parquet as pq
 
-    from probust import store
+    from probust.run import store
 
     config = json.loads((out / "config.json").read_text())
     del config["run"]["p_fail"]
@@ -297,8 +292,8 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
     lost = len(full) - len(old)
     assert old[NEWER].isna().all().all() and lost > 0
     # resume: the missing rows are computed, the table is the uninterrupted run's
-    summary = execute(prepare(out=out, data=tiny_data(), model=tiny_model(), mc_samples=200, mmse_samples=3,
-                              batch_size=6, device="cpu", show_progress=False, **args))  # fmt: skip
+    summary = execute(prepare(RunSettings(out=out, data=tiny_data(), model=tiny_model(), mc_samples=200, mmse_samples=3,
+                              batch_size=6, device="cpu", show_progress=False, **args)))  # fmt: skip
     assert summary.rows_computed == lost
     resumed = no_time(read_results(out))
     # n_drawn is newer than the folder: its old rows have none, the rows computed now do.

@@ -10,17 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from probust import _distributed, models
+from probust import models
 from probust.cli import main
-from probust.store import read_config, read_results
+from probust.run import distributed
+from probust.run.store import read_config, read_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_outside_torchrun_there_is_one_process(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    world = _distributed.join("cpu")
+    world = distributed.join("cpu")
     assert (world.rank, world.world_size, world.is_main, world.distributed) == (0, 1, True, False)
     assert world.all_gather("x") == ["x"]
     world.barrier()
@@ -31,15 +32,15 @@ def test_torchrun_environment_is_read(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert _distributed.environment_world() == (3, 4, 1)
+    assert distributed.environment_world() == (3, 4, 1)
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(ValueError, match="RANK=4"):
-        _distributed.environment_world()
+        distributed.environment_world()
 
 
 def test_shards_are_disjoint_and_cover_everything():
     items = list(range(11))
-    shards = [_distributed.World(rank=r, world_size=3).shard(items) for r in range(3)]
+    shards = [distributed.World(rank=r, world_size=3).shard(items) for r in range(3)]
     assert sorted(sum(shards, [])) == items
     assert shards[0] == [0, 3, 6, 9]
 

@@ -1,0 +1,140 @@
+"""Finding results folders and reading them for the experiments: :func:`load_results` gives a :class:`Results`.
+
+:func:`load_results` finds every run (one results folder written by ``probust estimate``) under
+a folder; the experiments then ask the :class:`Results` for the runs they need (standard
+models, the robust family, the primary model) and each :class:`~probust.experiments.run_info.Run`
+for its rows in the shapes they need.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from probust.experiments.run_info import Run
+from probust.run import is_results_folder, read_config, read_results
+
+__all__ = ["Results", "find_runs", "load_results"]
+
+
+def find_runs(root: str | os.PathLike, max_depth: int = 4) -> list[Path]:
+    """Every results folder at or under ``root`` (sorted by path), at most ``max_depth`` deep."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"no such folder: {root}")
+    if is_results_folder(root):
+        return [root]
+    found: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "parts")
+        if depth > max_depth:
+            dirnames[:] = []
+            continue
+        here = Path(dirpath)
+        if here != root and is_results_folder(here):
+            found.append(here)
+            dirnames[:] = []
+    return sorted(found)
+
+
+@dataclass
+class Results:
+    """Every run found under a folder, with helpers to pick the ones an experiment needs."""
+
+    root: Path
+    runs: list[Run]
+
+    def __iter__(self):
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def standard(self) -> list[Run]:
+        """Runs of models trained without regularisation (lambda 0 or unknown, no extra loss
+        such as a RobustLoss)."""
+        return [r for r in self.runs if r.is_standard]
+
+    def robust_loss_runs(self) -> list[Run]:
+        """Runs of models trained with a :class:`~probust.RobustLoss`."""
+        return [r for r in self.runs if r.robust_loss is not None]
+
+    def families(self) -> list[list[Run]]:
+        """Groups of runs of the same data set, architecture and training recipe that differ
+        only in lambda (at least two lambdas), each sorted by lambda. Models trained with an
+        extra loss (a RobustLoss) only form families with models trained with the same loss."""
+        groups: dict[tuple, list[Run]] = {}
+        for r in self.runs:
+            if r.grad_reg is None:
+                continue
+            groups.setdefault((*r.recipe, r.extra_loss), []).append(r)
+        out = []
+        for runs in groups.values():
+            by_lam: dict[float, Run] = {}
+            for r in sorted(runs, key=lambda r: (r.grad_reg, str(r.path))):
+                by_lam.setdefault(float(cast(float, r.grad_reg)), r)  # not None: filtered above
+            if len(by_lam) >= 2:
+                out.append([by_lam[k] for k in sorted(by_lam)])
+        return sorted(out, key=lambda f: f[0].label)
+
+    def primary(self) -> Run | None:
+        """The run the single-model experiments use: among the standard runs with softmax and
+        MMSE rows, the one with the most scored points, then the best test accuracy."""
+        candidates = [r for r in self.standard() if r.has("mmse")] or self.standard() or self.runs
+        if not candidates:
+            return None
+
+        def key(r: Run):
+            acc = r.test_accuracy if r.test_accuracy is not None else -1.0
+            return (r.table["index"].nunique(), acc, -len(str(r.path)))
+
+        return max(candidates, key=key)
+
+    def by_label(self, label: str) -> Run:
+        for r in self.runs:
+            if r.label == label or r.name == label:
+                return r
+        raise KeyError(f"no run named {label!r}; runs: {', '.join(r.label for r in self.runs)}")
+
+
+def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Results:
+    """Every results folder at or under ``path`` (or in a list of folders), read into memory.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or holds no results folder.
+    """
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else find_runs(path, max_depth)
+    root = (
+        Path(path)
+        if not isinstance(path, (list, tuple))
+        else (Path(os.path.commonpath([str(p) for p in paths])) if paths else Path("."))
+    )
+    if not paths:
+        raise FileNotFoundError(f"no probust results folder (config.json + Parquet rows) at or under {path}")
+    runs = []
+    for p in paths:
+        table = read_results(p)
+        if table.empty:
+            continue
+        config = read_config(p)
+        if config is None:
+            raise FileNotFoundError(f"no config.json in {p}")
+        runs.append(Run(path=p, config=config, table=table))
+    if not runs:
+        raise FileNotFoundError(f"the results folders under {path} hold no rows yet")
+    # sort: data set, architecture, extra loss (none first), lambda, then path
+    runs.sort(
+        key=lambda r: (
+            r.dataset, r.arch != "linear", r.arch, r.extra_loss is not None,
+            r.robust_loss if r.robust_loss is not None else math.inf, r.extra_loss or "",
+            r.grad_reg if r.grad_reg is not None else math.inf, str(r.path),
+        )
+    )  # fmt: skip
+    labels = [r.default_label() for r in runs]
+    for r, label in zip(runs, labels):
+        r.label = label if labels.count(label) == 1 else f"{label} ({r.path.name})"
+    return Results(root=root, runs=runs)

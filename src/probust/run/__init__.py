@@ -1,0 +1,52 @@
+"""``probust estimate``: score a data set with estimators of p_robust into a resumable results folder.
+
+    settings = probust.run.RunSettings(data="fashion-mnist", model="cnn.pt", sigmas=[0.1], out="results/")
+    summary = probust.run.execute(probust.run.prepare(settings))
+    df = probust.run.read_results("results/")
+
+or all at once: ``df = probust.run_estimate(...)``. Modules: :mod:`~probust.run.settings` (the
+arguments and their checks), :mod:`~probust.run.indices`, :mod:`~probust.run.sources` (data,
+model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a folder),
+:mod:`~probust.run.execution`, :mod:`~probust.run.methods` (what each method needs),
+:mod:`~probust.run.store` (the results folder and its format), :mod:`~probust.run.results_config`
+(``config.json`` read typed), :mod:`~probust.run.distributed` (torchrun).
+"""
+
+from probust.run.errors import ConfigError, ConfigMismatchError
+from probust.run.estimate import prepare, run_estimate
+from probust.run.execution import execute
+from probust.run.indices import parse_indices
+from probust.run.methods import ADAPTIVE_METHODS, DEFAULT_METHODS, LINEARISED_MC_METHODS, P_FAIL_METHODS
+from probust.run.plan import RunPlan, RunSummary, Task
+from probust.run.results_config import ResultsConfig, is_results_folder, read_results_config
+from probust.run.settings import MMSE_SAMPLINGS, TARGETS, RunSettings
+from probust.run.sources import hash_state_dict
+from probust.run.store import FORMAT, FORMAT_VERSION, ResultStore, read_config, read_results
+
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "DEFAULT_METHODS",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LINEARISED_MC_METHODS",
+    "MMSE_SAMPLINGS",
+    "P_FAIL_METHODS",
+    "TARGETS",
+    "ConfigError",
+    "ConfigMismatchError",
+    "ResultStore",
+    "ResultsConfig",
+    "RunPlan",
+    "RunSettings",
+    "RunSummary",
+    "Task",
+    "execute",
+    "hash_state_dict",
+    "is_results_folder",
+    "parse_indices",
+    "prepare",
+    "read_config",
+    "read_results",
+    "read_results_config",
+    "run_estimate",
+]

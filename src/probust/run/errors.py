@@ -1,0 +1,45 @@
+"""The errors of a run's preparation, and how every rank of a torchrun job learns of one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from probust.run.distributed import World
+
+__all__ = ["ConfigError", "ConfigMismatchError", "agree", "first_line"]
+
+
+class ConfigError(ValueError):
+    """A bad argument, found before any work started (the CLI prints it on one line, exit 2)."""
+
+
+class ConfigMismatchError(ConfigError):
+    """The output folder holds results of a different run.
+
+    Attributes:
+        differences: one ``"field: value there, value here"`` string per differing field.
+    """
+
+    def __init__(self, message: str, differences: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.differences = list(differences)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def agree(world: World, error: BaseException | None) -> None:
+    """Raise on every rank if any rank failed (so no rank waits forever for the others)."""
+    outcomes = world.all_gather(None if error is None else (type(error).__name__, str(error)))
+    if error is not None:
+        raise error
+    for rank, outcome in enumerate(outcomes):
+        if outcome is not None:
+            kind, message = outcome
+            known = {"ConfigMismatchError": ConfigMismatchError, "ConfigError": ConfigError}
+            if kind in known:
+                raise known[kind](message)
+            raise RuntimeError(f"rank {rank} failed: {kind}: {message}")

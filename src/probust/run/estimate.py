@@ -1,0 +1,183 @@
+"""Score a data set with several estimators and noise levels into a resumable results table.
+
+Two steps, so that every bad argument is reported before any work starts::
+
+    settings = probust.run.RunSettings(data="fashion-mnist", model="cnn.pt", sigmas=[0.1],
+                                       methods=["mc", "softmax"], out="results/")  # may raise ConfigError
+    plan = probust.run.prepare(settings)       # loads the data and the model, claims the folder
+    summary = probust.run.execute(plan)
+
+or all at once, returning the table: ``df = probust.run_estimate(...)``. See
+:mod:`probust.run.execution` for how the work is cut into units.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from probust.run import distributed
+from probust.run.errors import ConfigError, agree
+from probust.run.execution import execute
+from probust.run.folder import claim_folder, new_config, request, start_history
+from probust.run.methods import DEFAULT_METHODS, tasks
+from probust.run.plan import RunPlan
+from probust.run.settings import RunSettings
+from probust.run.sources import data_name, data_split, device_type, load_data, load_model, resolve_device
+from probust.run.store import ResultStore, read_results
+
+__all__ = ["prepare", "run_estimate"]
+
+
+def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunPlan:
+    """Load the data and the model, and claim the output folder.
+
+    Nothing is computed. Under torchrun this joins the process group; every rank must call it.
+
+    Args:
+        settings: the run (already checked when it was built).
+        argv: the command line, recorded in the folder's history (None from Python).
+
+    Raises:
+        ConfigError: a missing data set, a model that does not fit the data, an output folder
+            that cannot be written; the message is one line naming the argument.
+        ConfigMismatchError: the folder holds results of a different run.
+    """
+    s = settings
+    world = distributed.join(device_type(s.device))
+    store = ResultStore(s.out)
+    try:
+        plan = None
+        error: BaseException | None = None
+        try:
+            dev = resolve_device(s.device, device_type(s.device), world)
+            ds = load_data(s.data, s.split, s.data_root, s.download)
+            selected = s.selected
+            if selected is None:
+                selected = np.arange(len(ds) if s.limit is None else min(s.limit, len(ds)), dtype=np.int64)
+            else:
+                if selected[-1] >= len(ds):
+                    raise ConfigError(
+                        f"indices: index {int(selected[-1])} is out of range for {data_name(ds)} "
+                        f"{data_split(ds, s.split)} ({len(ds)} points)"
+                    )
+                selected = selected[: s.limit] if s.limit is not None else selected
+            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle)
+            recorded: dict[str, Any] = {
+                "seed": s.seed,
+                "target": s.target,
+                "temperature": s.temperature,
+                "tol": s.tol,
+                "ci_level": s.ci_level,
+                "interval": s.interval,
+                "mmse_sampling": s.mmse_sampling,
+                "p_fail": s.p_fail,
+                "mc_half_width": s.mc_half_width,
+            }
+            grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
+            config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
+            if world.is_main:
+                config = claim_folder(store, config, s.overwrite, s.extend)
+            plan = RunPlan(
+                store=store,
+                dataset=ds,
+                model=module,
+                device=dev,
+                indices=selected,
+                tasks=tasks(list(s.sigmas), list(s.methods), list(s.mc_samples), list(s.mmse_samples)),
+                config=config,
+                world=world,
+                batch_size=s.batch_size,
+                eval_batch_size=s.eval_batch_size,
+                memory_budget=s.memory_budget,
+                jacobian=s.jacobian,
+                channels_last=s.channels_last,
+                show_progress=s.show_progress and world.is_main,
+                merge=s.merge,
+                linearisation_samples=s.mmse_samples[0],
+                warnings=notes,
+                **recorded,
+            )
+        except ConfigError as exc:
+            error = exc
+        agree(world, error)
+        assert plan is not None
+        if world.is_main:
+            try:
+                start_history(plan, s.overwrite, argv)
+            except ConfigError as exc:
+                error = exc
+        # Also a barrier: no rank reads the folder before rank 0 has cleared and claimed it.
+        agree(world, error)
+        return plan
+    except BaseException:
+        store.release_lock()
+        world.close()
+        raise
+
+
+def run_estimate(
+    data: str | Any,
+    model: str | os.PathLike | nn.Module,
+    sigmas: float | Sequence[float],
+    methods: str | Sequence[str] = DEFAULT_METHODS,
+    out: str | os.PathLike = "results",
+    *,
+    split: str = "test",
+    mc_samples: int | Sequence[int] = 10_000,
+    mmse_samples: int | Sequence[int] = 5,
+    limit: int | None = None,
+    indices: str | Sequence[int | str] | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    batch_size: int = 256,
+    eval_batch_size: int | None = None,
+    memory_budget: int | str | None = None,
+    jacobian: str = "auto",
+    channels_last: bool | None = None,
+    temperature: float = 1.0,
+    target: str = "prediction",
+    tol: float = 1e-4,
+    ci_level: float = 0.95,
+    interval: str = "wilson",
+    mmse_sampling: str = "centred",
+    p_fail: bool = False,
+    mc_half_width: float | None = None,
+    show_progress: bool = True,
+    overwrite: bool = False,
+    extend: bool = False,
+    merge: bool = True,
+    download: bool = False,
+    data_root: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
+) -> Any:
+    """Score a data set with estimators of p_robust at several noise levels, into ``out``.
+
+    The same as ``probust estimate`` on the command line. A run interrupted at any point and
+    started again with the same arguments computes only what is missing; the table is then
+    identical to an uninterrupted run's. Under torchrun every rank calls this and shares the work.
+
+    Args:
+        data, model, sigmas, methods, out, ...: the fields of :class:`~probust.run.RunSettings`
+            of the same names, documented there (units, defaults, what each changes).
+
+    Returns:
+        The results table as :func:`probust.run.store.read_results` gives it (every row in ``out``,
+        including those of earlier runs added with ``extend``).
+
+    Raises:
+        ConfigError: a bad argument, found before any work starts.
+        ConfigMismatchError: ``out`` holds results of a different run.
+    """
+    plan = prepare(RunSettings(**locals()))
+    if plan.world.is_main:
+        for note in plan.warnings:
+            warnings.warn(note, UserWarning, stacklevel=2)
+    execute(plan)
+    return read_results(plan.store.path)

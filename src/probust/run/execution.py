@@ -1,0 +1,206 @@
+"""Executing a prepared run: every missing work unit computed, stored as a part, then merged.
+
+The work is a grid: points x sigmas x (method, sample count). Points are cut into fixed blocks
+of ``batch_size`` consecutive selected points; a *work unit* is one block for one (sigma,
+method, sample count), computed by one estimator call and stored as one Parquet part (see
+:mod:`probust.run.store`). A restarted run reads which rows exist and computes only the missing
+units, with the same blocks, so its table equals an uninterrupted run's value for value. Under
+torchrun the blocks are dealt out to the ranks (see :mod:`probust.run.distributed`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from probust._checks import eval_mode
+from probust._tuning import sync
+from probust.run.errors import agree
+from probust.run.folder import now
+from probust.run.indices import consecutive_runs
+from probust.run.methods import make_task_estimator
+from probust.run.plan import RunPlan, RunSummary, Task
+from probust.run.sources import batch
+from probust.run.store import OPTIONAL_COLUMNS
+
+__all__ = ["execute"]
+
+_FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *(c for c in OPTIONAL_COLUMNS if c != "n_drawn"))
+
+
+def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) -> dict[str, np.ndarray | None]:
+    """Run the estimator on points with data-set indices ``indices`` (sorted, maybe sparse)."""
+    # The estimator numbers rows from index_offset, so each run of consecutive indices gets
+    # its own call.
+    results = [estimator(x[r], target[r], index_offset=int(indices[r.start])) for r in consecutive_runs(indices)]
+    out: dict[str, np.ndarray | None] = {}
+    for name in _FIELDS:
+        values = [getattr(r, name) for r in results]
+        out[name] = None if values[0] is None else torch.cat([v.detach().cpu() for v in values]).numpy()
+    # Draws actually evaluated (Monte Carlo methods; fewer than n_samples in an adaptive run).
+    drawn = [r.n_samples for r in results]
+    out["n_drawn"] = None if drawn[0] is None else torch.cat([v.cpu() for v in drawn]).double().numpy()
+    return out
+
+
+def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(prediction int64 [B], softmax confidence of it float64 [B]) on the CPU."""
+    step = plan.eval_batch_size or 256
+    with eval_mode(plan.model), torch.no_grad():
+        logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
+    logits = logits.detach().to("cpu", torch.float64)
+    prediction = logits.argmax(dim=1)
+    confidence = torch.softmax(logits, dim=1).gather(1, prediction[:, None]).squeeze(1)
+    return prediction, confidence
+
+
+def _part_name(task: Task, indices: np.ndarray) -> str:
+    return f"{task.method}-n{task.n_samples}-sigma{task.sigma!r}-{int(indices[0]):08d}-{int(indices[-1]):08d}"
+
+
+def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
+    """Compute the rows of ``todo`` (a subset of ``block``) for ``task`` and store them as a part."""
+    x, labels = batch(plan.dataset, block)
+    key = int(block[0])
+    if key not in clean:
+        # Always on the whole block, so the prediction does not depend on what is left to do.
+        clean[key] = _clean_pass(plan, x.to(plan.device))
+    prediction, confidence = clean[key]
+    rows = np.isin(block, todo)
+    if not rows.all():
+        sel = torch.from_numpy(rows)
+        x, labels, prediction, confidence = x[sel], labels[sel], prediction[sel], confidence[sel]
+    target = prediction if plan.target == "prediction" else labels
+    sync(plan.device)
+    start = time.perf_counter()
+    est = _estimate(estimator, x.to(plan.device), target.to(plan.device), todo)
+    sync(plan.device)
+    seconds = (time.perf_counter() - start) / len(todo)
+    n = len(todo)
+    plan.store.write_part(
+        _part_name(task, todo),
+        {
+            "index": todo,
+            "label": labels.numpy(),
+            "prediction": prediction.numpy(),
+            "target": est["target"],
+            "sigma": np.full(n, task.sigma),
+            "method": [task.method] * n,
+            "n_samples": np.full(n, task.n_samples, dtype=np.int64),
+            "p": est["p"],
+            "ci_low": est["ci_low"],
+            "ci_high": est["ci_high"],
+            "stderr": est["stderr"],
+            "confidence": confidence.numpy(),
+            "cdf_error": est["cdf_error"],
+            **{name: est[name] for name in OPTIONAL_COLUMNS},
+            "seconds": np.full(n, seconds),
+            "seed": np.full(n, plan.seed, dtype=np.int64),
+        },
+        metadata=plan.config["run"],
+    )
+    return n
+
+
+def _missing(plan: RunPlan, done: dict) -> int:
+    """How many rows of the plan's grid ``done`` (from ResultStore.completed) lacks."""
+    empty = np.empty(0, np.int64)
+    return sum(int((~np.isin(plan.indices, done.get(t.key, empty))).sum()) for t in plan.tasks)
+
+
+def _progress_bar(plan: RunPlan, task: Task, total: int, initial: int):
+    if not plan.show_progress:
+        return None
+    from tqdm.auto import tqdm
+
+    prefix = f"[rank 0/{plan.world.world_size}] " if plan.world.distributed else ""
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=prefix + task.describe(),
+        unit="pt",
+        dynamic_ncols=True,
+        file=sys.stderr,
+        smoothing=0.1,
+    )
+
+
+def execute(plan: RunPlan) -> RunSummary:
+    """Compute every missing row of the plan, write it to the folder, and (rank 0) merge.
+
+    Every rank of a torchrun job calls it; each computes its share of the blocks. A progress
+    bar per (sigma, method, sample count) counts points (rank 0's share under torchrun).
+
+    Returns:
+        What was done (on every rank; ``rows_computed`` counts this rank's rows).
+
+    Raises:
+        RuntimeError: rows of the grid are missing at the end (under torchrun: the output
+            folder is not shared by every machine).
+    """
+    start = time.perf_counter()
+    world, store = plan.world, plan.store
+    try:
+        done = store.completed()
+        rows_total = len(plan.indices) * len(plan.tasks)
+        present = rows_total - _missing(plan, done)
+        mine = world.shard(plan.blocks())
+        computed = 0
+        clean: dict[int, tuple[Tensor, Tensor]] = {}
+        for task in plan.tasks:
+            have = done.get(task.key, np.empty(0, np.int64))
+            todo = [(block, block[~np.isin(block, have)]) for block in mine]
+            total = sum(len(b) for b, _ in todo)
+            left = sum(len(t) for _, t in todo)
+            if left == 0:
+                continue
+            estimator = make_task_estimator(plan, task)
+            bar = _progress_bar(plan, task, total, total - left)
+            try:
+                for block, missing in todo:
+                    if len(missing):
+                        computed += _run_unit(plan, estimator, task, block, missing, clean)
+                        if bar is not None:
+                            bar.update(len(missing))
+            finally:
+                if bar is not None:
+                    bar.close()
+        error = None
+        merged = None
+        world.barrier()
+        if world.is_main:
+            try:
+                merged = _finish(plan)
+            except Exception as exc:
+                error = exc
+        agree(world, error)
+        return RunSummary(store.path, computed, present, rows_total, time.perf_counter() - start, merged)
+    finally:
+        store.release_lock()
+        world.close()
+
+
+def _finish(plan: RunPlan) -> Path | None:
+    """Rank 0, after every rank is done: check the grid is complete, merge, record the end."""
+    store = plan.store
+    rows = store.read()
+    missing = _missing(plan, store.completed(rows))
+    # A shared file system may show other machines' files a little late.
+    for wait in (1, 2, 4, 8) if missing and plan.world.distributed else ():
+        time.sleep(wait)
+        rows = store.read()
+        missing = _missing(plan, store.completed(rows))
+    if missing:
+        hint = "; is the output folder on a file system every machine shares?" if plan.world.distributed else ""
+        raise RuntimeError(f"{missing} rows of the run are missing from {store.path} after every rank finished{hint}")
+    config = plan.config
+    if config.get("history"):
+        config["history"][-1]["finished"] = now()
+    store.write_config(config)
+    return store.merge(config, rows) if plan.merge else None

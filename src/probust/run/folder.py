@@ -1,0 +1,238 @@
+"""The results folder of a run: its configuration, claiming it, and the rules for resuming and extending.
+
+A folder takes the rows of one run: the same data, model and settings (``config.json``'s "run").
+A call with the same grid resumes it; with ``extend`` a call may add to the grid (recorded as
+another entry of "requests"); with ``overwrite`` it replaces the folder's contents. Each process
+that writes into the folder adds an entry to its "history".
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probust.run.distributed import World
+from probust.run.errors import ConfigError, ConfigMismatchError, first_line
+from probust.run.indices import index_ranges
+from probust.run.methods import LINEARISED_MC_METHODS, sample_kind, uses_mmse_samples
+from probust.run.plan import RunPlan
+from probust.run.results_config import ResultsConfig
+from probust.run.sources import config_value, data_name, data_split, hash_data, input_shape, num_classes
+from probust.run.store import FORMAT, FORMAT_VERSION, FolderLockedError, ResultStore
+
+__all__ = ["claim_folder", "new_config", "now", "request", "start_history"]
+
+#: The copies those methods used before the runner passed ``mmse_samples`` on (MonteCarloCV's
+#: default), implied by a folder's request that recorded no ``mmse_samples`` for them.
+_LEGACY_LINEARISATION_SAMPLES = 5
+
+
+def now() -> str:
+    """The time now, UTC, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _versions() -> dict[str, str]:
+    from probust import __version__
+
+    return {"probust_version": __version__, "torch_version": torch.__version__}
+
+
+def request(
+    sigmas: Sequence[float],
+    methods: Sequence[str],
+    mc_samples: Sequence[int],
+    mmse_samples: Sequence[int],
+    indices: np.ndarray,
+) -> dict[str, Any]:
+    """The "requests" entry of a call: its grid (lists, as JSON reads them back).
+
+    Sample counts a run's methods do not use are left out, so they cannot make two runs differ.
+    """
+    return {
+        "sigmas": list(sigmas),
+        "methods": list(methods),
+        "mc_samples": list(mc_samples) if any(sample_kind(m) == "mc" for m in methods) else [],
+        "mmse_samples": list(mmse_samples) if any(uses_mmse_samples(m) for m in methods) else [],
+        "n_points": int(len(indices)),
+        "indices": index_ranges(indices),
+    }
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    text = str(value)
+    if re.fullmatch(r"[0-9a-f]{64}", text):  # a sha256: its start tells two apart
+        return text[:12] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _compare(found: Any, new: dict[str, Any], extend: bool, path: Path) -> dict[str, Any] | None:
+    """The config to write when ``new`` may go into a folder holding ``found`` (its
+    ``config.json`` as read); None to keep it.
+
+    Raises:
+        ConfigMismatchError: naming what differs.
+    """
+    try:
+        old: ResultsConfig | None = ResultsConfig.from_dict(found)
+    except ValueError:
+        old = None
+    if old is None or not old.is_probust:
+        raise ConfigMismatchError(
+            f"{path}/config.json is not a probust results configuration; use overwrite=True to replace it"
+        )
+    # Everything under "run" must match: the data, the model and the settings of the estimators
+    # (a setting newer than the folder's config counts as its default there).
+    old_run = old.run_values
+    keys = list(new["run"]) + [k for k in old_run if k not in new["run"]]
+    diffs = [
+        f"{k}: {_show(old_run.get(k))} there, {_show(new['run'].get(k))} here"
+        for k in keys
+        if old_run.get(k) != new["run"].get(k)
+    ]
+    if diffs:
+        raise ConfigMismatchError(
+            f"{path} holds results of a different run ({'; '.join(diffs)}); "
+            "use overwrite=True to replace them, or another out folder",
+            diffs,
+        )
+    request = new["requests"][0]
+    old_requests = [_with_legacy_defaults(r) for r in old.requests]
+    if request in old_requests:
+        return None
+    if extend:
+        _check_linearisation(old_requests, request, path)
+        return {**old.raw, "requests": [*old.requests, request]}
+    last = old_requests[-1] if old_requests else {}
+    diffs = [
+        f"{k}: {_show(last.get(k))} there, {_show(request.get(k))} here"
+        for k in request
+        if last.get(k) != request.get(k)
+    ]
+    raise ConfigMismatchError(
+        f"{path} holds results of a different run ({'; '.join(diffs)}); use extend=True to add these rows to it, "
+        "overwrite=True to replace it, or another out folder",
+        diffs,
+    )
+
+
+def _with_legacy_defaults(request: dict[str, Any]) -> dict[str, Any]:
+    """A request as this version records it: mc_cv and mc_is imply their MMSE copies."""
+    if not request.get("mmse_samples") and any(m in LINEARISED_MC_METHODS for m in request.get("methods", ())):
+        return {**request, "mmse_samples": [_LEGACY_LINEARISATION_SAMPLES]}
+    return request
+
+
+def _linearisation_samples(request: dict[str, Any]) -> int | None:
+    """The MMSE copies of a request's mc_cv and mc_is rows; None when it has neither."""
+    if not any(m in LINEARISED_MC_METHODS for m in request["methods"]) or not request["mmse_samples"]:
+        return None
+    return min(request["mmse_samples"])
+
+
+def _check_linearisation(old_requests: list[dict[str, Any]], request: dict[str, Any], path: Path) -> None:
+    """Refuse an extension whose mc_cv/mc_is rows would be linearised with other MMSE copies
+    than the folder's (the rows' key has no place for it: the table would mix both)."""
+    here = _linearisation_samples(request)
+    there = {n for n in map(_linearisation_samples, old_requests) if n is not None}
+    if here is None or not there or there == {here}:
+        return
+    diff = f"mmse_samples (mc_cv/mc_is linearisation): {min(there)} there, {here} here"
+    raise ConfigMismatchError(
+        f"{path} holds mc_cv/mc_is rows linearised with {min(there)} MMSE copies, this run would use {here} "
+        f"(the smallest mmse_samples); include {min(there)} as the smallest mmse_samples, or leave mc_cv and "
+        "mc_is out of this extension",
+        [diff],
+    )
+
+
+def new_config(
+    ds: Any, split: str, model_info: dict, settings: dict, request: dict, dev: torch.device, world: World
+) -> dict[str, Any]:
+    """The ``config.json`` of a new folder for this run."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "run": {
+            "dataset": data_name(ds),
+            "split": data_split(ds, split),
+            "data_size": len(ds),
+            "data_sha256": hash_data(ds),
+            "model_sha256": model_info["sha256"],
+            **settings,
+        },
+        "requests": [request],
+        "model": model_info,
+        "data": {
+            "input_shape": list(input_shape(ds)),
+            "num_classes": num_classes(ds),
+            "classes": config_value(list(getattr(ds, "classes", []) or [])),
+            "source": str(getattr(ds, "source", "")),
+        },
+        "created": now(),
+        **_versions(),
+        "device": str(dev),
+        "world_size": world.world_size,
+        "history": [],
+    }
+
+
+def claim_folder(store: ResultStore, config: dict[str, Any], overwrite: bool, extend: bool) -> dict[str, Any]:
+    """Create and lock the folder and check it may take this run; returns the config to keep."""
+    path = store.path
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out: {path} exists and is not a folder")
+    try:
+        store.create()
+        probe = store.parts_dir / f".write-test-{os.getpid()}.tmp"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"out: cannot write to {path} ({exc.strerror or first_line(exc)})") from None
+    try:
+        store.acquire_lock()
+    except (FolderLockedError, OSError) as exc:
+        raise ConfigError(f"out: {first_line(exc)}") from None
+    try:
+        old = store.read_config()
+    except ValueError as exc:
+        raise ConfigError(f"out: {first_line(exc)}; use overwrite=True to replace it") from None
+    if overwrite or old is None:
+        if old is None and store.has_results():
+            if not overwrite:
+                raise ConfigError(
+                    f"out: {path} holds result files but no config.json; use overwrite=True to replace them"
+                )
+        return config
+    kept = _compare(old, config, extend, path)
+    return old if kept is None else kept
+
+
+def start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) -> None:
+    """Rank 0, once every rank has prepared: clear the folder if asked, and record this process."""
+    store, config = plan.store, plan.config
+    if overwrite:
+        store.clear()
+    store.remove_temporaries()
+    entry = {
+        "started": now(),
+        "finished": None,
+        **_versions(),
+        "device": str(plan.device),
+        "world_size": plan.world.world_size,
+        "host": platform.node(),
+        "argv": list(argv) if argv is not None else None,
+    }
+    config.setdefault("history", []).append(entry)
+    try:
+        store.write_config(config)
+    except OSError as exc:
+        raise ConfigError(f"out: cannot write {store.config_path} ({exc.strerror or first_line(exc)})") from None

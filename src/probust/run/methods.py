@@ -1,0 +1,81 @@
+"""What the runner knows about each method, read from the method registry: defaults, sample
+counts, and the estimator it builds for a task.
+
+The per-method rules of ``probust estimate`` live in :data:`probust.estimators.REGISTRY`; this
+module only maps the run's settings onto each method's options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from probust.estimators import METHODS, PAPER_METHODS, REGISTRY, Estimator, make_estimator, methods_with
+from probust.run.plan import RunPlan, Task
+
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "DEFAULT_METHODS",
+    "LINEARISED_MC_METHODS",
+    "METHODS",
+    "P_FAIL_METHODS",
+    "make_task_estimator",
+    "sample_kind",
+    "tasks",
+    "uses_mmse_samples",
+]
+
+#: The paper's six methods: what a run computes unless told otherwise (the Monte Carlo
+#: variants "mc_cv" and "mc_is" cost as much as "mc" each, so they are asked for by name).
+DEFAULT_METHODS = PAPER_METHODS
+#: The Monte Carlo methods that stop a point early in an adaptive run (``mc_half_width``).
+ADAPTIVE_METHODS = methods_with("target_half_width")
+#: The analytic methods that compute ``p_fail`` on request (``p_fail=True``, ``--p-fail``).
+P_FAIL_METHODS = methods_with("p_fail")
+#: The Monte Carlo methods around an MMSE linearisation: its copies are the smallest ``mmse_samples``.
+LINEARISED_MC_METHODS = methods_with("mmse_samples")
+
+
+def sample_kind(method: str) -> str | None:
+    """Which sample counts a method takes: "mc" (Monte Carlo draws), "mmse" (copies) or None."""
+    return REGISTRY[method].samples
+
+
+def uses_mmse_samples(method: str) -> bool:
+    """Whether ``mmse_samples`` changes a method's rows: MMSE's copies or its linearisation's."""
+    return sample_kind(method) == "mmse" or method in LINEARISED_MC_METHODS
+
+
+def tasks(sigmas: list[float], methods: list[str], mc: list[int], mmse: list[int]) -> list[Task]:
+    """The (sigma, method, sample count) grid, in the order it is computed."""
+    counts = {"mc": mc, "mmse": mmse, None: [0]}
+    return [Task(s, m, n) for s in sigmas for m in methods for n in counts[sample_kind(m)]]
+
+
+def _run_options(plan: RunPlan) -> dict[str, Any]:
+    """The run's value of every setting a method may take (None: leave the estimator's default)."""
+    return {
+        "confidence": plan.ci_level,
+        "interval": plan.interval,
+        "tol": plan.tol,
+        "sampling": plan.mmse_sampling,
+        "temperature": plan.temperature,
+        "jacobian": plan.jacobian,
+        "mmse_samples": plan.linearisation_samples,
+        "p_fail": True if plan.p_fail else None,
+        "target_half_width": plan.mc_half_width,
+    }
+
+
+def make_task_estimator(plan: RunPlan, task: Task) -> Estimator:
+    """The estimator that computes ``task``'s rows with the plan's settings."""
+    spec = REGISTRY[task.method]
+    kwargs: dict[str, Any] = {"seed": plan.seed, "memory_budget": plan.memory_budget}
+    if plan.channels_last is not None:
+        kwargs["channels_last"] = plan.channels_last
+    if plan.eval_batch_size is not None:
+        kwargs["batch_size"] = plan.eval_batch_size
+    if spec.samples is not None:
+        kwargs["n_samples"] = task.n_samples
+    values = _run_options(plan)
+    kwargs.update({name: values[name] for name in sorted(spec.run_options) if values[name] is not None})
+    return make_estimator(task.method, plan.model, task.sigma if spec.uses_noise else None, **kwargs)

@@ -1,0 +1,90 @@
+"""What the runner asks of each method: the grid's sample counts and the estimator's keyword arguments."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import probust
+from probust.run import DEFAULT_METHODS, Task, methods
+from probust.run.methods import make_task_estimator, sample_kind, tasks, uses_mmse_samples
+
+
+def test_the_default_methods_are_the_papers_six():
+    assert DEFAULT_METHODS == ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax")
+
+
+def test_each_method_takes_its_own_sample_counts():
+    assert {m: sample_kind(m) for m in probust.METHODS} == {
+        "mc": "mc", "mc_cv": "mc", "mc_is": "mc", "mmse": "mmse", "mmse_mvs": "mmse",
+        "taylor": None, "taylor_mvs": None, "softmax": None,
+    }  # fmt: skip
+    assert [m for m in probust.METHODS if uses_mmse_samples(m)] == [
+        m for m in probust.METHODS if m in ("mmse", "mmse_mvs", "mc_cv", "mc_is")
+    ]
+    grid = tasks([0.1, 0.2], ["mc", "mmse", "softmax"], [10, 20], [3])
+    assert [t.key for t in grid] == [
+        (s, m, n) for s in (0.1, 0.2) for m, n in (("mc", 10), ("mc", 20), ("mmse", 3), ("softmax", 0))
+    ]
+
+
+PLAN = dict(seed=3, memory_budget="1GB", channels_last=None, eval_batch_size=None, jacobian="vmap", temperature=2.0,
+            ci_level=0.9, interval="wilson", tol=1e-3, linearisation_samples=4, mmse_sampling="iid", p_fail=False,
+            mc_half_width=None, model="MODEL")  # fmt: skip
+BASE = {"seed": 3, "memory_budget": "1GB"}
+
+
+@pytest.mark.parametrize(
+    ("method", "plan", "expected"),
+    [
+        ("mc", {}, {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson"}),
+        (
+            "mc",
+            {"mc_half_width": 0.01},
+            {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson", "target_half_width": 0.01},
+        ),  # fmt: skip
+        (
+            "mc_cv",
+            {"mc_half_width": 0.01, "p_fail": True},
+            {
+                **BASE,
+                "jacobian": "vmap",
+                "n_samples": 50,
+                "confidence": 0.9,
+                "tol": 1e-3,
+                "mmse_samples": 4,
+                "target_half_width": 0.01,
+            },
+        ),  # fmt: skip
+        (
+            "mc_is",
+            {"mc_half_width": 0.01},
+            {**BASE, "jacobian": "vmap", "n_samples": 50, "confidence": 0.9, "tol": 1e-3, "mmse_samples": 4},
+        ),  # fmt: skip
+        ("taylor", {"p_fail": True}, {**BASE, "jacobian": "vmap", "tol": 1e-3, "p_fail": True}),
+        ("taylor_mvs", {}, {**BASE, "jacobian": "vmap", "tol": 1e-3}),
+        ("mmse", {}, {**BASE, "jacobian": "vmap", "n_samples": 50, "tol": 1e-3, "sampling": "iid"}),
+        (
+            "mmse_mvs",
+            {"eval_batch_size": 8, "channels_last": False},
+            {
+                **BASE,
+                "channels_last": False,
+                "batch_size": 8,
+                "jacobian": "vmap",
+                "n_samples": 50,
+                "tol": 1e-3,
+                "sampling": "iid",
+            },
+        ),  # fmt: skip
+        ("softmax", {"p_fail": True, "mc_half_width": 0.01}, {**BASE, "temperature": 2.0}),
+    ],
+)
+def test_the_estimator_gets_the_settings_its_method_uses(monkeypatch, method, plan, expected):
+    calls = []
+    monkeypatch.setattr(methods, "make_estimator", lambda *args, **kwargs: calls.append((args, kwargs)))
+    make_task_estimator(SimpleNamespace(**{**PLAN, **plan}), Task(0.25, method, 50))
+    ((args, kwargs),) = calls
+    assert args == (method, "MODEL", None if method == "softmax" else 0.25)
+    assert kwargs == expected

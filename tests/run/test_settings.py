@@ -1,0 +1,134 @@
+"""RunSettings: every argument of a run checked once, with one-line errors naming the argument."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import probust
+from probust.run import DEFAULT_METHODS, ConfigError, RunSettings, run_estimate
+
+
+def settings(**changes) -> RunSettings:
+    args = dict(data="digits", model="model.pt", sigmas=[0.1], device="cpu")
+    args.update(changes)
+    return RunSettings(**args)
+
+
+BAD = [
+    ("sigmas", []),
+    ("sigmas", [0.1, 0]),
+    ("sigmas", [-1]),
+    ("sigmas", [math.inf]),
+    ("sigmas", [0.1, "abc"]),
+    ("methods", []),
+    ("methods", ["mc", "nope"]),
+    ("mc_samples", 0),
+    ("mc_samples", []),
+    ("mc_samples", [1.5]),
+    ("mc_samples", ["x"]),
+    ("mmse_samples", 0),
+    ("limit", 0),
+    ("limit", 1.5),
+    ("limit", True),
+    ("batch_size", 0),
+    ("eval_batch_size", 0),
+    ("memory_budget", "lots"),
+    ("jacobian", "magic"),
+    ("channels_last", "on"),
+    ("seed", 1.5),
+    ("seed", True),
+    ("seed", "3"),
+    ("temperature", 0),
+    ("temperature", "abc"),
+    ("tol", -1e-4),
+    ("ci_level", 1.5),
+    ("ci_level", 0),
+    ("ci_level", "abc"),
+    ("target", "other"),
+    ("interval", "exact"),
+    ("mmse_sampling", "sobol"),
+    ("p_fail", "yes"),
+    ("mc_half_width", 0.7),
+    ("mc_half_width", 0),
+    ("indices", "3-1"),
+    ("indices", "a"),
+    ("device", "nonsense"),
+    ("device", "cuda:9" if torch.cuda.is_available() else "cuda"),
+    ("split", "valid"),
+    ("out", None),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD, ids=[f"{n}={v!r}" for n, v in BAD])
+def test_each_bad_value_is_one_line_naming_the_argument(name, value):
+    with pytest.raises(ConfigError, match=f"^{name}: ") as info:
+        settings(**{name: value})
+    assert "\n" not in str(info.value)
+
+
+def test_overwrite_and_extend_exclude_each_other():
+    with pytest.raises(ConfigError, match=r"^overwrite=True and extend=True exclude each other$"):
+        settings(overwrite=True, extend=True)
+
+
+def test_the_first_bad_argument_in_the_signatures_order_is_reported():
+    with pytest.raises(ConfigError, match="^sigmas: "):
+        settings(sigmas=[-1], methods=["nope"], target="other")
+    with pytest.raises(ConfigError, match="^methods: "):
+        settings(methods=["nope"], target="other")
+
+
+def test_values_are_normalised_sorted_and_typed():
+    s = settings(
+        sigmas=[0.3, "0.1", 0.3],
+        methods=["softmax", "mc", "taylor"],
+        mc_samples=[1000, 100.0, 1000],
+        mmse_samples=7,
+        indices=["5-7", 2],
+        seed=np.int64(4),
+        limit=np.int32(3),
+        temperature="2",
+        p_fail=np.bool_(True),
+        mc_half_width=0.01,
+    )
+    assert s.sigmas == (0.1, 0.3) and s.mc_samples == (100, 1000) and s.mmse_samples == (7,)
+    assert s.methods == tuple(m for m in probust.METHODS if m in ("softmax", "mc", "taylor"))
+    assert s.indices == (2, 5, 6, 7) and s.selected.dtype == np.int64 and s.selected.tolist() == [2, 5, 6, 7]
+    assert type(s.seed) is int and s.seed == 4 and type(s.limit) is int and s.limit == 3
+    assert type(s.temperature) is float and s.temperature == 2.0
+    assert s.p_fail is True and s.mc_half_width == 0.01
+    assert settings().selected is None
+
+
+def test_settings_are_frozen_and_replace_checks_again():
+    s = settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 3  # type: ignore[misc]
+    assert s.replace(seed=3).seed == 3 and s.seed == 0
+    with pytest.raises(ConfigError, match="^seed: "):
+        s.replace(seed="x")
+    # normalised values are accepted again as they are
+    assert s.replace() == s
+
+
+def test_a_split_is_only_checked_for_a_named_data_set():
+    x, y = torch.zeros(4, 1, 2, 2), torch.zeros(4, dtype=torch.int64)
+    assert settings(data=torch.utils.data.TensorDataset(x, y), split="valid").split == "valid"
+
+
+def test_run_estimate_takes_exactly_the_fields_of_run_settings_with_the_same_defaults():
+    params = inspect.signature(run_estimate).parameters
+    fields = dataclasses.fields(RunSettings)
+    assert list(params) == [f.name for f in fields]
+    defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert set(defaults) == {f.name for f in fields} - {"data", "model", "sigmas"}
+    # run_estimate's defaults and RunSettings' give the same checked settings
+    base = dict(data="digits", model="model.pt", sigmas=[0.1])
+    assert RunSettings(**base, **defaults) == RunSettings(**base)
+    assert RunSettings(**base).methods == DEFAULT_METHODS
