@@ -1,0 +1,250 @@
+"""The look shared by every experiment figure: estimator names and colours, fonts, saving.
+
+Estimators are always drawn in the same colour and named as in the paper (p^mc, p^taylor,
+p^mmse, p^taylor_mvs, p^mmse_mvs, p^softmax); the mvn-cdf estimators are solid, their
+mv-sigmoid variants dashed in a lighter shade of the same hue. Figures are written as PNG
+(for the HTML report) and SVG (for papers), with the Agg backend so that no display is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg", force=True)
+
+# (imported after choosing the backend, which must come before pyplot: hence E402)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+#: Order in which estimators appear in legends and tables.
+METHOD_ORDER = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is")
+
+#: The paper's six estimators (the others are probust's additions).
+PAPER_METHODS = METHOD_ORDER[:6]
+
+#: The paper's names, as matplotlib mathtext.
+METHOD_LABELS = {
+    "mc": r"$p^{\mathrm{mc}}$",
+    "taylor": r"$p^{\mathrm{taylor}}$",
+    "mmse": r"$p^{\mathrm{mmse}}$",
+    "taylor_mvs": r"$p^{\mathrm{taylor\_mvs}}$",
+    "mmse_mvs": r"$p^{\mathrm{mmse\_mvs}}$",
+    "softmax": r"$p^{\mathrm{softmax}}$",
+    "mc_cv": r"$p^{\mathrm{mc\_cv}}$",
+    "mc_is": r"$p^{\mathrm{mc\_is}}$",
+}
+
+#: The same names as HTML (report tables and text).
+METHOD_HTML = {m: f"p<sup>{m}</sup>" for m in METHOD_ORDER}
+
+#: The same names as plain text (terminal and CSV).
+METHOD_TEXT = {m: f"p^{m}" for m in METHOD_ORDER}
+
+#: One hue per linearisation (Taylor blue, MMSE red), lighter for the mv-sigmoid variant.
+METHOD_COLORS = {
+    "mc": "#222222",
+    "taylor": "#1f5fa8",
+    "taylor_mvs": "#6fa8dc",
+    "mmse": "#c0392b",
+    "mmse_mvs": "#f1948a",
+    "softmax": "#2e8b57",
+    "mc_cv": "#7b4fa0",
+    "mc_is": "#a0522d",
+}
+
+METHOD_LINESTYLES = {
+    "mc": "-",
+    "taylor": "-",
+    "mmse": "-",
+    "taylor_mvs": "--",
+    "mmse_mvs": "--",
+    "softmax": ":",
+    "mc_cv": "-.",
+    "mc_is": "-.",
+}
+METHOD_MARKERS = {
+    "mc": "s",
+    "taylor": "o",
+    "mmse": "D",
+    "taylor_mvs": "o",
+    "mmse_mvs": "D",
+    "softmax": "^",
+    "mc_cv": "v",
+    "mc_is": "P",
+}
+
+#: Colour of Monte Carlo's own confidence band.
+MC_BAND_COLOR = "#bbbbbb"
+
+_RC: dict[Any, Any] = {  # matplotlib types the keys as a Literal of every rc name
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10.5,
+    "legend.fontsize": 9,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "lines.linewidth": 1.8,
+    "lines.markersize": 5,
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "svg.fonttype": "path",
+    "svg.hashsalt": "probust",  # identical SVGs for identical numbers
+}
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def method_color(method: str) -> str:
+    return METHOD_COLORS.get(method, "#7f7f7f")
+
+
+def method_linestyle(method: str) -> str:
+    return METHOD_LINESTYLES.get(method, "-")
+
+
+def method_marker(method: str) -> str:
+    return METHOD_MARKERS.get(method, "o")
+
+
+def method_html(method: str) -> str:
+    return METHOD_HTML.get(method, method)
+
+
+def order_methods(methods: Sequence[str]) -> list[str]:
+    """The given methods in :data:`METHOD_ORDER` (unknown names last, alphabetically)."""
+    known = [m for m in METHOD_ORDER if m in methods]
+    return known + sorted(set(methods) - set(known))
+
+
+def lambda_colors(lambdas: Sequence[float]) -> dict[float, tuple]:
+    """A sequential colour per gradient-norm regularisation weight (darker = more robust)."""
+    cmap = plt.get_cmap("viridis_r")
+    values = sorted(set(float(v) for v in lambdas))
+    n = len(values)
+    return {v: cmap(0.15 + 0.75 * (i / max(n - 1, 1))) for i, v in enumerate(values)}
+
+
+def lambda_label(lam: float | None) -> str:
+    if lam is None:
+        return "λ=?"
+    return "λ=0" if lam == 0 else f"λ={lam:g}"
+
+
+def method_boxplot(ax, data: Sequence, positions, width: float, method: str) -> None:
+    """Boxes (5-95% whiskers, mean as a diamond) of one estimator, in its colour, with a legend entry."""
+    boxes = ax.boxplot(
+        data, positions=positions, widths=width * 0.85, whis=(5, 95), showfliers=False, patch_artist=True,
+        showmeans=True, meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white", "markeredgecolor": "black"},
+        medianprops={"color": "black", "linewidth": 1},
+    )  # fmt: skip
+    for box in boxes["boxes"]:
+        box.set_facecolor(method_color(method))
+        box.set_alpha(0.75)
+    ax.plot([], [], color=method_color(method), linewidth=6, alpha=0.75, label=method_label(method))
+
+
+def sigma_label() -> str:
+    return "noise σ (per pixel, pixel values in [0, 1])"
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, width: float | None = None, height: float | None = None, **kwargs):
+    """``plt.subplots`` (call it inside :func:`style_context`); each panel about 4 x 3 inches."""
+    return plt.subplots(
+        nrows,
+        ncols,
+        figsize=(width or 4.2 * ncols + 0.6, height or 3.2 * nrows + 0.4),
+        squeeze=False,
+        **kwargs,
+    )
+
+
+def style_context():
+    """The shared style, for the duration of a ``with`` block (every figure is made in one)."""
+    return plt.rc_context(_RC)
+
+
+def sigma_axis(ax, sigmas: Sequence[float]) -> None:
+    """A log x axis labelled with the noise levels actually used."""
+    sigmas = sorted(set(float(s) for s in sigmas))
+    if len(sigmas) > 1 and sigmas[0] > 0 and sigmas[-1] / sigmas[0] >= 2.5:
+        ax.set_xscale("log")
+        ax.minorticks_off()
+    ax.set_xticks(sigmas)
+    ax.set_xticklabels([f"{s:g}" for s in sigmas])
+    ax.set_xlabel(sigma_label())
+
+
+def log_y(ax, bottom: float | None = None) -> None:
+    """A log y axis with plain tick labels at 1, 2 and 5 times powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    if bottom is not None:
+        ax.set_ylim(bottom=bottom)
+    low, high = ax.get_ylim()
+    decades = math.log10(high / low) if low > 0 and high > low else 1.0
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def log_x(ax) -> None:
+    """A log x axis with plain tick labels (sample counts)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def log_floor(values, default: float = 1e-4) -> float:
+    """A sensible lower y limit for a log axis showing ``values`` (ignores zeros)."""
+    positive = [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    if not positive:
+        return default
+    return min(positive) / 1.8
+
+
+def mathtext(text: str) -> str:
+    """Plain-text estimator names (``p^mmse``) in ``text`` as mathtext, for figure labels."""
+    for m in sorted(METHOD_ORDER, key=len, reverse=True):
+        text = text.replace(f"p^{m}", METHOD_LABELS[m])
+    return text
+
+
+def html_names(text: str) -> str:
+    """Plain-text estimator names (``p^mmse``) in ``text`` as HTML."""
+    for m in sorted(METHOD_ORDER, key=len, reverse=True):
+        text = text.replace(f"p^{m}", METHOD_HTML[m])
+    return text
+
+
+def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
+    """Write ``stem.png`` and ``stem.svg`` and close the figure.
+
+    Returns:
+        [png path, svg path].
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    with plt.rc_context(_RC):
+        fig.savefig(paths[0], metadata={"Software": None})
+        fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return paths
