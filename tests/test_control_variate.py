@@ -18,7 +18,7 @@ import probust
 from probust.control_variate import cv_statistics
 from probust.noise import require_gaussian
 
-from conftest import linear_model
+from tests.conftest import linear_model
 
 
 

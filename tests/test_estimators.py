@@ -14,7 +14,7 @@ from torch import nn
 import probust
 from probust.noise import Gaussian, Laplace, Uniform
 
-from conftest import linear_model
+from tests.conftest import linear_model
 
 
 def _points_near_boundaries(model: nn.Linear, n: int, sigma: float, seed: int = 1) -> torch.Tensor:

@@ -11,7 +11,7 @@ from scipy import special, stats
 
 import probust
 
-from conftest import linear_model
+from tests.conftest import linear_model
 
 RUNS = 400
 

@@ -18,7 +18,7 @@ from torch import nn
 import probust
 from probust.tails import mvn_sf
 
-from conftest import linear_model
+from tests.conftest import linear_model
 
 F64 = torch.float64
 
