@@ -27,9 +27,8 @@ import numpy as np
 import pandas as pd
 
 from probust import experiments
-from probust.experiments import _style
-from probust.experiments._base import Output
-from probust.experiments.runs import Results
+from probust.experiments import REGISTRY, Output, Results, style
+from probust.experiments import estimation_error as _estimation_error
 
 __all__ = ["Report", "build_report", "error_summary", "render_html"]
 
@@ -62,25 +61,13 @@ class Report:
 def error_summary(outputs: Iterable[Output], models: Iterable[str] | None = None) -> pd.DataFrame:
     """Mean |error| against Monte Carlo: one row per (model, estimator), one column per sigma.
 
-    From experiment 1's table (or an empty frame when it did not run).
+    From experiment 1's table (or an empty frame when it did not run); see
+    :func:`probust.experiments.estimation_error.error_summary`.
     """
     out = next((o for o in outputs if o.name == "estimation_error" and not o.skipped), None)
     if out is None:
         return pd.DataFrame()
-    t = out.table
-    if models is not None:
-        t = t[t["model"].isin(list(models))]
-    order = {m: i for i, m in enumerate(_style.METHOD_ORDER)}
-    wide = t.pivot_table(index=["model", "method"], columns="sigma", values="mean_abs_error", aggfunc="first")
-    half = t.drop_duplicates(["model", "sigma"]).pivot_table(index="model", columns="sigma", values="mc_mean_half_width")
-    rows = []
-    for model in dict.fromkeys(t["model"]):
-        block = wide.loc[model]
-        block = block.iloc[np.argsort([order.get(m, 99) for m in block.index])]
-        for method, values in block.iterrows():
-            rows.append({"model": model, "estimator": f"p^{method}", **{f"σ={s:g}": v for s, v in values.items()}})
-        rows.append({"model": model, "estimator": "(MC 95% half-width)", **{f"σ={s:g}": v for s, v in half.loc[model].items()}})
-    return pd.DataFrame(rows)
+    return _estimation_error.error_summary(out.table, models)
 
 
 # -- HTML -------------------------------------------------------------------------------------------
@@ -122,8 +109,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, (int, np.integer)):
         return f"{int(value):,}" if abs(int(value)) >= 10_000 else str(int(value))
     text = str(value)
-    if text.startswith("p^") and text[2:] in _style.METHOD_HTML:
-        return _style.method_html(text[2:])
+    if text.startswith("p^") and text[2:] in style.METHOD_HTML:
+        return style.method_html(text[2:])
     return _esc(text)
 
 
@@ -134,18 +121,24 @@ def _table_html(frame: pd.DataFrame, caption: str | None = None, max_rows: int =
     text_cols = {c for c in shown.columns if not pd.api.types.is_numeric_dtype(shown[c])}
     head = "".join(f'<th class="{"l" if c in text_cols else ""}">{_header(c)}</th>' for c in shown.columns)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}">{_cell(v)}</td>' for c, v in row.items()) + "</tr>"
+        "<tr>"
+        + "".join(f'<td class="{"l" if c in text_cols else ""}">{_cell(v)}</td>' for c, v in row.items())
+        + "</tr>"
         for _, row in shown.iterrows()
     )
-    more = f'<tr><td class="l" colspan="{len(shown.columns)}">… {len(frame) - max_rows} more rows in the CSV file</td></tr>' if len(frame) > max_rows else ""
+    more = (
+        f'<tr><td class="l" colspan="{len(shown.columns)}">… {len(frame) - max_rows} more rows in the CSV file</td></tr>'
+        if len(frame) > max_rows
+        else ""
+    )
     cap = f"<caption>{caption}</caption>" if caption else ""
     return f'<div class="scroll"><table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}{more}</tbody></table></div>'
 
 
 def _header(name: Any) -> str:
     text = _esc(name)
-    for m in _style.METHOD_ORDER:
-        text = text.replace(f"p^{m}", _style.method_html(m))
+    for m in style.METHOD_ORDER:
+        text = text.replace(f"p^{m}", style.method_html(m))
     return text.replace("_", " ") if "<sup>" not in text else text
 
 
@@ -159,53 +152,6 @@ def _rel(path: Path, start: Path) -> str:
         return os.path.relpath(path, start)
     except ValueError:
         return str(path)
-
-
-def _display(output: Output) -> list[tuple[str, pd.DataFrame]]:
-    """The tables shown on the page (the CSV files hold everything)."""
-    name, t = output.name, output.tables
-    main = t.get(name, pd.DataFrame())
-    methods_order = {m: i for i, m in enumerate(_style.METHOD_ORDER)}
-
-    def sort_methods(frame: pd.DataFrame, col: str = "method") -> pd.DataFrame:
-        return frame.assign(_o=frame[col].map(methods_order)).sort_values([c for c in ("model", "_o", "sigma") if c in frame or c == "_o"]).drop(columns="_o")
-
-    if name == "estimation_error":
-        view = main[["model", "sigma", "method", "n_points", "mean_abs_error", "sem_abs_error", "mean_rel_error", "frac_within_mc_ci", "mc_mean_half_width"]]
-        view = sort_methods(view).assign(method=lambda f: "p^" + f["method"])
-        return [("Mean |p̂ − p<sup>mc</sup>| ± SEM, mean relative error, share of points inside Monte Carlo's 95% interval", view)]
-    if name == "convergence":
-        return [("Error against the reference per sample count", main)]
-    if name == "runtime":
-        view = t["paper_layout"].assign(method=lambda f: "p^" + f["method"])
-        return [("Wall time for all timed points (seconds), speed-up over Monte Carlo in the same mode, and the peak memory one call added (MB)", view)]
-    if name == "mv_sigmoid":
-        return [("mv-sigmoid vs mvn-cdf on the same z", main)]
-    if name == "softmax_correlation":
-        view = main[["model", "grad_reg", "sigma", "p_robust", "n_points", "pearson", "spearman", "mean_softmax", "mean_p"]]
-        return [("Correlation of p<sup>softmax</sup> with p<sup>robust</sup>", view)]
-    if name == "robust_models":
-        view = main[main["method"].isin(["mmse", "taylor"])][["model", "grad_reg", "sigma", "method", "mean_abs_error", "sem_abs_error", "mean_p_mc", "mc_mean_half_width"]]
-        return [("Errors of p<sup>mmse</sup> and p<sup>taylor</sup> for each λ", sort_methods(view).assign(method=lambda f: "p^" + f["method"]))]
-    if name == "class_bias":
-        view = main.assign(method=lambda f: "p^" + f["method"])
-        return [("Kruskal–Wallis test of a class effect, and the least and most robust classes (by mean p)", view)]
-    if name == "vulnerable_points":
-        return []
-    if name == "case_study":
-        return [("Test accuracy of the high-vs-low classifier", main), ("Per seed", t.get("seeds", pd.DataFrame()).drop(columns=["model"], errors="ignore"))]
-    if name == "distribution":
-        models = t.get("models", pd.DataFrame()).drop(columns=["checkpoint", "results"], errors="ignore")
-        return [("The models (from the checkpoints' metadata)", models), ("Distribution of p over the scored points", main.assign(method=lambda f: "p^" + f["method"]))]
-    if name == "robust_training":
-        view = main[["model", "sigma", "test_accuracy", "accuracy_cost", "median_p", "median_ci_low", "median_ci_high", "mean_p", "gain_median", "gain_ci_low", "gain_ci_high"]]
-        matched = t.get("matched", pd.DataFrame())
-        cols = ["model", "sigma", "test_accuracy", "median_p", "matched_median_p", "matched_between", "advantage", "advantage_ci_low", "advantage_ci_high", "verdict", "nearest_short", "nearest_accuracy", "nearest_median_p"]
-        return [
-            ("Median and mean p<sup>mc</sup> of each model, its gain over the plain model (paired bootstrap 95% CI) and its accuracy cost", view),
-            ("At matched accuracy: the gradient-norm family interpolated at the robust model's accuracy", matched[[c for c in cols if c in matched]]),
-        ]
-    return [(name, main)]
 
 
 def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> str:
@@ -243,27 +189,18 @@ def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> 
 
 def _summary_html(outputs: list[Output], results: Results) -> str:
     parts = []
-    errors = error_summary(outputs, [r.label for r in results.standard()] or None)
-    if not errors.empty:
-        parts.append(_table_html(errors, "Mean |p̂ − p<sup>mc</sup>| of each estimator against Monte Carlo, per σ (experiment 1)"))
-    rt = next((o for o in outputs if o.name == "runtime" and not o.skipped), None)
-    if rt is not None:
-        t = rt.table
-        keep = t[((t["method"] == "mc") & (t["n_samples"] == t[t["method"] == "mc"]["n_samples"].max())) | t["method"].isin(["taylor", "taylor_mvs", "softmax"]) | (t["method"].str.startswith("mmse") & (t["n_samples"] == 5))]
-        view = keep.pivot_table(index=["method", "n_samples"], columns="mode", values="speedup_vs_mc", aggfunc="first").reset_index()
-        view = view.iloc[np.argsort([_style.METHOD_ORDER.index(m) if m in _style.METHOD_ORDER else 99 for m in view["method"]], kind="stable")]
-        view.columns = [f"speed-up vs MC, {c}" if c in ("serial", "batched") else c for c in view.columns]
-        view["method"] = "p^" + view["method"]
-        parts.append(_table_html(view, f"Speed-up over Monte Carlo ({_esc(t['speedup_reference'].iloc[0])}) on this machine (experiment 3)"))
-    cb = next((o for o in outputs if o.name == "class_bias" and not o.skipped), None)
-    if cb is not None:
-        t = cb.table
-        view = t[t["method"] == "mc"] if (t["method"] == "mc").any() else t
-        view = view[["model", "sigma", "method", "least_robust_class", "least_robust_mean_p", "most_robust_class", "most_robust_mean_p", "p_value"]]
-        parts.append(_table_html(view.assign(method=lambda f: "p^" + f["method"]), "Least and most robust classes (experiment 7; p value: Kruskal–Wallis)"))
+    by_name = {o.name: o for o in outputs}
+    for name in REGISTRY.names():  # in the registry's order, whatever the order of ``outputs``
+        output = by_name.get(name)
+        if output is None or output.skipped:
+            continue
+        for caption, frame in REGISTRY.get(name).summary(output, results):
+            parts.append(_table_html(frame, caption))
     skipped = [o for o in outputs if o.skipped]
     if skipped:
-        parts.append("<p class='meta'>Not shown: " + "; ".join(f"{_esc(o.title)} ({_esc(o.skipped)})" for o in skipped) + ".</p>")
+        parts.append(
+            "<p class='meta'>Not shown: " + "; ".join(f"{_esc(o.title)} ({_esc(o.skipped)})" for o in skipped) + ".</p>"
+        )
     return "".join(parts)
 
 
@@ -273,8 +210,10 @@ def render_html(outputs: list[Output], results: Results, path: Path, *, title: s
     from probust import __version__
 
     root = path.parent
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    toc = "".join(f'<li><a href="#{o.name}">{_esc(o.title)}</a>{" (not run)" if o.skipped else ""}</li>' for o in outputs)
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    toc = "".join(
+        f'<li><a href="#{o.name}">{_esc(o.title)}</a>{" (not run)" if o.skipped else ""}</li>' for o in outputs
+    )
     sections = []
     for o in outputs:
         s = [f'<section id="{o.name}"><h2>{_esc(o.title)}</h2><p class="desc">{o.description}</p>']
@@ -283,11 +222,20 @@ def render_html(outputs: list[Output], results: Results, path: Path, *, title: s
             sections.append("".join(s))
             continue
         for png in o.figures:
-            links = [f'<a href="{_esc(_rel(png, root))}">PNG</a>', f'<a href="{_esc(_rel(png.with_suffix(".svg"), root))}">SVG</a>']
-            s.append(f'<figure><img alt="{_esc(o.title)}" src="{_embed(png)}"><figcaption>{png.stem}: {" · ".join(links)}</figcaption></figure>')
+            links = [
+                f'<a href="{_esc(_rel(png, root))}">PNG</a>',
+                f'<a href="{_esc(_rel(png.with_suffix(".svg"), root))}">SVG</a>',
+            ]
+            s.append(
+                f'<figure><img alt="{_esc(o.title)}" src="{_embed(png)}"><figcaption>{png.stem}: {" · ".join(links)}</figcaption></figure>'
+            )
         if o.reading:
-            s.append('<div class="reading"><h3>Reading</h3><ul>' + "".join(f"<li>{line}</li>" for line in o.reading) + "</ul></div>")
-        for caption, frame in _display(o):
+            s.append(
+                '<div class="reading"><h3>Reading</h3><ul>'
+                + "".join(f"<li>{line}</li>" for line in o.reading)
+                + "</ul></div>"
+            )
+        for caption, frame in REGISTRY.get(o.name).display(o):
             s.append(_table_html(frame, caption))
         csvs = [f for f in o.files if f.suffix == ".csv"]
         meta = []
@@ -332,7 +280,8 @@ def build_report(
         results_dir: a results folder, or a folder holding several (searched a few levels
             deep), or already loaded :class:`~probust.experiments.Results`.
         out: where ``report.html`` and ``experiments/`` go (default: ``results_dir``).
-        only, skip: experiment names to run / leave out (see :data:`probust.experiments.EXPERIMENTS`).
+        only, skip: experiment names to run / leave out (registered in
+            :data:`probust.experiments.REGISTRY`; :data:`probust.experiments.EXPERIMENTS` lists them).
         options: per-experiment keyword arguments, e.g. ``{"runtime": {"points": 10}}``.
         title: the page title.
         extra: a JSON-serialisable description of how the results were made, shown in the
@@ -348,7 +297,9 @@ def build_report(
     results = results_dir if isinstance(results_dir, Results) else experiments.load_results(results_dir)
     out_dir = Path(out) if out is not None else (results.root if results.root.is_dir() else Path("."))
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = experiments.run_all(results, out_dir / EXPERIMENTS_DIR, only=only, skip=skip, options=options, on_done=on_done)
+    outputs = experiments.run_all(
+        results, out_dir / EXPERIMENTS_DIR, only=only, skip=skip, options=options, on_done=on_done
+    )
     path = out_dir / REPORT_NAME
     text = render_html(outputs, results, path, title=title, extra=extra)
     tmp = path.with_suffix(".html.tmp")

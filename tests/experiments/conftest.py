@@ -1,4 +1,5 @@
-"""Fixtures of the experiments' reading tests: results folders written with probust.run.store."""
+"""Fixtures of the experiments' tests: the digits results of :func:`tests._helpers.build_results`
+(made once per session), and synthetic results folders written with probust.run.store."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from probust import experiments
+from probust.experiments.runs import Results
 from probust.run.store import FORMAT, ResultStore
+from tests._helpers import build_results
 
 #: (index, sigma, method, n_samples, p) of the rows a synthetic run holds by default.
 Row = tuple[int, float, str, int, float]
@@ -69,3 +73,18 @@ def write_run() -> Callable[..., Path]:
         return store.path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def results_dir(tmp_path_factory) -> Path:
+    return build_results(tmp_path_factory.getbasetemp() / "digits-results")
+
+
+@pytest.fixture(scope="session")
+def results(results_dir) -> Results:
+    return experiments.load_results(results_dir / "results")
+
+
+@pytest.fixture(scope="session")
+def out_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("experiments")

@@ -10,75 +10,66 @@ output folder, and writes a tidy CSV and a figure (PNG and SVG)::
     out.figures          # [.../estimation_error.png]; an .svg lies beside each
     out.reading          # short statements computed from the numbers
 
-or all of them: ``experiments.run_all(results, out_dir)``. :data:`EXPERIMENTS` lists them in the
-paper's order. An experiment that finds nothing to work on returns an :class:`Output` whose
-``skipped`` says what is missing, instead of raising.
+or all of them: ``experiments.run_all(results, out_dir)``. The experiments are registered, in
+the paper's order, in :data:`REGISTRY` (:mod:`probust.experiments.registry`); :data:`EXPERIMENTS`
+is the tuple of their names. An experiment that finds nothing to work on returns an
+:class:`Output` whose ``skipped`` says what is missing, instead of raising.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from probust.experiments._base import ExperimentSkipped, Output
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results, find_runs, load_results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output
+from probust.experiments.registry import REGISTRY
 
 __all__ = [
     "EXPERIMENTS",
+    "REGISTRY",
+    "Experiment",
     "ExperimentSkipped",
     "Output",
     "Results",
     "Run",
     "describe",
     "find_runs",
+    "get",
     "load_results",
     "run",
     "run_all",
 ]
 
-#: Experiment names in the paper's order (module names in this package); the last one,
-#: robust training against gradient-norm regularisation, goes beyond the paper.
-EXPERIMENTS: tuple[str, ...] = (
-    "estimation_error",
-    "convergence",
-    "runtime",
-    "mv_sigmoid",
-    "softmax_correlation",
-    "robust_models",
-    "class_bias",
-    "vulnerable_points",
-    "case_study",
-    "distribution",
-    "robust_training",
-)
 
-#: Experiments that compute something besides reading tables (they time estimators or train
-#: small models); ``probust report --skip`` can leave them out to save time.
-MEASURING = ("runtime", "case_study")
+def __getattr__(name: str) -> Any:
+    # EXPERIMENTS is read from the registry on every access, so that it lists experiments
+    # registered after this package was imported
+    if name == "EXPERIMENTS":
+        return REGISTRY.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def module(name: str):
-    if name not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
-    return importlib.import_module(f"probust.experiments.{name}")
+def get(name: str) -> Experiment:
+    """The registered experiment called ``name`` (a ValueError names the known ones)."""
+    return REGISTRY.get(name)
 
 
 def describe(name: str) -> tuple[str, str]:
     """(title, description) of an experiment."""
-    m = module(name)
-    return m.TITLE, m.DESCRIPTION
+    e = get(name)
+    return e.title, e.description
 
 
 def run(name: str, results: Results | str | Path, out: str | Path, **options: Any) -> Output:
     """Run one experiment; its files go to ``out/<name>/``.
 
     Args:
-        name: one of :data:`EXPERIMENTS`.
+        name: a registered name (one of :data:`EXPERIMENTS`).
         results: the runs, or a folder to load them from.
         out: the experiments' folder.
         **options: the experiment's own keyword arguments (see its ``run``).
@@ -86,15 +77,15 @@ def run(name: str, results: Results | str | Path, out: str | Path, **options: An
     Returns:
         The :class:`Output`; ``skipped`` is set when the results hold nothing it can use.
     """
-    m = module(name)
+    e = get(name)
     if not isinstance(results, Results):
         results = load_results(results)
     folder = Path(out) / name
     start = time.perf_counter()
     try:
-        output = m.run(results, folder, **options)
+        output = e.run(results, folder, **options)
     except ExperimentSkipped as exc:
-        output = Output(name=name, title=m.TITLE, description=m.DESCRIPTION, skipped=str(exc))
+        output = e.skipped(str(exc))
     output.seconds = time.perf_counter() - start
     return output
 
@@ -109,7 +100,7 @@ def run_all(
     on_done: Callable[[Output], None] | None = None,
     keep_going: bool = True,
 ) -> list[Output]:
-    """Run every experiment (or those in ``only``, minus ``skip``) in the paper's order.
+    """Run every registered experiment (or those in ``only``, minus ``skip``) in the registry's order.
 
     Args:
         options: per-experiment keyword arguments, e.g. ``{"runtime": {"points": 10}}``.
@@ -119,9 +110,9 @@ def run_all(
     """
     if not isinstance(results, Results):
         results = load_results(results)
-    names = list(only) if only is not None else list(EXPERIMENTS)
+    names = list(only) if only is not None else list(REGISTRY.names())
     for n in [*names, *skip]:
-        module(n)  # unknown names fail before any work
+        get(n)  # unknown names fail before any work
     options = options or {}
     outputs = []
     for name in names:
@@ -132,9 +123,8 @@ def run_all(
         except Exception as exc:
             if not keep_going:
                 raise
-            m = module(name)
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            output = Output(name=name, title=m.TITLE, description=m.DESCRIPTION, skipped=f"failed: {detail}")
+            output = get(name).skipped(f"failed: {detail}")
         outputs.append(output)
         if on_done is not None:
             on_done(output)

@@ -1,14 +1,17 @@
 """Experiment 9: case study, can a small CNN tell robust from vulnerable images?
 
 The paper's case study ("p_robust identifies images that are robust to and vulnerable to random
-noise"): per class, the k = 25 images with the highest and the k with the lowest p^mmse form a
-two-class data set (high vs low); a small CNN (two convolutions and two fully connected layers,
-about 22k parameters, here probust's ``cnn`` with two outputs) is trained on a random 90% and
-tested on the other 10%. The same is done with the images of highest and lowest softmax
-probability. If p_robust captures a property of the images, the first task is learnable and
-the CNN's test accuracy is high; the paper finds 92% for p^mmse against 58% for softmax on
-CIFAR-10. Here each task is repeated over several seeds (split and initialisation) to show the
-spread.
+noise").
+
+Inputs: one run's pool of points scored with p^mmse and softmax at one sigma, and its data set.
+Per class, the k images with the highest and the k with the lowest p^mmse form a two-class data
+set (high vs low); probust's small CNN (``cnn``: two convolutions and two fully connected
+layers, two outputs) is trained on a random, stratified share and tested on the rest; the same
+with the softmax probability; each over several seeds (split and initialisation).
+
+Outputs: ``case_study.csv`` (per score: mean, standard deviation, min and max test accuracy
+over seeds), ``case_study_seeds.csv`` (per seed), ``case_study_images.csv`` (the images of each
+data set); one figure.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
+from probust.experiments import style
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
-from probust.experiments.vulnerable_points import case_sigma, pool
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import case_sigma, fmt, pct, pool
 
 NAME = "case_study"
 TITLE = "9. Case study: telling high-p from low-p images"
@@ -50,8 +53,12 @@ def groups(points: pd.DataFrame, score: str, k: int) -> pd.DataFrame:
             continue
         ordered = g.sort_values([col, "index"], ascending=[True, True])
         low, high = ordered.head(kk), ordered.tail(kk)
-        rows += [{"index": int(i), "label": int(c), "target": 0, "value": float(v)} for i, v in zip(low["index"], low[col])]
-        rows += [{"index": int(i), "label": int(c), "target": 1, "value": float(v)} for i, v in zip(high["index"], high[col])]
+        rows += [
+            {"index": int(i), "label": int(c), "target": 0, "value": float(v)} for i, v in zip(low["index"], low[col])
+        ]
+        rows += [
+            {"index": int(i), "label": int(c), "target": 1, "value": float(v)} for i, v in zip(high["index"], high[col])
+        ]
     return pd.DataFrame(rows)
 
 
@@ -89,110 +96,149 @@ def train_and_test(x: np.ndarray, y: np.ndarray, train_pos: np.ndarray, test_pos
 
 
 def _plot(table: pd.DataFrame, summary: pd.DataFrame, title: str, stem: Path) -> Path:
-    with _style.style_context():
-        fig, axes = _style.new_figure(1, 1, width=5.2, height=3.8)
+    with style.style_context():
+        fig, axes = style.new_figure(1, 1, width=5.2, height=3.8)
         ax = axes[0, 0]
         for k, score in enumerate(SCORES):
             t = table[table["score"] == score]
             if t.empty:
                 continue
             s = summary[summary["score"] == score].iloc[0]
-            color = _style.method_color(score)
+            color = style.method_color(score)
             ax.bar(k, s["mean_accuracy"], width=0.55, color=color, alpha=0.35)
             ax.errorbar(k, s["mean_accuracy"], yerr=s["std_accuracy"], color=color, capsize=6, linewidth=2)
             jitter = (np.arange(len(t)) - (len(t) - 1) / 2) * 0.05
             ax.scatter(k + jitter, t["test_accuracy"], color=color, s=22, zorder=3, edgecolor="white", linewidth=0.5)
-            ax.text(k, min(1.0, s["mean_accuracy"] + s["std_accuracy"]) + 0.03, f"{100 * s['mean_accuracy']:.1f}%", ha="center", fontsize=9)
+            ax.text(
+                k,
+                min(1.0, s["mean_accuracy"] + s["std_accuracy"]) + 0.03,
+                f"{100 * s['mean_accuracy']:.1f}%",
+                ha="center",
+                fontsize=9,
+            )
         ax.axhline(0.5, color="#444444", linestyle=":", linewidth=1)
         ax.set_xticks(range(len(SCORES)))
-        ax.set_xticklabels([f"high vs low {_style.method_label(s)}" for s in SCORES])
+        ax.set_xticklabels([f"high vs low {style.method_label(s)}" for s in SCORES])
         ax.set_ylabel("test accuracy of the small CNN")
         ax.set_ylim(0.3, 1.08)
         ax.set_title(title, fontsize=10)
         ax.grid(False, axis="x")
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
-def run(results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 25,
-        seeds: int = 5, epochs: int = 30, test_fraction: float = 0.1, seed: int | None = None) -> Output:  # fmt: skip
-    """Train and test the high-vs-low classifiers on one run's pool of scored points.
+class CaseStudy(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+    measuring = True  # it trains small models
 
-    Args:
-        model: label of the run (default: the primary run).
-        sigma: the noise level of p^mmse (default: the one with the most MMSE rows).
-        k: images per class and end (the paper: 25).
-        seeds: repetitions (each a new split and initialisation).
-        epochs: training epochs of the small CNN.
-        test_fraction: the test share (the paper: 10%).
-        seed: base seed (default: the run's seed).
-    """
-    out = Path(out)
-    target: Run | None = results.by_label(model) if model else results.primary()
-    if target is None or not target.has("mmse"):
-        raise ExperimentSkipped("no run holds mmse rows")
-    chosen = float(sigma) if sigma is not None else case_sigma(target)
-    points = pool(target, chosen)
-    if points["label"].value_counts().min() < 4 if len(points) else True:
-        raise ExperimentSkipped(f"too few scored points per class at σ={chosen:g} (need at least 4 per class)")
-    ds = load_dataset(target)
-    base = target.seed if seed is None else int(seed)
-    mean = list(getattr(ds, "mean", [0.0]))
-    std = list(getattr(ds, "std", [1.0]))
-    rows, members = [], {}
-    threads = torch.get_num_threads()
-    for score in SCORES:
-        g = groups(points, score, k)
-        members[score] = g
-        x = images(ds, g["index"].to_numpy()).astype(np.float32)
-        y = g["target"].to_numpy().astype(np.int64)
-        for s in range(seeds):
-            rng = np.random.default_rng([base, s])
-            tr, te = split(y, test_fraction, rng)
-            res = train_and_test(x, y, tr, te, seed=base * 1000 + s, epochs=epochs, mean=mean, std=std)
-            rows.append({"model": target.label, "sigma": chosen, "score": score, "seed": s, "images": len(y),
-                         "n_train": len(tr), "n_test": len(te), **res})  # fmt: skip
-    torch.set_num_threads(threads)
-    table = pd.DataFrame(rows)
-    summary = (
-        table.groupby("score", sort=False)["test_accuracy"]
-        .agg(mean_accuracy="mean", std_accuracy="std", min_accuracy="min", max_accuracy="max", seeds="count")
-        .reset_index()
-    )
-    summary.insert(0, "model", target.label)
-    summary["images"] = [int(len(members[s])) for s in summary["score"]]
-    summary["n_test"] = [int(table[table["score"] == s]["n_test"].iloc[0]) for s in summary["score"]]
-    a, b = members["mmse"], members["softmax"]
-    shared = set(a["index"]) & set(b["index"])
-    agree = pd.merge(a, b, on="index", suffixes=("_mmse", "_softmax"))
-    same_side = float((agree["target_mmse"] == agree["target_softmax"]).mean()) if len(agree) else np.nan
-    per_class = a.groupby("label").size() // 2
-    each = f"{int(per_class.max())}" if per_class.min() == per_class.max() else f"{int(per_class.min())}–{int(per_class.max())}"
-    title = f"{target.label}: top/bottom {each} per class by score (σ={chosen:g})"
-    fig = _plot(table, summary, title, out / NAME)
-    m = summary.set_index("score")
-    reading = [
-        f"Test accuracy over {seeds} seeds ({int(m.loc['mmse', 'n_test'])} test images each): high-vs-low p<sup>mmse</sup> "
-        f"{pct(m.loc['mmse', 'mean_accuracy'])} ± {pct(m.loc['mmse', 'std_accuracy'])}, high-vs-low p<sup>softmax</sup> "
-        f"{pct(m.loc['softmax', 'mean_accuracy'])} ± {pct(m.loc['softmax', 'std_accuracy'])} (the paper, CIFAR-10: 92% vs 58%).",
-        f"The difference of the means is {fmt(100 * (m.loc['mmse', 'mean_accuracy'] - m.loc['softmax', 'mean_accuracy']))} points"
-        + (
-            f", against a seed-to-seed standard deviation of about {fmt(100 * float(summary['std_accuracy'].max()))} points."
-            if summary["std_accuracy"].notna().any()
-            else " (one seed: no spread to compare with)."
-        ),
-        f"The two data sets share {len(shared)} of {len(a)} images; of those, {pct(same_side)} are on the same side (high or low).",
-    ]
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: summary, "seeds": table, "images": pd.concat([a.assign(score="mmse"), b.assign(score="softmax")], ignore_index=True)},
-            figures=[fig],
-            reading=reading,
-            settings={"model": target.label, "sigma": chosen, "k": k, "seeds": seeds, "epochs": epochs, "test_fraction": test_fraction,
-                      "pool_points": int(len(points)), "cnn_parameters": int(table["parameters"].iloc[0])},  # fmt: skip
-        ),
-        out,
-    )
+    def run(self, results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 25,
+            seeds: int = 5, epochs: int = 30, test_fraction: float = 0.1, seed: int | None = None) -> Output:  # fmt: skip
+        """Train and test the high-vs-low classifiers on one run's pool of scored points.
+
+        Args:
+            model: label of the run (default: the primary run).
+            sigma: the noise level of p^mmse (default: the one with the most MMSE rows).
+            k: images per class and end (the paper: 25).
+            seeds: repetitions (each a new split and initialisation).
+            epochs: training epochs of the small CNN.
+            test_fraction: the test share (the paper: 10%).
+            seed: base seed (default: the run's seed).
+        """
+        out = Path(out)
+        target: Run | None = results.by_label(model) if model else results.primary()
+        if target is None or not target.has("mmse"):
+            raise ExperimentSkipped("no run holds mmse rows")
+        chosen = float(sigma) if sigma is not None else case_sigma(target)
+        points = pool(target, chosen)
+        if points["label"].value_counts().min() < 4 if len(points) else True:
+            raise ExperimentSkipped(f"too few scored points per class at σ={chosen:g} (need at least 4 per class)")
+        ds = load_dataset(target)
+        base = target.seed if seed is None else int(seed)
+        mean = list(getattr(ds, "mean", [0.0]))
+        std = list(getattr(ds, "std", [1.0]))
+        rows, members = [], {}
+        threads = torch.get_num_threads()
+        for score in SCORES:
+            g = groups(points, score, k)
+            members[score] = g
+            x = images(ds, g["index"].to_numpy()).astype(np.float32)
+            y = g["target"].to_numpy().astype(np.int64)
+            for s in range(seeds):
+                rng = np.random.default_rng([base, s])
+                tr, te = split(y, test_fraction, rng)
+                res = train_and_test(x, y, tr, te, seed=base * 1000 + s, epochs=epochs, mean=mean, std=std)
+                rows.append({"model": target.label, "sigma": chosen, "score": score, "seed": s, "images": len(y),
+                             "n_train": len(tr), "n_test": len(te), **res})  # fmt: skip
+        torch.set_num_threads(threads)
+        table = pd.DataFrame(rows)
+        summary = (
+            table.groupby("score", sort=False)["test_accuracy"]
+            .agg(mean_accuracy="mean", std_accuracy="std", min_accuracy="min", max_accuracy="max", seeds="count")
+            .reset_index()
+        )
+        summary.insert(0, "model", target.label)
+        summary["images"] = [int(len(members[s])) for s in summary["score"]]
+        summary["n_test"] = [int(table[table["score"] == s]["n_test"].iloc[0]) for s in summary["score"]]
+        a, b = members["mmse"], members["softmax"]
+        shared = set(a["index"]) & set(b["index"])
+        agree = pd.merge(a, b, on="index", suffixes=("_mmse", "_softmax"))
+        same_side = float((agree["target_mmse"] == agree["target_softmax"]).mean()) if len(agree) else np.nan
+        per_class = a.groupby("label").size() // 2
+        each = (
+            f"{int(per_class.max())}"
+            if per_class.min() == per_class.max()
+            else f"{int(per_class.min())}–{int(per_class.max())}"
+        )
+        title = f"{target.label}: top/bottom {each} per class by score (σ={chosen:g})"
+        fig = _plot(table, summary, title, out / NAME)
+        m = summary.set_index("score")
+        reading = [
+            f"Test accuracy over {seeds} seeds ({int(m.loc['mmse', 'n_test'])} test images each): high-vs-low p<sup>mmse</sup> "
+            f"{pct(m.loc['mmse', 'mean_accuracy'])} ± {pct(m.loc['mmse', 'std_accuracy'])}, high-vs-low p<sup>softmax</sup> "
+            f"{pct(m.loc['softmax', 'mean_accuracy'])} ± {pct(m.loc['softmax', 'std_accuracy'])} (the paper, CIFAR-10: 92% vs 58%).",
+            f"The difference of the means is {fmt(100 * (m.loc['mmse', 'mean_accuracy'] - m.loc['softmax', 'mean_accuracy']))} points"
+            + (
+                f", against a seed-to-seed standard deviation of about {fmt(100 * float(summary['std_accuracy'].max()))} points."
+                if summary["std_accuracy"].notna().any()
+                else " (one seed: no spread to compare with)."
+            ),
+            f"The two data sets share {len(shared)} of {len(a)} images; of those, {pct(same_side)} are on the same side (high or low).",
+        ]
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={
+                    NAME: summary,
+                    "seeds": table,
+                    "images": pd.concat([a.assign(score="mmse"), b.assign(score="softmax")], ignore_index=True),
+                },
+                figures=[fig],
+                reading=reading,
+                settings={
+                    "model": target.label,
+                    "sigma": chosen,
+                    "k": k,
+                    "seeds": seeds,
+                    "epochs": epochs,
+                    "test_fraction": test_fraction,
+                    "pool_points": int(len(points)),
+                    "cnn_parameters": int(table["parameters"].iloc[0]),
+                },  # fmt: skip
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        t = output.tables
+        main = t.get(self.name, pd.DataFrame())
+        return [
+            ("Test accuracy of the high-vs-low classifier", main),
+            ("Per seed", t.get("seeds", pd.DataFrame()).drop(columns=["model"], errors="ignore")),
+        ]
+
+
+EXPERIMENT = CaseStudy()

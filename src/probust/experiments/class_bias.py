@@ -4,6 +4,9 @@ The paper's figure 5 and the appendix figure "Local robustness bias among classe
 distribution of p_robust over the points of each class (by true label), with Monte Carlo and
 MMSE side by side, at every sigma; a Kruskal-Wallis test (scipy.stats.kruskal) of whether the
 classes' distributions differ; and the least and most robust classes (by mean p).
+
+Outputs: ``class_bias.csv``, one test per (model, sigma, estimator); ``class_bias_per_class.csv``,
+per-class statistics; one figure per model.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import fmt
 
 NAME = "class_bias"
 TITLE = "7. Robustness bias among classes"
@@ -69,7 +73,7 @@ def class_table(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
                 except ValueError:  # every value identical: no evidence of a difference
                     h_stat, p_value = 0.0, 1.0
             means = {c: float(v.mean()) for c, v in groups.items()}
-            least, most = min(means, key=means.get), max(means, key=means.get)
+            least, most = min(means, key=lambda c: means[c]), max(means, key=lambda c: means[c])
             tests.append(
                 {
                     "model": run.label,
@@ -94,8 +98,10 @@ def _plot(run: Run, stem: Path) -> Path:
     classes = sorted(int(c) for c in w["label"].unique())
     names = run.classes
     methods = [m for m in METHODS if f"p_{m}" in w]
-    with _style.style_context():
-        fig, axes = _style.new_figure(len(sigmas), 1, width=max(7.5, 0.75 * len(classes) + 2), height=2.3 * len(sigmas) + 0.8)
+    with style.style_context():
+        fig, axes = style.new_figure(
+            len(sigmas), 1, width=max(7.5, 0.75 * len(classes) + 2), height=2.3 * len(sigmas) + 0.8
+        )
         width = 0.36
         for row, sigma in enumerate(sigmas):
             ax = axes[row, 0]
@@ -106,7 +112,7 @@ def _plot(run: Run, stem: Path) -> Path:
                 keep = [i for i, d in enumerate(data) if d.size]
                 if not keep:
                     continue
-                _style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
+                style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
             ax.set_xticks(range(len(classes)))
             if row == len(sigmas) - 1:
                 ax.set_xticklabels([names[c] if c < len(names) else str(c) for c in classes], rotation=25 if len(classes) > 6 else 0,
@@ -121,7 +127,7 @@ def _plot(run: Run, stem: Path) -> Path:
                 ax.set_title(f"{run.label}: p_robust per class (true label)")
         axes[-1, 0].set_xlabel("class")
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _reading(tests: pd.DataFrame) -> list[str]:
@@ -134,8 +140,12 @@ def _reading(tests: pd.DataFrame) -> list[str]:
         out.append(
             f"<b>{model}</b>: the classes' p<sup>{method}</sup> distributions differ significantly (Kruskal–Wallis, p &lt; 0.05) at "
             f"{len(sig)} of {len(m)} noise levels"
-            + (f" (largest σ={m['sigma'].iloc[-1]:g}: H = {fmt(m['kruskal_h'].iloc[-1])}, p = {fmt(m['p_value'].iloc[-1])}, "
-               f"{int(m['n_points'].iloc[-1])} points)." if len(m) else ".")  # fmt: skip
+            + (
+                f" (largest σ={m['sigma'].iloc[-1]:g}: H = {fmt(m['kruskal_h'].iloc[-1])}, p = {fmt(m['p_value'].iloc[-1])}, "
+                f"{int(m['n_points'].iloc[-1])} points)."
+                if len(m)
+                else "."
+            )  # fmt: skip
         )
         for r in m.itertuples():
             agree = g[(g["method"] != method) & (g["sigma"] == r.sigma)]
@@ -155,33 +165,67 @@ def _reading(tests: pd.DataFrame) -> list[str]:
     return out
 
 
-def run(results: Results, out: str | Path, *, models: list[str] | None = None) -> Output:
-    """Per-class distributions and tests for the standard models (or the ``models`` named)."""
-    out = Path(out)
-    runs = [results.by_label(m) for m in models] if models else results.standard() or list(results)
-    runs = [r for r in runs if r.has("mc") or r.has("mmse")]
-    if not runs:
-        raise ExperimentSkipped("no run holds mc or mmse rows")
-    per_class, tests, figures = [], [], []
-    for run_ in runs:
-        pc, t = class_table(run_)
-        if t.empty:
-            continue
-        per_class.append(pc)
-        tests.append(t)
-        figures.append(_plot(run_, out / f"{NAME}_{run_.name}"))
-    if not tests:
-        raise ExperimentSkipped("no class has scored points")
-    tests_t = pd.concat(tests, ignore_index=True)
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: tests_t, "per_class": pd.concat(per_class, ignore_index=True)},
-            figures=figures,
-            reading=_reading(tests_t),
-            settings={"models": [r.label for r in runs], "grouping": "true label"},
-        ),
-        out,
-    )
+class ClassBias(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+
+    def run(self, results: Results, out: str | Path, *, models: list[str] | None = None) -> Output:
+        """Per-class distributions and tests for the standard models (or the ``models`` named)."""
+        out = Path(out)
+        runs = [results.by_label(m) for m in models] if models else results.standard() or list(results)
+        runs = [r for r in runs if r.has("mc") or r.has("mmse")]
+        if not runs:
+            raise ExperimentSkipped("no run holds mc or mmse rows")
+        per_class, tests, figures = [], [], []
+        for run_ in runs:
+            pc, t = class_table(run_)
+            if t.empty:
+                continue
+            per_class.append(pc)
+            tests.append(t)
+            figures.append(_plot(run_, out / f"{NAME}_{run_.name}"))
+        if not tests:
+            raise ExperimentSkipped("no class has scored points")
+        tests_t = pd.concat(tests, ignore_index=True)
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: tests_t, "per_class": pd.concat(per_class, ignore_index=True)},
+                figures=figures,
+                reading=_reading(tests_t),
+                settings={"models": [r.label for r in runs], "grouping": "true label"},
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        view = output.tables.get(self.name, pd.DataFrame()).assign(method=lambda f: "p^" + f["method"])
+        return [("Kruskal–Wallis test of a class effect, and the least and most robust classes (by mean p)", view)]
+
+    def summary(self, output: Output, results: Results) -> list[Shown]:
+        t = output.table
+        view = t[t["method"] == "mc"] if (t["method"] == "mc").any() else t
+        view = view[
+            [
+                "model",
+                "sigma",
+                "method",
+                "least_robust_class",
+                "least_robust_mean_p",
+                "most_robust_class",
+                "most_robust_mean_p",
+                "p_value",
+            ]
+        ]
+        return [
+            (
+                "Least and most robust classes (experiment 7; p value: Kruskal–Wallis)",
+                view.assign(method=lambda f: "p^" + f["method"]),
+            )
+        ]
+
+
+EXPERIMENT = ClassBias()

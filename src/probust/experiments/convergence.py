@@ -1,14 +1,15 @@
 """Experiment 2: convergence of Monte Carlo in its sample count n, and of MMSE in N.
 
-The paper's appendix figures "Convergence of p_mc" and "Convergence of p_mmse", from results
-holding the same points at several sample counts (``probust estimate --mc-samples 100 1000 ...
---mmse-samples 1 5 10 ...``).
+The paper's appendix figures "Convergence of p_mc" and "Convergence of p_mmse".
 
-The reference is the exact p_robust where one is known (a linear model, whose p^taylor is
-exact), otherwise Monte Carlo at the largest n scored. probust's Monte Carlo draws are nested
-(sample j of a point is the same whatever n), so against a Monte Carlo reference at n_max the
-expected error of p_n is sqrt(2/pi) * sqrt(p(1-p) (1/n - 1/n_max)); against an exact reference
-it is sqrt(2/pi) * sqrt(p(1-p)/n). Both are drawn dashed, the 1/sqrt(n) law the points should follow.
+Inputs: runs holding the same points at several sample counts (``probust estimate --mc-samples
+100 1000 ... --mmse-samples 1 5 10 ...``). Reference: the exact p_robust where one is known (a
+linear model, whose p^taylor is exact), otherwise Monte Carlo at the largest n scored.
+
+Outputs: ``convergence.csv``, one row per (model, sigma, estimator, sample count): mean absolute
+and relative error against the reference with their standard errors, Monte Carlo's expected
+error by the binomial law (``theory_abs_error``, derived in docs/experiments.md) and MMSE's mean
+change to its largest N; one figure of the errors against n and N.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, sem
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import fmt, sem
 
 NAME = "convergence"
 TITLE = "2. Convergence of Monte Carlo in n and of MMSE in N"
@@ -123,16 +125,21 @@ def convergence_table(run: Run) -> pd.DataFrame:
 def _plot(table: pd.DataFrame, stem: Path) -> Path:
     keys = list(table[["model", "sigma"]].drop_duplicates().itertuples(index=False, name=None))
     colors = {k: c for k, c in zip(keys, _cycle(len(keys)))}
-    with _style.style_context():
-        fig, axes = _style.new_figure(2, 2, height=6.6, width=9.6)
-        for col, (estimator, xlabel) in enumerate(
-            (("mc", "Monte Carlo samples n"), ("mmse", "MMSE noisy copies N"))
-        ):
+    with style.style_context():
+        fig, axes = style.new_figure(2, 2, height=6.6, width=9.6)
+        for col, (estimator, xlabel) in enumerate((("mc", "Monte Carlo samples n"), ("mmse", "MMSE noisy copies N"))):
             t = table[table["estimator"] == estimator]
             for row, stat in enumerate(("abs", "rel")):
                 ax = axes[row, col]
                 if t.empty:
-                    ax.text(0.5, 0.5, f"no {estimator} rows at several sample counts", ha="center", va="center", transform=ax.transAxes)
+                    ax.text(
+                        0.5,
+                        0.5,
+                        f"no {estimator} rows at several sample counts",
+                        ha="center",
+                        va="center",
+                        transform=ax.transAxes,
+                    )
                     ax.set_axis_off()
                     continue
                 values = []
@@ -144,8 +151,8 @@ def _plot(table: pd.DataFrame, stem: Path) -> Path:
                     y = g[f"mean_{stat}_error"].clip(lower=floor)
                     values += y.tolist()
                     ax.errorbar(
-                        g["n_samples"], y, yerr=g[f"sem_{stat}_error"], color=colors[key], marker=_style.method_marker(estimator),
-                        capsize=2.5, label=_style.mathtext(f"{key[0]}, σ={key[1]:g} (vs {g['reference'].iloc[0]})"),
+                        g["n_samples"], y, yerr=g[f"sem_{stat}_error"], color=colors[key], marker=style.method_marker(estimator),
+                        capsize=2.5, label=style.mathtext(f"{key[0]}, σ={key[1]:g} (vs {g['reference'].iloc[0]})"),
                     )  # fmt: skip
                     if estimator == "mc" and stat == "abs":
                         ax.plot(g["n_samples"], g["theory_abs_error"], color=colors[key], linestyle="--", linewidth=1.2)
@@ -154,20 +161,24 @@ def _plot(table: pd.DataFrame, stem: Path) -> Path:
                         values += change["mean_abs_change_vs_largest_n"].tolist()
                         ax.plot(change["n_samples"], change["mean_abs_change_vs_largest_n"].clip(lower=floor), color=colors[key],
                                 linestyle=":", linewidth=1.4)  # fmt: skip
-                _style.log_x(ax)
-                _style.log_y(ax, max(_style.log_floor(values), floor / 1.5))
+                style.log_x(ax)
+                style.log_y(ax, max(style.log_floor(values), floor / 1.5))
                 if min(values) <= floor:
                     ax.text(0.98, 0.1, f"bottom edge: below {floor:g} (exact)", transform=ax.transAxes, ha="right",
                             va="bottom", fontsize=8, color="#555555")  # fmt: skip
                 ax.set_xlabel(xlabel)
-                label = _style.method_label(estimator)
+                label = style.method_label(estimator)
                 ax.set_ylabel(("mean absolute error of " if stat == "abs" else "mean relative error of ") + label)
                 if row == 0:
                     ax.set_title(f"{label}: convergence in {'n' if estimator == 'mc' else 'N'}")
         if (table["estimator"] == "mc").any():
-            axes[0, 0].plot([], [], color="#555555", linestyle="--", linewidth=1.2, label="Monte Carlo: binomial law (theory)")
+            axes[0, 0].plot(
+                [], [], color="#555555", linestyle="--", linewidth=1.2, label="Monte Carlo: binomial law (theory)"
+            )
         if (table["estimator"] == "mmse").any():
-            axes[0, 1].plot([], [], color="#555555", linestyle=":", linewidth=1.4, label="MMSE: mean change to the largest N")
+            axes[0, 1].plot(
+                [], [], color="#555555", linestyle=":", linewidth=1.4, label="MMSE: mean change to the largest N"
+            )
         handles, labels = [], []
         for ax in axes[0]:
             h, lab = ax.get_legend_handles_labels()
@@ -175,9 +186,16 @@ def _plot(table: pd.DataFrame, stem: Path) -> Path:
                 if ll not in labels:
                     handles.append(hh)
                     labels.append(ll)
-        fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.5, -0.08 - 0.025 * len(labels) // 2))
+        fig.legend(
+            handles,
+            labels,
+            loc="lower center",
+            ncol=2,
+            frameon=False,
+            bbox_to_anchor=(0.5, -0.08 - 0.025 * len(labels) // 2),
+        )
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _cycle(n: int) -> list:
@@ -195,9 +213,13 @@ def _reading(table: pd.DataFrame) -> list[str]:
             first, last = mc.iloc[0], mc.iloc[-1]
             slope = np.polyfit(np.log10(mc["n_samples"]), np.log10(mc["mean_abs_error"].clip(lower=1e-9)), 1)[0]
             below = mc[mc["mean_abs_error"] < 0.01]
-            need = f"; mean |error| &lt; 0.01 from n={int(below['n_samples'].iloc[0]):,} on" if len(below) else "; mean |error| stays ≥ 0.01 at every n scored"
+            need = (
+                f"; mean |error| &lt; 0.01 from n={int(below['n_samples'].iloc[0]):,} on"
+                if len(below)
+                else "; mean |error| stays ≥ 0.01 at every n scored"
+            )
             out.append(
-                f"<b>{model}, σ={sigma:g}</b> ({int(first['n_points'])} points, vs {_style.html_names(first['reference'])}): "
+                f"<b>{model}, σ={sigma:g}</b> ({int(first['n_points'])} points, vs {style.html_names(first['reference'])}): "
                 f"p<sup>mc</sup>'s mean |error| falls from {fmt(first['mean_abs_error'])} at n={int(first['n_samples']):,} to "
                 f"{fmt(last['mean_abs_error'])} at n={int(last['n_samples']):,} (log-log slope {slope:.2f}; the binomial law "
                 f"predicts −0.5 against an exact reference){need}."
@@ -213,24 +235,42 @@ def _reading(table: pd.DataFrame) -> list[str]:
             )
             out.append(
                 f"<b>{model}, σ={sigma:g}</b> ({int(mm['n_points'].iloc[0])} points): p<sup>mmse</sup>'s mean |error| vs "
-                f"{_style.html_names(mm['reference'].iloc[0])}: {parts}{settle}."
+                f"{style.html_names(mm['reference'].iloc[0])}: {parts}{settle}."
             )
     return out
 
 
-def run(results: Results, out: str | Path) -> Output:
-    """Convergence tables for every run holding several sample counts of mc or mmse."""
-    out = Path(out)
-    parts = [convergence_table(r) for r in results]
-    parts = [p for p in parts if not p.empty]
-    if not parts:
-        raise ExperimentSkipped(
-            "no points were scored at several sample counts: score a subset with e.g. --mc-samples 100 1000 10000 "
-            "and --mmse-samples 1 5 10 50"
+class Convergence(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+
+    def run(self, results: Results, out: str | Path) -> Output:
+        """Convergence tables for every run holding several sample counts of mc or mmse."""
+        out = Path(out)
+        parts = [convergence_table(r) for r in results]
+        parts = [p for p in parts if not p.empty]
+        if not parts:
+            raise ExperimentSkipped(
+                "no points were scored at several sample counts: score a subset with e.g. --mc-samples 100 1000 10000 "
+                "and --mmse-samples 1 5 10 50"
+            )
+        table = pd.concat(parts, ignore_index=True)
+        fig = _plot(table, out / NAME)
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: table},
+                figures=[fig],
+                reading=_reading(table),
+            ),
+            out,
         )
-    table = pd.concat(parts, ignore_index=True)
-    fig = _plot(table, out / NAME)
-    return finish(
-        Output(name=NAME, title=TITLE, description=DESCRIPTION, tables={NAME: table}, figures=[fig], reading=_reading(table)),
-        out,
-    )
+
+    def display(self, output: Output) -> list[Shown]:
+        return [("Error against the reference per sample count", output.tables.get(self.name, pd.DataFrame()))]
+
+
+EXPERIMENT = Convergence()

@@ -17,7 +17,7 @@ def load_dataset(run: Run):
         ExperimentSkipped: the data set cannot be loaded here or is not the one scored.
     """
     from probust import data as pdata
-    from probust.experiments._base import ExperimentSkipped
+    from probust.experiments.base import ExperimentSkipped
 
     recorded = run.results_config.settings
     name, split = recorded.dataset, recorded.split

@@ -3,20 +3,25 @@
 The paper's appendix figure "Distribution of p_robust over sigma" (as noise grows p_robust
 falls, and p^mmse tracks p^mc) and table "Test set accuracy of models" (data set, architecture,
 lambda, test accuracy), read from the checkpoints' metadata recorded with the results.
+
+Outputs: ``distribution.csv``, quantiles of p per (model, sigma, estimator), and
+``distribution_models.csv``, one row per model; one figure.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import fmt, pct
 
 NAME = "distribution"
 TITLE = "10. Distribution of p_robust over σ, and the models"
@@ -46,7 +51,7 @@ def distribution_table(run: Run) -> pd.DataFrame:
                     "model": run.label,
                     "sigma": float(sigma),
                     "method": method,
-                    "n_samples": int(run.principal_n(method)),
+                    "n_samples": int(cast(int, run.principal_n(method))),  # the run has rows of method
                     "n_points": int(v.size),
                     "mean": float(v.mean()),
                     "q05": q[0],
@@ -80,7 +85,7 @@ def models_table(results: Results) -> pd.DataFrame:
                 "seed": meta.get("seed"),
                 "points_scored": int(r.table["index"].nunique()),
                 "sigmas": " ".join(f"{s:g}" for s in r.sigmas),
-                "methods": " ".join(_style.order_methods(r.methods)),
+                "methods": " ".join(style.order_methods(r.methods)),
                 "mc_n": " ".join(str(n) for n in counts.get("mc", [])),
                 "mmse_n": " ".join(str(n) for n in counts.get("mmse", [])),
                 "checkpoint": r.model_source or "",
@@ -93,8 +98,8 @@ def models_table(results: Results) -> pd.DataFrame:
 def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
     ncols = min(3, len(runs))
     nrows = math.ceil(len(runs) / ncols)
-    with _style.style_context():
-        fig, axes = _style.new_figure(nrows, ncols, width=4.6 * ncols + 0.4, height=3.4 * nrows + 0.4)
+    with style.style_context():
+        fig, axes = style.new_figure(nrows, ncols, width=4.6 * ncols + 0.4, height=3.4 * nrows + 0.4)
         for k, run in enumerate(runs):
             ax = axes[k // ncols, k % ncols]
             w = run.wide(core=True)
@@ -107,10 +112,10 @@ def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
                 keep = [i for i, d in enumerate(data) if d.size]
                 if not keep:
                     continue
-                _style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
+                style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
             ax.set_xticks(range(len(sigmas)))
             ax.set_xticklabels([f"{s:g}" for s in sigmas])
-            ax.set_xlabel(_style.sigma_label())
+            ax.set_xlabel(style.sigma_label())
             ax.set_ylabel("p_robust (probability)")
             ax.set_ylim(-0.03, 1.03)
             ax.grid(False, axis="x")
@@ -120,7 +125,7 @@ def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
         for k in range(len(runs), nrows * ncols):
             axes[k // ncols, k % ncols].set_axis_off()
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _reading(table: pd.DataFrame, models: pd.DataFrame) -> list[str]:
@@ -145,24 +150,41 @@ def _reading(table: pd.DataFrame, models: pd.DataFrame) -> list[str]:
     return out
 
 
-def run(results: Results, out: str | Path) -> Output:
-    out = Path(out)
-    parts = [distribution_table(r) for r in results]
-    parts = [p for p in parts if not p.empty]
-    models = models_table(results)
-    if not parts:
-        raise ExperimentSkipped("no run holds mc or mmse rows")
-    table = pd.concat(parts, ignore_index=True)
-    runs = [r for r in results if (table["model"] == r.label).any()]
-    fig = _plot(table, runs, out / NAME)
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: table, "models": models},
-            figures=[fig],
-            reading=_reading(table, models),
-        ),
-        out,
-    )
+class Distribution(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+
+    def run(self, results: Results, out: str | Path) -> Output:
+        out = Path(out)
+        parts = [distribution_table(r) for r in results]
+        parts = [p for p in parts if not p.empty]
+        models = models_table(results)
+        if not parts:
+            raise ExperimentSkipped("no run holds mc or mmse rows")
+        table = pd.concat(parts, ignore_index=True)
+        runs = [r for r in results if (table["model"] == r.label).any()]
+        fig = _plot(table, runs, out / NAME)
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: table, "models": models},
+                figures=[fig],
+                reading=_reading(table, models),
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        t = output.tables
+        main = t.get(self.name, pd.DataFrame())
+        models = t.get("models", pd.DataFrame()).drop(columns=["checkpoint", "results"], errors="ignore")
+        return [
+            ("The models (from the checkpoints' metadata)", models),
+            ("Distribution of p over the scored points", main.assign(method=lambda f: "p^" + f["method"])),
+        ]
+
+
+EXPERIMENT = Distribution()

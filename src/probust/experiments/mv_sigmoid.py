@@ -1,23 +1,29 @@
 """Experiment 4: mv-sigmoid against mvn-cdf on the same z.
 
 The paper's figures "Correlation of mvn-cdf(z) and mv-sigmoid(z)" and "mv-sigmoid's
-approximation of mvn-cdf over sigma". p^taylor and p^taylor_mvs are the two maps applied to the
-same standardised margins z_i = g_i(x) / (sigma ||grad g_i(x)||) (the Taylor linearisation is
-deterministic), and so are p^mmse and p^mmse_mvs at the same N (their noisy copies come from
-the same per-point random stream), so comparing the rows compares the maps alone.
+approximation of mvn-cdf over sigma".
+
+Inputs: runs holding p^taylor and p^taylor_mvs, or p^mmse and p^mmse_mvs at the same N: each pair
+applies the two maps to the same standardised margins z (see docs/experiments.md).
+
+Outputs: ``mv_sigmoid.csv``, one row per (model, linearisation, sigma): mean, maximum and signed
+difference, share of points where mv-sigmoid is below, Pearson r; ``mv_sigmoid_points.csv``, the
+paired values per point; one figure (scatter at one sigma, mean difference over sigma).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import fmt
 
 NAME = "mv_sigmoid"
 TITLE = "4. mv-sigmoid against mvn-cdf on the same z"
@@ -37,7 +43,7 @@ def pairs_frame(run: Run) -> pd.DataFrame:
     for mvn, mvs in PAIRS:
         if not (run.has(mvn) and run.has(mvs)):
             continue
-        n = run.principal_n(mvs)
+        n = cast(int, run.principal_n(mvs))  # the run has rows of mvs
         a = t[(t["method"] == mvn) & (t["n_samples"] == n)].set_index(["index", "sigma"])["p"]
         b = t[(t["method"] == mvs) & (t["n_samples"] == n)].set_index(["index", "sigma"])["p"]
         both = pd.concat({"mvn_cdf": a, "mv_sigmoid": b}, axis=1, join="inner").reset_index()
@@ -75,8 +81,8 @@ def summary(pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _plot(pairs: pd.DataFrame, table: pd.DataFrame, runs: list[Run], sigma: float, stem: Path) -> Path:
-    with _style.style_context():
-        fig, axes = _style.new_figure(1, len(runs) + 1, width=4.0 * (len(runs) + 1) + 0.8, height=4.0)
+    with style.style_context():
+        fig, axes = style.new_figure(1, len(runs) + 1, width=4.0 * (len(runs) + 1) + 0.8, height=4.0)
         for k, run in enumerate(runs):
             ax = axes[0, k]
             g = pairs[(pairs["model"] == run.label) & (pairs["sigma"] == sigma)]
@@ -84,8 +90,8 @@ def _plot(pairs: pd.DataFrame, table: pd.DataFrame, runs: list[Run], sigma: floa
                 h = g[g["linearisation"] == lin]
                 if h.empty:
                     continue
-                ax.scatter(h["mvn_cdf"], h["mv_sigmoid"], s=9, alpha=0.6, color=_style.method_color(mvs),
-                           label=f"{_style.method_label(mvs)} vs {_style.method_label(lin)}")  # fmt: skip
+                ax.scatter(h["mvn_cdf"], h["mv_sigmoid"], s=9, alpha=0.6, color=style.method_color(mvs),
+                           label=f"{style.method_label(mvs)} vs {style.method_label(lin)}")  # fmt: skip
             ax.plot([0, 1], [0, 1], color="#444444", linewidth=1, linestyle=":", label="y = x")
             ax.set_xlim(-0.02, 1.02)
             ax.set_ylim(-0.02, 1.02)
@@ -104,12 +110,12 @@ def _plot(pairs: pd.DataFrame, table: pd.DataFrame, runs: list[Run], sigma: floa
                     continue
                 ax.plot(g["sigma"], g["mean_abs_diff"], color=colors[run.label], linestyle=styles[lin], marker="o",
                         label=f"{run.label}, {lin}")  # fmt: skip
-        _style.sigma_axis(ax, table["sigma"].unique())
+        style.sigma_axis(ax, table["sigma"].unique())
         ax.set_ylabel("mean |mv-sigmoid − mvn-cdf|")
         ax.set_title("difference over σ")
         ax.legend(frameon=False, fontsize=8)
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _colors(n: int) -> list:
@@ -134,33 +140,44 @@ def _reading(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def run(results: Results, out: str | Path, *, sigma: float | None = None) -> Output:
-    """Compare the two maps on every run holding a (mvn, mv-sigmoid) pair.
+class MvSigmoid(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
 
-    Args:
-        sigma: the noise level of the scatter plots (default: the middle of the scored ones).
-    """
-    out = Path(out)
-    frames = [pairs_frame(r) for r in results]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
-        raise ExperimentSkipped("no run holds both taylor and taylor_mvs (or mmse and mmse_mvs) rows")
-    pairs = pd.concat(frames, ignore_index=True)
-    table = summary(pairs)
-    labels = list(dict.fromkeys(pairs["model"]))
-    runs = [r for r in results if r.label in labels and r.is_standard] or [r for r in results if r.label in labels]
-    sigmas = sorted(pairs["sigma"].unique())
-    chosen = float(sigma) if sigma is not None else float(sigmas[len(sigmas) // 2])
-    fig = _plot(pairs, table, runs, chosen, out / NAME)
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: table, "points": pairs},
-            figures=[fig],
-            reading=_reading(table[table["model"].isin([r.label for r in runs])]),
-            settings={"scatter_sigma": chosen},
-        ),
-        out,
-    )
+    def run(self, results: Results, out: str | Path, *, sigma: float | None = None) -> Output:
+        """Compare the two maps on every run holding a (mvn, mv-sigmoid) pair.
+
+        Args:
+            sigma: the noise level of the scatter plots (default: the middle of the scored ones).
+        """
+        out = Path(out)
+        frames = [pairs_frame(r) for r in results]
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            raise ExperimentSkipped("no run holds both taylor and taylor_mvs (or mmse and mmse_mvs) rows")
+        pairs = pd.concat(frames, ignore_index=True)
+        table = summary(pairs)
+        labels = list(dict.fromkeys(pairs["model"]))
+        runs = [r for r in results if r.label in labels and r.is_standard] or [r for r in results if r.label in labels]
+        sigmas = sorted(pairs["sigma"].unique())
+        chosen = float(sigma) if sigma is not None else float(sigmas[len(sigmas) // 2])
+        fig = _plot(pairs, table, runs, chosen, out / NAME)
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: table, "points": pairs},
+                figures=[fig],
+                reading=_reading(table[table["model"].isin([r.label for r in runs])]),
+                settings={"scatter_sigma": chosen},
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        return [("mv-sigmoid vs mvn-cdf on the same z", output.tables.get(self.name, pd.DataFrame()))]
+
+
+EXPERIMENT = MvSigmoid()

@@ -1,23 +1,28 @@
 """Experiment 6: estimation error for a family of models of increasing robustness.
 
 The paper's figure 1b and the appendix figure "Accuracy of p_robust estimators over sigma for
-robust models": models of one architecture trained with gradient-norm regularisation lambda in
-{0, 1e-4, 1e-3, 1e-2}; the more robust the model (larger lambda), the more locally linear it
-is, and the more accurately the linearising estimators compute p_robust over a larger sigma.
+robust models".
+
+Inputs: families of models of one recipe trained with different gradient-norm regularisation
+lambda (at least two per family), each with Monte Carlo rows.
+
+Outputs: ``robust_models.csv``, experiment 1's error table for every member, with its family;
+one figure per family (errors of p^mmse and p^taylor over sigma per lambda, and mean p^mc).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt, pct
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
-from probust.experiments.estimation_error import error_table
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import error_table, fmt, pct, sort_by_method
 
 NAME = "robust_models"
 TITLE = "6. Estimation error for models of increasing robustness (λ)"
@@ -34,43 +39,55 @@ def _family_label(family: list[Run]) -> str:
 
 
 def _plot(table: pd.DataFrame, family: list[Run], stem: Path) -> Path:
-    colors = _style.lambda_colors([r.grad_reg for r in family])
+    colors = style.lambda_colors([cast(float, r.grad_reg) for r in family])  # a family member has its λ
     panels = [m for m in ("mmse", "taylor") if (table["method"] == m).any()]
-    with _style.style_context():
-        fig, axes = _style.new_figure(1, len(panels) + 1, height=4.0)
+    with style.style_context():
+        fig, axes = style.new_figure(1, len(panels) + 1, height=4.0)
         for k, method in enumerate(panels):
             ax = axes[0, k]
             t = table[table["method"] == method]
-            floor = _style.log_floor(t["mean_abs_error"].tolist() + t["mc_mean_half_width"].tolist())
+            floor = style.log_floor(t["mean_abs_error"].tolist() + t["mc_mean_half_width"].tolist())
             for run in family:
                 g = t[t["model"] == run.label].sort_values("sigma")
                 if g.empty:
                     continue
                 acc = f", acc {pct(run.test_accuracy)}" if run.test_accuracy is not None else ""
-                ax.errorbar(g["sigma"], g["mean_abs_error"], yerr=g["sem_abs_error"], color=colors[run.grad_reg], marker="o",
-                            capsize=2.5, label=f"{_style.lambda_label(run.grad_reg)}{acc}")  # fmt: skip
-                ax.plot(g["sigma"], g["mc_mean_half_width"], color=colors[run.grad_reg], linestyle=":", linewidth=1)
-            _style.log_y(ax, floor)
-            _style.sigma_axis(ax, t["sigma"].unique())
-            ax.set_ylabel(f"mean |{_style.method_label(method)} − {_style.method_label('mc')}|")
-            ax.set_title(f"{_style.method_label(method)} error (dotted: MC 95% half-width)")
+                ax.errorbar(g["sigma"], g["mean_abs_error"], yerr=g["sem_abs_error"], color=colors[cast(float, run.grad_reg)], marker="o",
+                            capsize=2.5, label=f"{style.lambda_label(run.grad_reg)}{acc}")  # fmt: skip
+                ax.plot(
+                    g["sigma"],
+                    g["mc_mean_half_width"],
+                    color=colors[cast(float, run.grad_reg)],
+                    linestyle=":",
+                    linewidth=1,
+                )
+            style.log_y(ax, floor)
+            style.sigma_axis(ax, t["sigma"].unique())
+            ax.set_ylabel(f"mean |{style.method_label(method)} − {style.method_label('mc')}|")
+            ax.set_title(f"{style.method_label(method)} error (dotted: MC 95% half-width)")
             ax.legend(frameon=False, fontsize=8)
         ax = axes[0, -1]
         t = table[table["method"] == panels[0]]
         for run in family:
             g = t[t["model"] == run.label].sort_values("sigma")
-            ax.plot(g["sigma"], g["mean_p_mc"], color=colors[run.grad_reg], marker="s", label=_style.lambda_label(run.grad_reg))
-        _style.sigma_axis(ax, t["sigma"].unique())
-        ax.set_ylabel(f"mean {_style.method_label('mc')} (probability)")
+            ax.plot(
+                g["sigma"],
+                g["mean_p_mc"],
+                color=colors[cast(float, run.grad_reg)],
+                marker="s",
+                label=style.lambda_label(run.grad_reg),
+            )
+        style.sigma_axis(ax, t["sigma"].unique())
+        ax.set_ylabel(f"mean {style.method_label('mc')} (probability)")
         ax.set_title("robustness of each model")
         ax.legend(frameon=False, fontsize=8)
         fig.suptitle(f"{_family_label(family)}: models trained with increasing λ", y=1.02)
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _reading(table: pd.DataFrame, family: list[Run]) -> list[str]:
-    out = []
+    out: list[str] = []
     t = table[table["method"] == "mmse"]
     if t.empty:
         return out
@@ -80,9 +97,9 @@ def _reading(table: pd.DataFrame, family: list[Run]) -> list[str]:
     p = t.pivot_table(index="sigma", columns="grad_reg", values="mean_p_mc")
     better = [s for s in sigmas if e.loc[s, hi.grad_reg] < e.loc[s, lo.grad_reg]]
     out.append(
-        f"p<sup>mmse</sup>'s mean |error| is lower for {_style.lambda_label(hi.grad_reg)} than for {_style.lambda_label(lo.grad_reg)} "
+        f"p<sup>mmse</sup>'s mean |error| is lower for {style.lambda_label(hi.grad_reg)} than for {style.lambda_label(lo.grad_reg)} "
         f"at {len(better)} of {len(sigmas)} noise levels; at σ={sigmas[-1]:g}: "
-        + ", ".join(f"{fmt(e.loc[sigmas[-1], r.grad_reg])} ({_style.lambda_label(r.grad_reg)})" for r in family)
+        + ", ".join(f"{fmt(e.loc[sigmas[-1], r.grad_reg])} ({style.lambda_label(r.grad_reg)})" for r in family)
         + "."
     )
     rho = []
@@ -90,8 +107,8 @@ def _reading(table: pd.DataFrame, family: list[Run]) -> list[str]:
         col = e.loc[s, [r.grad_reg for r in family]].to_numpy()
         rho.append(np.corrcoef(np.arange(len(col)), pd.Series(col).rank().to_numpy())[0, 1] if len(col) > 2 else np.nan)
     out.append(
-        f"Mean p<sup>mc</sup> at σ={sigmas[-1]:g} goes from {fmt(p.loc[sigmas[-1], lo.grad_reg])} ({_style.lambda_label(lo.grad_reg)}) to "
-        f"{fmt(p.loc[sigmas[-1], hi.grad_reg])} ({_style.lambda_label(hi.grad_reg)}); test accuracy from "
+        f"Mean p<sup>mc</sup> at σ={sigmas[-1]:g} goes from {fmt(p.loc[sigmas[-1], lo.grad_reg])} ({style.lambda_label(lo.grad_reg)}) to "
+        f"{fmt(p.loc[sigmas[-1], hi.grad_reg])} ({style.lambda_label(hi.grad_reg)}); test accuracy from "
         f"{pct(lo.test_accuracy)} to {pct(hi.test_accuracy)}."
     )
     rho = [v for v in rho if np.isfinite(v)]
@@ -103,33 +120,62 @@ def _reading(table: pd.DataFrame, family: list[Run]) -> list[str]:
     return out
 
 
-def run(results: Results, out: str | Path) -> Output:
-    """Error tables and figure for each family of models that differ only in lambda."""
-    out = Path(out)
-    families = [[r for r in f if r.has("mc")] for f in results.families()]
-    families = [f for f in families if len(f) >= 2]
-    if not families:
-        raise ExperimentSkipped(
-            "no family of models trained alike with at least two values of λ (and Monte Carlo rows): train e.g. "
-            "probust train --grad-reg 0 / 1e-4 / 1e-3 / 1e-2 and score each model"
+class RobustModels(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+
+    def run(self, results: Results, out: str | Path) -> Output:
+        """Error tables and figure for each family of models that differ only in lambda."""
+        out = Path(out)
+        families = [[r for r in f if r.has("mc")] for f in results.families()]
+        families = [f for f in families if len(f) >= 2]
+        if not families:
+            raise ExperimentSkipped(
+                "no family of models trained alike with at least two values of λ (and Monte Carlo rows): train e.g. "
+                "probust train --grad-reg 0 / 1e-4 / 1e-3 / 1e-2 and score each model"
+            )
+        tables, figures, reading = [], [], []
+        for k, family in enumerate(families):
+            t = pd.concat([error_table(r) for r in family], ignore_index=True)
+            t.insert(0, "family", _family_label(family))
+            tables.append(t)
+            figures.append(_plot(t, family, out / (NAME if k == 0 else f"{NAME}_{k + 1}")))
+            reading += _reading(t, family)
+        table = pd.concat(tables, ignore_index=True)
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: table},
+                figures=figures,
+                reading=reading,
+                settings={"families": [[r.label for r in f] for f in families]},
+            ),
+            out,
         )
-    tables, figures, reading = [], [], []
-    for k, family in enumerate(families):
-        t = pd.concat([error_table(r) for r in family], ignore_index=True)
-        t.insert(0, "family", _family_label(family))
-        tables.append(t)
-        figures.append(_plot(t, family, out / (NAME if k == 0 else f"{NAME}_{k + 1}")))
-        reading += _reading(t, family)
-    table = pd.concat(tables, ignore_index=True)
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: table},
-            figures=figures,
-            reading=reading,
-            settings={"families": [[r.label for r in f] for f in families]},
-        ),
-        out,
-    )
+
+    def display(self, output: Output) -> list[Shown]:
+        main = output.tables.get(self.name, pd.DataFrame())
+        view = main[main["method"].isin(["mmse", "taylor"])][
+            [
+                "model",
+                "grad_reg",
+                "sigma",
+                "method",
+                "mean_abs_error",
+                "sem_abs_error",
+                "mean_p_mc",
+                "mc_mean_half_width",
+            ]
+        ]
+        return [
+            (
+                "Errors of p<sup>mmse</sup> and p<sup>taylor</sup> for each λ",
+                sort_by_method(view).assign(method=lambda f: "p^" + f["method"]),
+            )
+        ]
+
+
+EXPERIMENT = RobustModels()

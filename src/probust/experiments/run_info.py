@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probust.experiments._style import lambda_label
+from probust.experiments.style import lambda_label
 from probust.run import ResultsConfig
 
 __all__ = ["Run", "legacy_robust_loss_config"]

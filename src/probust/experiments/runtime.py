@@ -6,10 +6,14 @@ with the paper's sample counts (Monte Carlo n = 100, 1,000, 10,000; MMSE N = 1, 
 ("batched"), and the speed-up over Monte Carlo at n = 10,000 (the count at which the paper
 finds it converged) in the same mode. This is a measurement, so it times the estimators
 directly on the model of a results folder; its numbers depend on the machine and its load.
+
+Outputs: ``runtime.csv``, one row per (estimator, sample count, mode) (see :func:`measure`), and
+``runtime_paper_layout.csv``, the modes side by side; one figure.
 """
 
 from __future__ import annotations
 
+import html
 import os
 import platform
 import time
@@ -21,10 +25,11 @@ import pandas as pd
 import torch
 
 from probust._budget import peak_memory
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
+from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import fmt
 
 NAME = "runtime"
 TITLE = "3. Runtime of the estimators (this machine)"
@@ -78,7 +83,7 @@ def measure(
     mc_counts: Sequence[int] = PAPER_MC_COUNTS,
     mmse_counts: Sequence[int] = PAPER_MMSE_COUNTS,
     modes: Sequence[str] = MODES,
-    methods: Sequence[str] = _style.PAPER_METHODS,
+    methods: Sequence[str] = style.PAPER_METHODS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Time every estimator on the points ``x``.
@@ -149,10 +154,12 @@ def add_speedup(table: pd.DataFrame, reference_n: int = 10_000) -> pd.DataFrame:
 
 def paper_layout(table: pd.DataFrame) -> pd.DataFrame:
     """The table as the paper prints it: one row per (estimator, n), modes side by side."""
-    wide = table.pivot_table(index=["method", "n_samples"], columns="mode", values=["seconds", "speedup_vs_mc", "peak_mb"], aggfunc="first")
+    wide = table.pivot_table(
+        index=["method", "n_samples"], columns="mode", values=["seconds", "speedup_vs_mc", "peak_mb"], aggfunc="first"
+    )
     wide.columns = [f"{a}_{b}" for a, b in wide.columns]
     wide = wide.reset_index()
-    order = {m: i for i, m in enumerate(_style.METHOD_ORDER)}
+    order = {m: i for i, m in enumerate(style.METHOD_ORDER)}
     wide["_o"] = wide["method"].map(order)
     return wide.sort_values(["_o", "n_samples"]).drop(columns="_o").reset_index(drop=True)
 
@@ -160,13 +167,14 @@ def paper_layout(table: pd.DataFrame) -> pd.DataFrame:
 def _plot(table: pd.DataFrame, stem: Path, title: str) -> Path:
     wide = paper_layout(table)
     labels = [
-        _style.method_label(r.method) + ("" if r.n_samples == 0 else f"  {'n' if r.method == 'mc' else 'N'}={int(r.n_samples):,}")
+        style.method_label(r.method)
+        + ("" if r.n_samples == 0 else f"  {'n' if r.method == 'mc' else 'N'}={int(r.n_samples):,}")
         for r in wide.itertuples()
     ]
     y = np.arange(len(wide))[::-1]
     modes = [m for m in MODES if f"seconds_{m}" in wide]
-    with _style.style_context():
-        fig, axes = _style.new_figure(1, 1, width=7.6, height=0.32 * len(wide) + 1.4)
+    with style.style_context():
+        fig, axes = style.new_figure(1, 1, width=7.6, height=0.32 * len(wide) + 1.4)
         ax = axes[0, 0]
         h = 0.38
         for k, mode in enumerate(modes):
@@ -174,7 +182,7 @@ def _plot(table: pd.DataFrame, stem: Path, title: str) -> Path:
             values = wide[f"seconds_{mode}"] / points
             ax.barh(
                 y + (h / 2 if k == 0 else -h / 2) * (len(modes) > 1), values, height=h,
-                color=[_style.method_color(m) for m in wide["method"]], alpha=1.0 if mode == "batched" else 0.45,
+                color=[style.method_color(m) for m in wide["method"]], alpha=1.0 if mode == "batched" else 0.45,
                 hatch="" if mode == "batched" else "///", edgecolor="white", linewidth=0.4, label=mode,
             )  # fmt: skip
         ax.set_yticks(y)
@@ -191,7 +199,7 @@ def _plot(table: pd.DataFrame, stem: Path, title: str) -> Path:
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.grid(False, axis="y")
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _reading(table: pd.DataFrame) -> list[str]:
@@ -205,7 +213,9 @@ def _reading(table: pd.DataFrame) -> list[str]:
         for method, n in (("taylor", 0), ("taylor_mvs", 0), ("mmse", 5), ("mmse_mvs", 5), ("softmax", 0)):
             r = t[(t["method"] == method) & (t["n_samples"] == n)]
             if len(r):
-                pick.append(f"{_style.method_html(method)}{'' if n == 0 else f' (N={n})'} {fmt(r['speedup_vs_mc'].iloc[0])}×")
+                pick.append(
+                    f"{style.method_html(method)}{'' if n == 0 else f' (N={n})'} {fmt(r['speedup_vs_mc'].iloc[0])}×"
+                )
         mc = t[(t["method"] == "mc")].sort_values("n_samples")
         if len(mc) and pick:
             out.append(
@@ -218,7 +228,7 @@ def _reading(table: pd.DataFrame) -> list[str]:
     if len(mc_peak) and len(mmse_peak):
         out.append(
             f"Peak memory added by one batched call: p<sup>mc</sup> {fmt(mc_peak.iloc[-1])} MB, "
-            f"{_style.method_html('mmse')} (N=5) {fmt(mmse_peak.iloc[0])} MB; both bounded by the estimators' "
+            f"{style.method_html('mmse')} (N=5) {fmt(mmse_peak.iloc[0])} MB; both bounded by the estimators' "
             "memory budget (half the free memory by default), which sets their row chunks."
         )
     both = table.pivot_table(index=["method", "n_samples"], columns="mode", values="seconds", aggfunc="first")
@@ -227,78 +237,131 @@ def _reading(table: pd.DataFrame) -> list[str]:
         if len(gain):
             out.append(
                 f"Serial time divided by batched time ranges from {fmt(gain.min())} to {fmt(gain.max())} "
-                f"(largest for {_style.METHOD_HTML.get(gain.idxmax()[0], gain.idxmax()[0])}"
+                f"(largest for {style.METHOD_HTML.get(gain.idxmax()[0], gain.idxmax()[0])}"
                 f"{'' if gain.idxmax()[1] == 0 else f' at n={int(gain.idxmax()[1]):,}'})."
             )
     return out
 
 
-def run(
-    results: Results,
-    out: str | Path,
-    *,
-    model: str | None = None,
-    points: int = 5,
-    sigma: float = 0.1,
-    mc_counts: Sequence[int] = PAPER_MC_COUNTS,
-    mmse_counts: Sequence[int] = PAPER_MMSE_COUNTS,
-    modes: Sequence[str] = MODES,
-    methods: Sequence[str] = _style.PAPER_METHODS,
-    device: str = "cpu",
-) -> Output:
-    """Time the estimators on the model of one run (default: the primary run).
+class Runtime(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
+    measuring = True  # it times the estimators on this machine
 
-    Args:
-        results: the runs; the chosen run's model file and data set must still be on disk.
-        out: output folder.
-        model: label of the run whose model is timed.
-        points: how many of its scored points to time on (the paper: 50).
-        sigma: the noise level (the paper: 0.1).
-        mc_counts, mmse_counts, modes, methods: see :func:`measure`.
-        device: where to run.
-    """
-    out = Path(out)
-    target: Run | None = results.by_label(model) if model else results.primary()
-    if target is None or target.model_source is None or not Path(target.model_source).is_file():
-        raise ExperimentSkipped("the model file of the results is not on this machine, so nothing can be timed")
-    from probust import data as pdata
-    from probust import models as pmodels
+    def run(
+        self,
+        results: Results,
+        out: str | Path,
+        *,
+        model: str | None = None,
+        points: int = 5,
+        sigma: float = 0.1,
+        mc_counts: Sequence[int] = PAPER_MC_COUNTS,
+        mmse_counts: Sequence[int] = PAPER_MMSE_COUNTS,
+        modes: Sequence[str] = MODES,
+        methods: Sequence[str] = style.PAPER_METHODS,
+        device: str = "cpu",
+    ) -> Output:
+        """Time the estimators on the model of one run (default: the primary run).
 
-    net, _ = pmodels.load_model(target.model_source, map_location=device)
-    try:
-        ds = pdata.load(target.config["run"]["dataset"], target.config["run"].get("split", "test"))
-    except Exception as exc:  # the data set is gone: say so rather than fail the report
-        raise ExperimentSkipped(f"the data set of the results cannot be loaded ({str(exc).splitlines()[0]})") from None
-    indices = np.sort(target.table["index"].unique())[:points]
-    x = torch.stack([ds[int(i)][0] for i in indices]).to(device)
-    table = measure(net, x, sigma, mc_counts=mc_counts, mmse_counts=mmse_counts, modes=modes, methods=methods, seed=target.seed)
-    table.insert(0, "model", target.label)
-    env = {
-        "cpu": cpu_name(),
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": device,
-        "torch": torch.__version__,
-        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-    title = f"{target.label}: σ={sigma:g}, {len(indices)} points, {env['torch_threads']} thread(s)"
-    fig = _plot(table, out / NAME, title)
-    paper = paper_layout(table)
-    reading = _reading(table)
-    reading.append(
-        f"Measured on {env['cpu']} ({env['logical_cpus']} logical CPUs, torch using {env['torch_threads']} thread(s), "
-        f"1-minute load average {env['load_average_1min']} when it ended); the paper timed 50 points of a CIFAR-10 ResNet18."
-    )
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: table, "paper_layout": paper},
-            figures=[fig],
-            reading=reading,
-            settings={"model": target.label, "points": len(indices), "sigma": sigma, "mc_counts": list(mc_counts),
-                      "mmse_counts": list(mmse_counts), **env},  # fmt: skip
-        ),
-        out,
-    )
+        Args:
+            results: the runs; the chosen run's model file and data set must still be on disk.
+            out: output folder.
+            model: label of the run whose model is timed.
+            points: how many of its scored points to time on (the paper: 50).
+            sigma: the noise level (the paper: 0.1).
+            mc_counts, mmse_counts, modes, methods: see :func:`measure`.
+            device: where to run.
+        """
+        out = Path(out)
+        target: Run | None = results.by_label(model) if model else results.primary()
+        if target is None or target.model_source is None or not Path(target.model_source).is_file():
+            raise ExperimentSkipped("the model file of the results is not on this machine, so nothing can be timed")
+        from probust import data as pdata
+        from probust import models as pmodels
+
+        net, _ = pmodels.load_model(target.model_source, map_location=device)
+        try:
+            ds = pdata.load(target.config["run"]["dataset"], target.config["run"].get("split", "test"))
+        except Exception as exc:  # the data set is gone: say so rather than fail the report
+            raise ExperimentSkipped(
+                f"the data set of the results cannot be loaded ({str(exc).splitlines()[0]})"
+            ) from None
+        indices = np.sort(target.table["index"].unique())[:points]
+        x = torch.stack([ds[int(i)][0] for i in indices]).to(device)
+        table = measure(
+            net, x, sigma, mc_counts=mc_counts, mmse_counts=mmse_counts, modes=modes, methods=methods, seed=target.seed
+        )
+        table.insert(0, "model", target.label)
+        env = {
+            "cpu": cpu_name(),
+            "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "device": device,
+            "torch": torch.__version__,
+            "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        }
+        title = f"{target.label}: σ={sigma:g}, {len(indices)} points, {env['torch_threads']} thread(s)"
+        fig = _plot(table, out / NAME, title)
+        paper = paper_layout(table)
+        reading = _reading(table)
+        reading.append(
+            f"Measured on {env['cpu']} ({env['logical_cpus']} logical CPUs, torch using {env['torch_threads']} thread(s), "
+            f"1-minute load average {env['load_average_1min']} when it ended); the paper timed 50 points of a CIFAR-10 ResNet18."
+        )
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: table, "paper_layout": paper},
+                figures=[fig],
+                reading=reading,
+                settings={
+                    "model": target.label,
+                    "points": len(indices),
+                    "sigma": sigma,
+                    "mc_counts": list(mc_counts),
+                    "mmse_counts": list(mmse_counts),
+                    **env,
+                },  # fmt: skip
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        view = output.tables["paper_layout"].assign(method=lambda f: "p^" + f["method"])
+        return [
+            (
+                "Wall time for all timed points (seconds), speed-up over Monte Carlo in the same mode, and the peak memory one call added (MB)",
+                view,
+            )
+        ]
+
+    def summary(self, output: Output, results: Results) -> list[Shown]:
+        t = output.table
+        keep = t[
+            ((t["method"] == "mc") & (t["n_samples"] == t[t["method"] == "mc"]["n_samples"].max()))
+            | t["method"].isin(["taylor", "taylor_mvs", "softmax"])
+            | (t["method"].str.startswith("mmse") & (t["n_samples"] == 5))
+        ]
+        view = keep.pivot_table(
+            index=["method", "n_samples"], columns="mode", values="speedup_vs_mc", aggfunc="first"
+        ).reset_index()
+        view = view.iloc[
+            np.argsort(
+                [style.METHOD_ORDER.index(m) if m in style.METHOD_ORDER else 99 for m in view["method"]], kind="stable"
+            )
+        ]
+        view.columns = [f"speed-up vs MC, {c}" if c in ("serial", "batched") else c for c in view.columns]
+        view["method"] = "p^" + view["method"]
+        return [
+            (
+                f"Speed-up over Monte Carlo ({html.escape(str(t['speedup_reference'].iloc[0]))}) on this machine (experiment 3)",
+                view,
+            )
+        ]
+
+
+EXPERIMENT = Runtime()

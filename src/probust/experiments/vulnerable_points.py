@@ -5,6 +5,9 @@ The paper's figures 4, "images with the lowest and highest p_robust and p_softma
 a decision boundary: "support vectors") and the highest (far from it: "canonical" examples),
 next to the images with the lowest and highest softmax probability; and a few images with
 Gaussian noise of each sigma added, as the model sees them.
+
+Outputs: ``vulnerable_points.csv``, the images shown (class, score, end, rank, values); two
+figures (the per-class grid, and the noisy examples).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probust.experiments import _style
-from probust.experiments._base import ExperimentSkipped, Output, finish, fmt
+from probust.experiments import style
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import case_sigma, fmt, pool
 
 NAME = "vulnerable_points"
 TITLE = "8. Vulnerable and canonical points"
@@ -34,23 +38,6 @@ GROUPS = (
     ("softmax", "lowest", "lowest p^softmax"),
     ("softmax", "highest", "highest p^softmax"),
 )
-
-
-def case_sigma(run: Run, method: str = "mmse") -> float:
-    """The sigma with the most rows of ``method`` (ties: the one nearest the middle)."""
-    rows = run.rows(method)
-    counts = rows.groupby("sigma").size()
-    best = counts.max()
-    tied = sorted(float(s) for s, c in counts.items() if c == best)
-    middle = run.sigmas[len(run.sigmas) // 2]
-    return min(tied, key=lambda s: (abs(np.log(s / middle)), s))
-
-
-def pool(run: Run, sigma: float) -> pd.DataFrame:
-    """index, label, prediction, p_mmse, softmax for every point with p^mmse at ``sigma``."""
-    w = run.wide()
-    g = w[(w["sigma"] == sigma) & w["p_mmse"].notna()] if "p_mmse" in w else w.iloc[:0]
-    return g[["index", "label", "prediction", "p_mmse", "softmax"]].reset_index(drop=True)
 
 
 def selection(points: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -97,7 +84,9 @@ def _mosaic(cells: list[list[np.ndarray | None]], gap: int, caption: int) -> np.
     return out
 
 
-def _grid_figure(sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str], run: Run, sigma: float, k: int, stem: Path) -> Path:
+def _grid_figure(
+    sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str], run: Run, sigma: float, k: int, stem: Path
+) -> Path:
     import matplotlib.pyplot as plt
 
     classes = sorted(sel["class"].unique())
@@ -106,14 +95,16 @@ def _grid_figure(sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str
     grey = sample.ndim == 2
     gap, caption = max(1, w // 8), max(3, int(round(h * 0.42)))
     cmap = plt.get_cmap("gray").with_extremes(bad="white") if grey else None
-    with _style.style_context():
-        fig, axes = _style.new_figure(1, len(GROUPS), width=len(GROUPS) * k * 0.62 + 1.8, height=len(classes) * 0.66 + 1.1)
+    with style.style_context():
+        fig, axes = style.new_figure(
+            1, len(GROUPS), width=len(GROUPS) * k * 0.62 + 1.8, height=len(classes) * 0.66 + 1.1
+        )
         for gi, (score, end, label) in enumerate(GROUPS):
             ax = axes[0, gi]
             cells, texts = [], []
             for row, c in enumerate(classes):
                 picks = sel[(sel["class"] == c) & (sel["score"] == score) & (sel["end"] == end)].sort_values("rank")
-                line = []
+                line: list[np.ndarray | None] = []
                 for j in range(k):
                     if j >= len(picks):
                         line.append(None)
@@ -122,7 +113,14 @@ def _grid_figure(sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str
                     line.append(_to_display(pics[int(r["index"])]))
                     value = r["p_mmse"] if score == "mmse" else r["softmax"]
                     wrong = int(r["prediction"]) != c
-                    texts.append((j * (w + gap) + w / 2, row * (h + caption) + h + caption * 0.1, f"{value:.2f}" + ("*" if wrong else ""), wrong))
+                    texts.append(
+                        (
+                            j * (w + gap) + w / 2,
+                            row * (h + caption) + h + caption * 0.1,
+                            f"{value:.2f}" + ("*" if wrong else ""),
+                            wrong,
+                        )
+                    )
                 cells.append(line)
             mosaic = _mosaic(cells, gap, caption)
             if not grey:
@@ -138,14 +136,14 @@ def _grid_figure(sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str
             ax.grid(False)
             for sp in ax.spines.values():
                 sp.set_visible(False)
-            ax.set_title(_style.METHOD_LABELS[score].join(label.split(f"p^{score}")), fontsize=10)
+            ax.set_title(style.METHOD_LABELS[score].join(label.split(f"p^{score}")), fontsize=10)
         fig.suptitle(
             f"{run.label}: per class, the {k} scored images with the lowest / highest p$^{{\\mathrm{{mmse}}}}$ (σ={sigma:g}) "
             f"and softmax probability (caption: the value; red *: misclassified)",
             fontsize=10,
         )
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _noisy_figure(ds, run: Run, indices: list[int], sigmas: list[float], seed: int, stem: Path) -> Path:
@@ -153,8 +151,10 @@ def _noisy_figure(ds, run: Run, indices: list[int], sigmas: list[float], seed: i
     names = run.classes
     w = run.wide()
     gen = torch.Generator().manual_seed(int(seed))
-    with _style.style_context():
-        fig, axes = _style.new_figure(len(indices), len(sigmas) + 1, width=1.35 * (len(sigmas) + 1) + 0.6, height=1.55 * len(indices) + 0.5)
+    with style.style_context():
+        fig, axes = style.new_figure(
+            len(indices), len(sigmas) + 1, width=1.35 * (len(sigmas) + 1) + 0.6, height=1.55 * len(indices) + 0.5
+        )
         grey = clean.shape[1] == 1
         for row, (i, img) in enumerate(zip(indices, clean)):
             label = int(run.table.loc[run.table["index"] == i, "label"].iloc[0])
@@ -174,14 +174,18 @@ def _noisy_figure(ds, run: Run, indices: list[int], sigmas: list[float], seed: i
                     noise = torch.randn(img.shape, generator=gen).numpy() * sigma
                     shown = img + noise
                     p = w[(w["index"] == i) & (w["sigma"] == sigma)]
-                    caption = f"p$^{{\\mathrm{{mmse}}}}$={p['p_mmse'].iloc[0]:.2f}" if len(p) and "p_mmse" in p and p["p_mmse"].notna().iloc[0] else ""
+                    caption = (
+                        f"p$^{{\\mathrm{{mmse}}}}$={p['p_mmse'].iloc[0]:.2f}"
+                        if len(p) and "p_mmse" in p and p["p_mmse"].notna().iloc[0]
+                        else ""
+                    )
                     if row == 0:
                         ax.set_title(f"σ={sigma:g}", fontsize=10)
                 ax.imshow(_to_display(shown), cmap="gray" if grey else None, vmin=0, vmax=1, interpolation="nearest")
                 ax.set_xlabel(caption, fontsize=7.5, labelpad=2)
         fig.suptitle(f"Gaussian noise of each σ on {run.dataset} images (pixel values in [0, 1])", fontsize=10)
         fig.tight_layout()
-        return _style.save_figure(fig, stem)[0]
+        return style.save_figure(fig, stem)[0]
 
 
 def _reading(sel: pd.DataFrame, points: pd.DataFrame, names: list[str], sigma: float) -> list[str]:
@@ -211,47 +215,67 @@ def _reading(sel: pd.DataFrame, points: pd.DataFrame, names: list[str], sigma: f
     return out
 
 
-def run(results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 4,
-        noisy_examples: int = 3) -> Output:  # fmt: skip
-    """Image grids for one run (default: the primary run).
+class VulnerablePoints(Experiment):
+    name = NAME
+    title = TITLE
+    description = DESCRIPTION
 
-    Args:
-        model: label of the run.
-        sigma: the noise level of p^mmse (default: the one with the most MMSE rows).
-        k: images per class and group.
-        noisy_examples: how many images to show with noise added.
-    """
-    out = Path(out)
-    target = results.by_label(model) if model else results.primary()
-    if target is None or not target.has("mmse"):
-        raise ExperimentSkipped("no run holds mmse rows")
-    chosen = float(sigma) if sigma is not None else case_sigma(target)
-    points = pool(target, chosen)
-    if points.empty:
-        raise ExperimentSkipped(f"{target.label} has no mmse rows at σ={chosen:g}")
-    ds = load_dataset(target)
-    sel = selection(points, k)
-    sel.insert(0, "model", target.label)
-    sel.insert(1, "sigma", chosen)
-    names = target.classes
-    sel.insert(3, "class_name", [names[c] for c in sel["class"]])
-    pics = dict(zip(sel["index"].unique().tolist(), images(ds, sel["index"].unique())))
-    figures = [_grid_figure(sel, pics, names, target, chosen, k, out / NAME)]
-    # noisy examples: the first scored point of evenly spread classes, among points scored at every sigma
-    core = target.table[target.table["index"].isin(target.core_indices)].drop_duplicates("index")
-    classes = sorted(core["label"].unique())
-    want = [classes[int(round(j * (len(classes) - 1) / max(noisy_examples - 1, 1)))] for j in range(min(noisy_examples, len(classes)))]
-    examples = [int(core[core["label"] == c]["index"].iloc[0]) for c in dict.fromkeys(want)]
-    figures.append(_noisy_figure(ds, target, examples, target.sigmas, target.seed, out / f"{NAME}_noisy"))
-    return finish(
-        Output(
-            name=NAME,
-            title=TITLE,
-            description=DESCRIPTION,
-            tables={NAME: sel},
-            figures=figures,
-            reading=_reading(sel, points, names, chosen),
-            settings={"model": target.label, "sigma": chosen, "k": k, "pool_points": int(len(points)), "noisy_examples": examples},
-        ),
-        out,
-    )
+    def run(self, results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 4,
+            noisy_examples: int = 3) -> Output:  # fmt: skip
+        """Image grids for one run (default: the primary run).
+
+        Args:
+            model: label of the run.
+            sigma: the noise level of p^mmse (default: the one with the most MMSE rows).
+            k: images per class and group.
+            noisy_examples: how many images to show with noise added.
+        """
+        out = Path(out)
+        target = results.by_label(model) if model else results.primary()
+        if target is None or not target.has("mmse"):
+            raise ExperimentSkipped("no run holds mmse rows")
+        chosen = float(sigma) if sigma is not None else case_sigma(target)
+        points = pool(target, chosen)
+        if points.empty:
+            raise ExperimentSkipped(f"{target.label} has no mmse rows at σ={chosen:g}")
+        ds = load_dataset(target)
+        sel = selection(points, k)
+        sel.insert(0, "model", target.label)
+        sel.insert(1, "sigma", chosen)
+        names = target.classes
+        sel.insert(3, "class_name", [names[c] for c in sel["class"]])
+        pics = dict(zip(sel["index"].unique().tolist(), images(ds, sel["index"].unique())))
+        figures = [_grid_figure(sel, pics, names, target, chosen, k, out / NAME)]
+        # noisy examples: the first scored point of evenly spread classes, among points scored at every sigma
+        core = target.table[target.table["index"].isin(target.core_indices)].drop_duplicates("index")
+        classes = sorted(core["label"].unique())
+        want = [
+            classes[int(round(j * (len(classes) - 1) / max(noisy_examples - 1, 1)))]
+            for j in range(min(noisy_examples, len(classes)))
+        ]
+        examples = [int(core[core["label"] == c]["index"].iloc[0]) for c in dict.fromkeys(want)]
+        figures.append(_noisy_figure(ds, target, examples, target.sigmas, target.seed, out / f"{NAME}_noisy"))
+        return finish(
+            Output(
+                name=NAME,
+                title=TITLE,
+                description=DESCRIPTION,
+                tables={NAME: sel},
+                figures=figures,
+                reading=_reading(sel, points, names, chosen),
+                settings={
+                    "model": target.label,
+                    "sigma": chosen,
+                    "k": k,
+                    "pool_points": int(len(points)),
+                    "noisy_examples": examples,
+                },
+            ),
+            out,
+        )
+
+    def display(self, output: Output) -> list[Shown]:
+        return []  # the figures are the result; the table lists the images shown
+
+
+EXPERIMENT = VulnerablePoints()

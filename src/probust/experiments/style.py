@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg", force=True)
 
+# (imported after choosing the backend, which must come before pyplot: hence E402)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -55,13 +57,31 @@ METHOD_COLORS = {
     "mc_is": "#a0522d",
 }
 
-METHOD_LINESTYLES = {"mc": "-", "taylor": "-", "mmse": "-", "taylor_mvs": "--", "mmse_mvs": "--", "softmax": ":", "mc_cv": "-.", "mc_is": "-."}
-METHOD_MARKERS = {"mc": "s", "taylor": "o", "mmse": "D", "taylor_mvs": "o", "mmse_mvs": "D", "softmax": "^", "mc_cv": "v", "mc_is": "P"}
+METHOD_LINESTYLES = {
+    "mc": "-",
+    "taylor": "-",
+    "mmse": "-",
+    "taylor_mvs": "--",
+    "mmse_mvs": "--",
+    "softmax": ":",
+    "mc_cv": "-.",
+    "mc_is": "-.",
+}
+METHOD_MARKERS = {
+    "mc": "s",
+    "taylor": "o",
+    "mmse": "D",
+    "taylor_mvs": "o",
+    "mmse_mvs": "D",
+    "softmax": "^",
+    "mc_cv": "v",
+    "mc_is": "P",
+}
 
 #: Colour of Monte Carlo's own confidence band.
 MC_BAND_COLOR = "#bbbbbb"
 
-_RC = {
+_RC: dict[Any, Any] = {  # matplotlib types the keys as a Literal of every rc name
     "font.size": 10,
     "axes.titlesize": 11,
     "axes.labelsize": 10.5,

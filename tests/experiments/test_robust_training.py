@@ -2,7 +2,8 @@
 
 The results folders here are synthetic (config.json with a checkpoint's metadata + Parquet rows
 written with probust.run.store's schema): the p values are chosen so that medians, gains and the
-matched-accuracy interpolation can be computed by hand with numpy.
+matched-accuracy interpolation can be computed by hand with numpy. The last test runs the
+experiment on the digits results of :func:`tests._helpers.build_results`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from probust import experiments
 from probust.experiments import robust_training
 from probust.experiments.runs import Results
 from probust.run.store import make_table
+from tests._helpers import MAIN_POINTS, MC_N, assert_figures, raw
+from tests._helpers import SIGMAS as DIGITS_SIGMAS
 
 SIGMAS = (0.1, 0.4)
 N = 41
@@ -29,7 +32,14 @@ RECIPE = {"dataset": "fashion-mnist", "arch": "cnn", "epochs": 1, "lr": 0.05, "b
 def robust_meta(mu: float, sigma: float) -> dict:
     return {
         "extra_loss": f"RobustLoss(sigma={sigma}, mu={mu:g}, cdf='mv-sigmoid', linearisation='taylor', target='label', max_points=32, min_p=0.0001, warmup_steps=100)",
-        "extra_loss_config": {"name": "RobustLoss", "mu": mu, "sigma": sigma, "cdf": "mv-sigmoid", "max_points": 32, "warmup_steps": 100},
+        "extra_loss_config": {
+            "name": "RobustLoss",
+            "mu": mu,
+            "sigma": sigma,
+            "cdf": "mv-sigmoid",
+            "max_points": 32,
+            "warmup_steps": 100,
+        },
     }
 
 
@@ -38,8 +48,19 @@ def write_run(root: Path, name: str, p: dict[float, np.ndarray], *, accuracy: fl
     """A results folder with Monte Carlo rows ``p[sigma]`` (one per point) for a model with this metadata."""
     folder = root / name
     folder.mkdir(parents=True)
-    meta = {**RECIPE, **(recipe or {}), "grad_reg": grad_reg, "test_accuracy": accuracy, "extra_loss": None, **(extra or {})}
-    config = {"format": "probust.results", "run": {"dataset": "fashion-mnist", "split": "test", "seed": 0}, "model": {"meta": meta}}
+    meta = {
+        **RECIPE,
+        **(recipe or {}),
+        "grad_reg": grad_reg,
+        "test_accuracy": accuracy,
+        "extra_loss": None,
+        **(extra or {}),
+    }
+    config = {
+        "format": "probust.results",
+        "run": {"dataset": "fashion-mnist", "split": "test", "seed": 0},
+        "model": {"meta": meta},
+    }
     (folder / "config.json").write_text(json.dumps(config))
     cols: dict[str, list] = {c: [] for c in ("index", "label", "prediction", "target", "sigma", "method", "n_samples", "p", "ci_low",
                                              "ci_high", "stderr", "confidence", "cdf_error", "seconds", "seed")}  # fmt: skip
@@ -140,7 +161,11 @@ def test_matched_accuracy_interpolates_the_family_over_accuracy(synthetic, tmp_p
         family = [("gn-0.1", 0.83), ("plain", 0.85), ("gn-0.01", 0.86)]  # sorted by accuracy
         points = [(n, a, np.median(raw[n][sigma])) for n, a in family]
         # the frontier: members no other member beats on both accuracy and median
-        front = [(n, a, p) for n, a, p in points if not any(a2 >= a and p2 >= p and (a2 > a or p2 > p) for _, a2, p2 in points)]
+        front = [
+            (n, a, p)
+            for n, a, p in points
+            if not any(a2 >= a and p2 >= p and (a2 > a or p2 > p) for _, a2, p2 in points)
+        ]
         expected = np.interp(0.84, [a for _, a, _ in front], [p for *_, p in front])  # clamps below the frontier
         row = m.loc[sigma]
         assert row["in_range"] and row["matched_median_p"] == pytest.approx(expected)
@@ -167,7 +192,12 @@ def test_figure_and_reading_state_the_comparison(synthetic, tmp_path):
     png = out.figures[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
     assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
-    assert {f.name for f in out.files} >= {"robust_training.csv", "robust_training_matched.csv", "robust_training.png", "robust_training.svg"}
+    assert {f.name for f in out.files} >= {
+        "robust_training.csv",
+        "robust_training_matched.csv",
+        "robust_training.png",
+        "robust_training.svg",
+    }
     first = out.reading[0]
     # the headline is at the sigma the model was trained for, with the numbers of the tables
     m = out.tables["matched"].set_index("sigma").loc[0.4]
@@ -188,7 +218,11 @@ def test_a_robust_model_outside_the_familys_accuracy_range_gets_the_nearest_memb
     write_run(tmp_path, "robust", {0.2: values(0.85, rng)}, accuracy=0.87, extra=robust_meta(0.5, 0.2))
     out = experiments.run("robust_training", experiments.load_results(tmp_path), tmp_path / "out")
     row = out.tables["matched"].iloc[0]
-    assert not row["in_range"] and np.isnan(row["matched_median_p"]) and row["verdict"] == "outside the family's accuracy range"
+    assert (
+        not row["in_range"]
+        and np.isnan(row["matched_median_p"])
+        and row["verdict"] == "outside the family's accuracy range"
+    )
     assert row["nearest_short"] == "plain" and row["nearest_accuracy"] == 0.85
     assert "while gaining 2.0 accuracy points" in out.reading[0]
     assert "lies above the range of the gradient-norm family (84.0% to 85.0%)" in out.reading[0]
@@ -218,9 +252,27 @@ def test_skipped_with_a_reason_when_a_piece_is_missing(tmp_path):
     assert out.skipped and "share no σ" in out.skipped
 
 
-def test_interpolate_matches_numpy_inside_and_refuses_outside():
-    x, y = np.array([0.80, 0.83, 0.86]), np.array([0.99, 0.90, 0.93])
-    for at in (0.80, 0.81, 0.83, 0.85, 0.86):
-        value, k, w = robust_training.interpolate(x, y, at)
-        assert value == pytest.approx(np.interp(at, x, y)) and x[k] <= at <= x[k + 1] and 0 <= w <= 1
-    assert np.isnan(robust_training.interpolate(x, y, 0.79)[0]) and robust_training.interpolate(x, y, 0.87)[1] is None
+def test_robust_training_compares_the_robust_loss_model_with_the_family_it_was_trained_like(results, out_dir):
+    out = experiments.run("robust_training", results, out_dir)
+    assert_figures(out)
+    t = out.table
+    assert list(dict.fromkeys(t["model"])) == [
+        "digits linear",
+        "digits linear, λ=0.05",
+        "digits linear, robust μ=1 (σ=0.3)",
+    ]
+    assert (
+        list(t["kind"].unique()) == ["plain", "grad-norm", "robust-loss"]
+        and sorted(t["sigma"].unique()) == DIGITS_SIGMAS
+    )
+    for row in t.itertuples():
+        p = raw(results, row.model)
+        p = p[(p.method == "mc") & (p.sigma == row.sigma) & (p.n_samples == MC_N)]["p"].to_numpy()
+        assert (
+            row.n_points == MAIN_POINTS
+            and row.median_p == pytest.approx(np.median(p))
+            and row.mean_p == pytest.approx(p.mean())
+        )
+    m = out.tables["matched"]
+    assert len(m) == len(DIGITS_SIGMAS) and set(m["model"]) == {"digits linear, robust μ=1 (σ=0.3)"}
+    assert out.reading[0].startswith("At σ = 0.3, RobustLoss μ=1 (σ=0.3)")
