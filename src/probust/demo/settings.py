@@ -6,9 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from probust.estimators import PAPER_METHODS
+
 __all__ = ["FAMILY_METHODS", "PAPER_METHODS", "DemoConfig", "DemoConfigError", "check_config", "config_for"]
 
-PAPER_METHODS = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax")
+#: What the main models are scored with: the paper's six methods (the method registry's).
+#: The regularised family members and the robust-loss models: the four the figures compare.
 FAMILY_METHODS = ("mc", "taylor", "mmse", "softmax")
 
 

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._budget import check_budget, resolve_budget
+from probust.execution.budget import check_budget, resolve_budget
 from probust._checks import check_logits, check_positive_int, check_x, eval_mode, model_device
-from probust._tuning import ForwardPlan, plan_forward, to_format
+from probust.execution.tuning import ForwardPlan, plan_forward, to_format
 from probust.estimators.estimate import Estimate
 from probust.noise import Noise
 
@@ -36,7 +36,7 @@ class Estimator(ABC):
         model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
         batch_size: the most rows (clean or noisy copies) in one pass through the model.
             None (default): measured on the first call, the fastest that fits
-            ``memory_budget`` (see :mod:`probust._tuning`), and kept for later calls.
+            ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
         memory_budget: bytes (or a size such as ``"2GB"``) the estimator may hold at once;
             None: half the memory free on the device at each call. Work that cannot fit raises
             an error naming this argument.

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probust._budget import peak_memory
+from probust.execution.budget import peak_memory
 from probust.experiments import style
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results

@@ -21,62 +21,24 @@ matplotlib.use("Agg", force=True)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-#: Order in which estimators appear in legends and tables.
-METHOD_ORDER = ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is")
+from probust.estimators import PAPER_METHODS, REGISTRY  # noqa: E402
 
-#: The paper's six estimators (the others are probust's additions).
-PAPER_METHODS = METHOD_ORDER[:6]
+#: Order in which estimators appear in legends and tables (the method registry's).
+METHOD_ORDER = tuple(REGISTRY)
 
 #: The paper's names, as matplotlib mathtext.
-METHOD_LABELS = {
-    "mc": r"$p^{\mathrm{mc}}$",
-    "taylor": r"$p^{\mathrm{taylor}}$",
-    "mmse": r"$p^{\mathrm{mmse}}$",
-    "taylor_mvs": r"$p^{\mathrm{taylor\_mvs}}$",
-    "mmse_mvs": r"$p^{\mathrm{mmse\_mvs}}$",
-    "softmax": r"$p^{\mathrm{softmax}}$",
-    "mc_cv": r"$p^{\mathrm{mc\_cv}}$",
-    "mc_is": r"$p^{\mathrm{mc\_is}}$",
-}
+METHOD_LABELS = {name: spec.label for name, spec in REGISTRY.items()}
 
 #: The same names as HTML (report tables and text).
-METHOD_HTML = {m: f"p<sup>{m}</sup>" for m in METHOD_ORDER}
+METHOD_HTML = {name: spec.html for name, spec in REGISTRY.items()}
 
 #: The same names as plain text (terminal and CSV).
-METHOD_TEXT = {m: f"p^{m}" for m in METHOD_ORDER}
+METHOD_TEXT = {name: spec.text for name, spec in REGISTRY.items()}
 
 #: One hue per linearisation (Taylor blue, MMSE red), lighter for the mv-sigmoid variant.
-METHOD_COLORS = {
-    "mc": "#222222",
-    "taylor": "#1f5fa8",
-    "taylor_mvs": "#6fa8dc",
-    "mmse": "#c0392b",
-    "mmse_mvs": "#f1948a",
-    "softmax": "#2e8b57",
-    "mc_cv": "#7b4fa0",
-    "mc_is": "#a0522d",
-}
-
-METHOD_LINESTYLES = {
-    "mc": "-",
-    "taylor": "-",
-    "mmse": "-",
-    "taylor_mvs": "--",
-    "mmse_mvs": "--",
-    "softmax": ":",
-    "mc_cv": "-.",
-    "mc_is": "-.",
-}
-METHOD_MARKERS = {
-    "mc": "s",
-    "taylor": "o",
-    "mmse": "D",
-    "taylor_mvs": "o",
-    "mmse_mvs": "D",
-    "softmax": "^",
-    "mc_cv": "v",
-    "mc_is": "P",
-}
+METHOD_COLORS = {name: spec.colour for name, spec in REGISTRY.items()}
+METHOD_LINESTYLES = {name: spec.linestyle for name, spec in REGISTRY.items()}
+METHOD_MARKERS = {name: spec.marker for name, spec in REGISTRY.items()}
 
 #: Colour of Monte Carlo's own confidence band.
 MC_BAND_COLOR = "#bbbbbb"

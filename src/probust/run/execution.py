@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from probust._checks import eval_mode
-from probust._tuning import sync
+from probust.execution.tuning import sync
 from probust.run.errors import agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust._budget import check_budget
+from probust.execution.budget import check_budget
 from probust._stats import INTERVALS
-from probust._tuning import JACOBIANS
+from probust.execution.tuning import JACOBIANS
 from probust.estimators import MMSE
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import probust
-from probust._budget import MemoryBudgetError, parse_bytes, resolve_budget, row_cost
+from probust.execution.budget import MemoryBudgetError, parse_bytes, resolve_budget, row_cost
 
 
 @pytest.mark.parametrize(

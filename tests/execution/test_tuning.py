@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import probust
-from probust import _tuning
+from probust.execution import tuning as _tuning
 from probust.linearise import logit_jacobian
 from probust.models import build
 
@@ -114,7 +114,7 @@ def test_margin_jacobian_equals_differences_of_logit_gradients(strategy):
 
 
 def test_plans_persist_on_disk_for_models_of_the_same_structure(monkeypatch, tmp_path):
-    from probust import _plan_cache
+    from probust.execution import plan_cache as _plan_cache
 
     monkeypatch.setenv("PROBUST_CACHE_DIR", str(tmp_path))
     calls = []

@@ -6,7 +6,7 @@ the batch: on a CPU a convolutional net may run twice as fast with its weights a
 input gradients one backward pass per class can beat torch.func's vmapped backward (or the
 reverse, for small models and on GPUs). So the first call on a model measures: a few timed
 passes on copies of the real inputs, and the fastest plan is kept per (model structure,
-device, input shape, dtype, classes), in memory and on disk (:mod:`probust._plan_cache`), so
+device, input shape, dtype, classes), in memory and on disk (:mod:`probust.execution.plan_cache`), so
 that later calls and later runs compute with the same plan and give the same numbers to the
 last bit. Different plans agree to float rounding: every strategy computes the same quantity,
 and rows are independent in eval mode.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from probust import _plan_cache
-from probust._budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
+from probust.execution import plan_cache
+from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
 
 #: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
 #: "vmap" (torch.func: all classes' backward passes vectorised, in class chunks), "forward"
@@ -60,16 +60,16 @@ class JacobianPlan:
 
 
 def _cached(model: nn.Module, key: tuple, kind: type) -> ForwardPlan | JacobianPlan | None:
-    return _plan_cache.lookup(model, _plan_cache.plan_key(model, key[1], key), kind)
+    return plan_cache.lookup(model, plan_cache.plan_key(model, key[1], key), kind)
 
 
 def _remember(model: nn.Module, key: tuple, plan: ForwardPlan | JacobianPlan) -> None:
-    _plan_cache.store(model, _plan_cache.plan_key(model, key[1], key), plan)
+    plan_cache.store(model, plan_cache.plan_key(model, key[1], key), plan)
 
 
 def forget(model: nn.Module) -> None:
     """Drop the plans of ``model`` kept in memory (the next call looks on disk or measures)."""
-    _plan_cache.forget(model)
+    plan_cache.forget(model)
 
 
 def can_use_channels_last(model: nn.Module, x: Tensor) -> bool:
