@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from probust import experiments
+from probust._io import atomic_write_text
 from probust.experiments import REGISTRY, Output, Results, style
 from probust.experiments import estimation_error as _estimation_error
 
@@ -302,7 +303,5 @@ def build_report(
     )
     path = out_dir / REPORT_NAME
     text = render_html(outputs, results, path, title=title, extra=extra)
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return Report(path=path, outputs=outputs, results=results, extra=extra or {})

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from probust._io import sha256_file
 from probust.data import ImageDataset
 from probust.run import ConfigError, hash_state_dict
-from probust.run.sources import batch, hash_data, hash_file, load_data, num_classes
+from probust.run.sources import batch, hash_data, load_data, num_classes
 
 
 def test_the_state_dict_hash_identifies_the_weights_not_the_object():
@@ -29,7 +30,7 @@ def test_the_file_hash_is_the_sha256_of_its_bytes(tmp_path):
     path = tmp_path / "f.bin"
     data = bytes(range(256)) * 5000  # more than one read block
     path.write_bytes(data)
-    assert hash_file(path) == hashlib.sha256(data).hexdigest()
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
 
 
 def test_the_data_hash_notices_a_changed_label_and_a_plain_dataset_reads_the_same(tiny_data):

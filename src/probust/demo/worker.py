@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from probust._io import sha256_file
 from probust.demo.settings import DemoConfig
 from probust.demo.specs import GRID_FILE, ModelSpec, grid_key
 
 __all__ = ["run_model"]
-
-
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str], None] | None) -> dict[str, Any]:
@@ -84,7 +75,7 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
 
     # the results folder: recomputed from scratch when its grid or model changed
     results = spec.results
-    grid = grid_key(cfg, spec, _file_sha(ckpt), len(test_ds))
+    grid = grid_key(cfg, spec, sha256_file(ckpt), len(test_ds))
     grid_file = results / GRID_FILE
     same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid
     if not same:  # written first, so that an interrupted demo resumes the same grid

@@ -13,16 +13,16 @@ import datetime as _dt
 import json
 import os
 import sys
-import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from probust._io import atomic_write, first_line
 from probust.models._registry import ARCHS, build, spec_of
 
 FORMAT = "probust.checkpoint"
@@ -55,28 +55,6 @@ def probust_version() -> str:
         return _dist_version("probust")
     except Exception:
         return "unknown"
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
-    """Writes ``path`` through a temporary file in the same folder and ``os.replace``.
-
-    A reader sees the old file or the new one, never a partial one, whatever happens mid-write.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def save_checkpoint(
@@ -163,7 +141,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"{path}: not a probust checkpoint ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: not a probust checkpoint ({type(exc).__name__}: {first_line(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a probust checkpoint")
     return _check_version(path, payload)
@@ -176,11 +154,6 @@ def _check_version(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
             f"reads ({FORMAT_VERSION}); upgrade probust"
         )
     return payload
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def check_compatible(
@@ -306,7 +279,7 @@ def _load_torch_save(path: Path, map_location: Any, allow_pickle: bool) -> tuple
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
         if "unsupported global" not in str(exc).lower():  # not a pickle of Python objects
-            raise CheckpointError(f"{path}: not a model file ({type(exc).__name__}: {_first_line(exc)})") from None
+            raise CheckpointError(f"{path}: not a model file ({type(exc).__name__}: {first_line(exc)})") from None
         if not allow_pickle:
             raise CheckpointError(
                 f"{path}: holds pickled Python objects (e.g. torch.save(model)), and loading them runs "
@@ -390,7 +363,7 @@ def load_model(
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot load a model from it ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: cannot load a model from it ({type(exc).__name__}: {first_line(exc)})") from None
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)  # rebuilt and exported models start on the CPU
     model.eval()
@@ -439,7 +412,7 @@ def _probe(
             out = model(x)
     except Exception as exc:
         raise CheckpointMismatchError(
-            f"{path}: does not accept inputs of shape {list(shape)} ({type(exc).__name__}: {_first_line(exc)})"
+            f"{path}: does not accept inputs of shape {list(shape)} ({type(exc).__name__}: {first_line(exc)})"
         ) from None
     if not isinstance(out, Tensor) or out.ndim != 2:
         desc = list(out.shape) if isinstance(out, Tensor) else type(out).__name__

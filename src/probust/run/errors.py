@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from probust._io import first_line
 from probust.run.distributed import World
 
 __all__ = ["ConfigError", "ConfigMismatchError", "agree", "first_line"]
@@ -23,12 +24,6 @@ class ConfigMismatchError(ConfigError):
     def __init__(self, message: str, differences: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.differences = list(differences)
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def agree(world: World, error: BaseException | None) -> None:

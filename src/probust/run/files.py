@@ -6,9 +6,6 @@ for what each column means.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from probust._io import atomic_write
 from probust.run.errors import first_line
 
 __all__ = [
@@ -23,7 +21,6 @@ __all__ = [
     "KEY",
     "OPTIONAL_COLUMNS",
     "SCHEMA",
-    "atomic_write_bytes",
     "atomic_write_table",
     "is_data_file",
     "make_table",
@@ -70,65 +67,9 @@ SCHEMA = pa.schema(
 OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta", "n_drawn")
 
 
-def _fsync_dir(path: Path) -> None:
-    # The rename itself must reach the disk for a part to survive a power loss.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# mkstemp creates files readable by the owner only; results are meant to be shared like any file.
-_FILE_MODE = 0o666 & ~_umask()
-
-
-def _chmod(fd: int) -> None:
-    if hasattr(os, "fchmod"):
-        os.fchmod(fd, _FILE_MODE)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _chmod(fd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_write_table(path: Path, table: pa.Table) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    _chmod(fd)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    """Write a Parquet file (zstd) whole or not at all (:func:`probust._io.atomic_write`)."""
+    atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
 
 
 def is_data_file(path: Path) -> bool:

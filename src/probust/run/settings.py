@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust.execution.budget import check_budget
 from probust._stats import INTERVALS
-from probust.execution.tuning import JACOBIANS
 from probust.estimators import MMSE
+from probust.execution.budget import check_budget
+from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
 from probust.run.methods import DEFAULT_METHODS, METHODS

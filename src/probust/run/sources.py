@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._checks import eval_mode
+from probust._io import sha256_file
 from probust._json import jsonable
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, first_line
@@ -27,7 +28,6 @@ __all__ = [
     "data_split",
     "device_type",
     "hash_data",
-    "hash_file",
     "hash_state_dict",
     "input_shape",
     "load_data",
@@ -136,15 +136,6 @@ def hash_data(ds: Any, chunk: int = 4096) -> str:
     return h.hexdigest()
 
 
-def hash_file(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def hash_state_dict(model: nn.Module) -> str:
     """sha256 over a module's state_dict: names, dtypes, shapes and raw bytes, in name order."""
     h = hashlib.sha256()
@@ -203,7 +194,7 @@ def load_model(
                 same = str(trained_on) == str(ds.name)
             if not same:
                 notes.append(f"the model was trained on {trained_on}, it is scored on {ds.name}")
-        info = {"source": str(path.resolve()), "meta": config_value(meta), "sha256": hash_file(path)}
+        info = {"source": str(path.resolve()), "meta": config_value(meta), "sha256": sha256_file(path)}
     else:
         raise ConfigError(f"model must be a path to a model file or a torch.nn.Module, got {type(model).__name__}")
     _probe(module, ds, device, shape, classes)

@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from probust._io import atomic_write_bytes
 from probust.run.files import (
     CONFIG_META_KEY,
     KEY,
     OPTIONAL_COLUMNS,
     SCHEMA,
-    atomic_write_bytes,
     atomic_write_table,
     is_data_file,
     make_table,
