@@ -58,8 +58,15 @@ def fmnist_cnn() -> tuple[torch.nn.Module, float]:
 
 
 def fmnist_cnn_gradnorm(lam: float = 0.1) -> tuple[torch.nn.Module, float]:
-    r = train("fashion-mnist", "cnn", epochs=3, grad_reg=lam, out=RUNS / f"fmnist_cnn_gradnorm{lam:g}.pt",
-              show_progress=False, num_threads=1)  # fmt: skip
+    r = train(
+        "fashion-mnist",
+        "cnn",
+        epochs=3,
+        grad_reg=lam,
+        out=RUNS / f"fmnist_cnn_gradnorm{lam:g}.pt",
+        show_progress=False,
+        num_threads=1,
+    )
     return r.model, r.meta["test_accuracy"]
 
 
@@ -69,16 +76,30 @@ def cifar_shaped(split: str, limit: int) -> probust.data.ImageDataset:
     x, y = ds.tensors()
     x = torch.nn.functional.pad(x[:limit], (2, 2, 2, 2)).repeat(1, 3, 1, 1)
     return probust.data.ImageDataset(
-        x, y[:limit], name="fmnist32", split=split, classes=ds.classes, scale=1.0,
-        mean=[float(x.mean())] * 3, std=[float(x.std())] * 3,
-    )  # fmt: skip
+        x,
+        y[:limit],
+        name="fmnist32",
+        split=split,
+        classes=ds.classes,
+        scale=1.0,
+        mean=[float(x.mean())] * 3,
+        std=[float(x.std())] * 3,
+    )
 
 
 def resnet18() -> tuple[torch.nn.Module, float]:
     r = train(
-        cifar_shaped("train", 2048), "resnet18", epochs=2, lr=0.05, batch_size=64, augment=False,
-        test_dataset=cifar_shaped("test", 256), out=RUNS / "resnet18_fmnist32_2k.pt", show_progress=False, num_threads=1,
-    )  # fmt: skip
+        cifar_shaped("train", 2048),
+        "resnet18",
+        epochs=2,
+        lr=0.05,
+        batch_size=64,
+        augment=False,
+        test_dataset=cifar_shaped("test", 256),
+        out=RUNS / "resnet18_fmnist32_2k.pt",
+        show_progress=False,
+        num_threads=1,
+    )
     return r.model, r.meta["test_accuracy"]
 
 
@@ -114,20 +135,32 @@ def compare(model: torch.nn.Module, x: torch.Tensor, sigma: float, n: int, class
 def adaptive(model: torch.nn.Module, x: torch.Tensor, sigma: float, half: float, cap: int) -> tuple[int, int, float]:
     """Total model evaluations of plain MC and mc_cv, each stopping at the same half-width."""
     mc = probust.MonteCarlo(model, sigma, n_samples=cap, target_half_width=half, check_every=250, batch_size=1024)(x)
-    cv = probust.MonteCarloCV(model, sigma, n_samples=cap, target_half_width=half, check_every=250,
-                              mmse_samples=MMSE_N, batch_size=1024, jacobian_batch_size=64)(x)  # fmt: skip
+    cv = probust.MonteCarloCV(
+        model,
+        sigma,
+        n_samples=cap,
+        target_half_width=half,
+        check_every=250,
+        mmse_samples=MMSE_N,
+        batch_size=1024,
+        jacobian_batch_size=64,
+    )(x)
     reached = float((((cv.ci_high - cv.ci_low) / 2) <= half).double().mean())
     return int(mc.n_samples.sum()), int(cv.n_samples.sum()), reached
 
 
 def table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}")
-    print(f"{'sigma':>6} {'pts':>4} {'0.01<p<0.99':>11} {'median p':>8} {'MMSE |err|':>10} {'median ratio':>12} "
-          f"{'pooled ratio':>12} {'incl. lin.':>10} {'beta':>5} {'s':>6}")  # fmt: skip
+    print(
+        f"{'sigma':>6} {'pts':>4} {'0.01<p<0.99':>11} {'median p':>8} {'MMSE |err|':>10} {'median ratio':>12} "
+        f"{'pooled ratio':>12} {'incl. lin.':>10} {'beta':>5} {'s':>6}"
+    )
     for r in rows:
-        print(f"{r['sigma']:>6.3g} {r['points']:>4} {r['mid']:>11} {r['median_p']:>8.3f} {r['mmse_error']:>10.4f} "
-              f"{r['median_ratio']:>12.1f} {r['pooled_ratio']:>12.1f} {r['pooled_ratio_with_linearisation']:>10.1f} "
-              f"{r['median_beta']:>5.2f} {r['seconds']:>6.0f}")  # fmt: skip
+        print(
+            f"{r['sigma']:>6.3g} {r['points']:>4} {r['mid']:>11} {r['median_p']:>8.3f} {r['mmse_error']:>10.4f} "
+            f"{r['median_ratio']:>12.1f} {r['pooled_ratio']:>12.1f} {r['pooled_ratio_with_linearisation']:>10.1f} "
+            f"{r['median_beta']:>5.2f} {r['seconds']:>6.0f}"
+        )
 
 
 def main() -> None:
@@ -146,21 +179,29 @@ def main() -> None:
     rows = [compare(cnn, x, s, cnn_n, 10) for s in (0.05, 0.1, 0.2, 0.3, 0.5)]
     table(f"Fashion-MNIST CNN (3 epochs, test accuracy {acc:.3f}), {cnn_points} test points, n = {cnn_n} draws", rows)
     mc_total, cv_total, reached = adaptive(cnn, x[:20], 0.1, 0.01, 20_000)
-    print(f"adaptive, sigma 0.1, stop at half-width 0.01, 20 points: plain MC {mc_total} evaluations, "
-          f"mc_cv {cv_total} (+ {20 * MMSE_N * 11} for the linearisation): {mc_total / cv_total:.1f}x fewer "
-          f"({mc_total / (cv_total + 20 * MMSE_N * 11):.1f}x with it); {reached:.0%} of mc_cv points reached 0.01")
+    print(
+        f"adaptive, sigma 0.1, stop at half-width 0.01, 20 points: plain MC {mc_total} evaluations, "
+        f"mc_cv {cv_total} (+ {20 * MMSE_N * 11} for the linearisation): {mc_total / cv_total:.1f}x fewer "
+        f"({mc_total / (cv_total + 20 * MMSE_N * 11):.1f}x with it); {reached:.0%} of mc_cv points reached 0.01"
+    )
 
     smooth, acc = fmnist_cnn_gradnorm()
     rows = [compare(smooth, x, s, cnn_n, 10) for s in (0.05, 0.1, 0.2, 0.3, 0.5)]
-    table(f"Fashion-MNIST CNN, gradient-norm regularised (lambda 0.1, 3 epochs, test accuracy {acc:.3f}), "
-          f"{cnn_points} test points, n = {cnn_n} draws", rows)  # fmt: skip
+    table(
+        f"Fashion-MNIST CNN, gradient-norm regularised (lambda 0.1, 3 epochs, test accuracy {acc:.3f}), "
+        f"{cnn_points} test points, n = {cnn_n} draws",
+        rows,
+    )
 
     if not args.skip_resnet:
         net, acc = resnet18()
         xr = cifar_shaped("test", 256).tensors()[0][:res_points]
         rows = [compare(net, xr, s, res_n, 10) for s in (0.1, 0.2, 0.3, 0.5)]
-        table(f"ResNet18, 2 epochs on 2,048 CIFAR-shaped Fashion-MNIST images (test accuracy {acc:.3f}), "
-              f"{res_points} points, n = {res_n}", rows)  # fmt: skip
+        table(
+            f"ResNet18, 2 epochs on 2,048 CIFAR-shaped Fashion-MNIST images (test accuracy {acc:.3f}), "
+            f"{res_points} points, n = {res_n}",
+            rows,
+        )
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
 

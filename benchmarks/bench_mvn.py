@@ -35,8 +35,15 @@ SCIPY_PAPER = {"maxpts": 10_000, "abseps": 1e-4}
 TARGET_SPEEDUP = 20.0
 
 
-def boundary_problems(n_points: int, k: int, *, seed: int = 0, d_in: int = 256, hidden: int = 512,
-                      sigma: tuple[float, float] = (0.05, 0.3)) -> tuple[np.ndarray, np.ndarray]:
+def boundary_problems(
+    n_points: int,
+    k: int,
+    *,
+    seed: int = 0,
+    d_in: int = 256,
+    hidden: int = 512,
+    sigma: tuple[float, float] = (0.05, 0.3),
+) -> tuple[np.ndarray, np.ndarray]:
     """Taylor-estimator inputs z [n, k], R [n, k, k] for a random ReLU net with k + 1 classes.
 
     z_i = (f_t - f_i) / (sigma ||grad f_t - grad f_i||) and R = U U^T with U the normalised
@@ -104,8 +111,7 @@ def mc_interval(z: np.ndarray, cov: np.ndarray, draws: int, seed: int) -> tuple[
 
 def row(k, name, n, seconds, err, note=""):
     err = np.abs(err)
-    return (f"{k:>3}  {name:<40} {n:>6} {seconds:>9.3f} {n / seconds:>9.1f} "
-            f"{err.max():>9.2e} {err.mean():>9.2e}  {note}")
+    return f"{k:>3}  {name:<40} {n:>6} {seconds:>9.3f} {n / seconds:>9.1f} {err.max():>9.2e} {err.mean():>9.2e}  {note}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    header = (f"{'k':>3}  {'method':<40} {'points':>6} {'time [s]':>9} {'points/s':>9} "
-              f"{'max|err|':>9} {'mean|err|':>9}")
+    header = f"{'k':>3}  {'method':<40} {'points':>6} {'time [s]':>9} {'points/s':>9} {'max|err|':>9} {'mean|err|':>9}"
     print(header + "\n" + "-" * len(header), flush=True)
     lines, verdicts = [header, "-" * len(header)], []
     for k in (9, 99):
@@ -141,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             r_tol = 1e-5 if args.quick else 3e-6
             ref, ref_err, t_ref = ours(z, cov, tol=r_tol, seed=args.seed + 7919, max_samples=1 << 24)
-            extra.append(f"reference: mvn_cdf tol={r_tol:.0e} with another seed ({t_ref:.0f} s), "
-                         f"own error bound <= {ref_err.max():.1e}")
+            extra.append(
+                f"reference: mvn_cdf tol={r_tol:.0e} with another seed ({t_ref:.0f} s), "
+                f"own error bound <= {ref_err.max():.1e}"
+            )
             subset = np.sort(np.random.default_rng(1).choice(args.points, args.scipy_subset, replace=False))
         sp, t_sp = scipy_loop(z[subset], cov[subset], seed=args.seed, **SCIPY_PAPER)
         t_sp_all = t_sp * args.points / len(subset)
@@ -150,8 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         for tol, (p, est_err, t_ours) in runs.items():
             err = np.abs(p - ref)
             covered = np.mean(err <= est_err + ref_err)
-            lines.append(row(k, f"probust.mvn_cdf(tol={tol:.0e})", args.points, t_ours, err,
-                             f"x{t_sp_all / t_ours:.1f} vs scipy; error estimate covers {covered:.1%}"))
+            lines.append(
+                row(
+                    k,
+                    f"probust.mvn_cdf(tol={tol:.0e})",
+                    args.points,
+                    t_ours,
+                    err,
+                    f"x{t_sp_all / t_ours:.1f} vs scipy; error estimate covers {covered:.1%}",
+                )
+            )
             print(lines[-1], flush=True)
             verdicts.append((k, tol, t_sp_all / t_ours, err[subset], sp_err))
         note = "" if len(subset) == args.points else f"timed on {len(subset)} random points, extrapolated"
@@ -159,33 +174,42 @@ def main(argv: list[str] | None = None) -> int:
         if k == 99:
             mc, half = mc_interval(z[subset], cov[subset], 200_000 if args.quick else 1_000_000, seed=3)
             inside = np.abs(ref[subset] - mc) <= half
-            extra.append(f"reference cross-check on the {len(subset)} scipy points, plain Monte Carlo "
-                         f"(99% intervals, half-width <= {half.max():.1e}): inside for {inside.mean():.0%}")
+            extra.append(
+                f"reference cross-check on the {len(subset)} scipy points, plain Monte Carlo "
+                f"(99% intervals, half-width <= {half.max():.1e}): inside for {inside.mean():.0%}"
+            )
             if not args.quick:
                 few = subset[:6]
-                tight, t_tight = scipy_loop(z[few], cov[few], seed=7, maxpts=1_000_000, abseps=1e-5,
-                                            releps=0.0)
-                extra.append(f"reference cross-check on {len(few)} points, scipy maxpts=1e6 abseps=1e-5 "
-                             f"({t_tight:.0f} s): max |difference| {np.abs(tight - ref[few]).max():.1e}")
-            for kk, tol, _, mine, theirs in verdicts[-2:]:
-                extra.append(f"errors on the {len(subset)} scipy points: mvn_cdf(tol={tol:.0e}) max "
-                             f"{mine.max():.1e} mean {mine.mean():.1e}; scipy max {theirs.max():.1e} "
-                             f"mean {theirs.mean():.1e}")
+                tight, t_tight = scipy_loop(z[few], cov[few], seed=7, maxpts=1_000_000, abseps=1e-5, releps=0.0)
+                extra.append(
+                    f"reference cross-check on {len(few)} points, scipy maxpts=1e6 abseps=1e-5 "
+                    f"({t_tight:.0f} s): max |difference| {np.abs(tight - ref[few]).max():.1e}"
+                )
+            for _k, tol, _, mine, theirs in verdicts[-2:]:
+                extra.append(
+                    f"errors on the {len(subset)} scipy points: mvn_cdf(tol={tol:.0e}) max "
+                    f"{mine.max():.1e} mean {mine.mean():.1e}; scipy max {theirs.max():.1e} "
+                    f"mean {theirs.mean():.1e}"
+                )
         lines.append(lines.pop())
         lines.extend("     " + e for e in extra)
-        print("\n".join(lines[-1 - len(extra):]), flush=True)
+        print("\n".join(lines[-1 - len(extra) :]), flush=True)
     lines.append("")
     for k, tol, speedup, mine, theirs in verdicts:
         max_ok, mean_ok = mine.max() <= theirs.max(), mine.mean() <= theirs.mean()
         met = speedup >= TARGET_SPEEDUP and max_ok
         cmp_max, cmp_mean = ("<=" if max_ok else ">"), ("<=" if mean_ok else ">")
-        lines.append(f"k={k:<3} tol={tol:.0e}: {speedup:6.1f}x the scipy loop's speed; on the same points "
-                     f"max |error| {cmp_max} scipy's, mean |error| {cmp_mean} scipy's "
-                     f"-> {TARGET_SPEEDUP:.0f}x at no worse max error: {'MET' if met else 'NOT MET'}")
+        lines.append(
+            f"k={k:<3} tol={tol:.0e}: {speedup:6.1f}x the scipy loop's speed; on the same points "
+            f"max |error| {cmp_max} scipy's, mean |error| {cmp_mean} scipy's "
+            f"-> {TARGET_SPEEDUP:.0f}x at no worse max error: {'MET' if met else 'NOT MET'}"
+        )
     print()
     print("\n".join(lines))
-    print(f"\n(torch {torch.__version__}, {args.threads} thread(s); problems: random ReLU net, "
-          f"d_in=256, sigma log-uniform in [0.05, 0.3], seed {args.seed})")
+    print(
+        f"\n(torch {torch.__version__}, {args.threads} thread(s); problems: random ReLU net, "
+        f"d_in=256, sigma log-uniform in [0.05, 0.3], seed {args.seed})"
+    )
     return 0
 
 

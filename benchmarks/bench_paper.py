@@ -137,8 +137,10 @@ def _paper_mc(model: nn.Module, x: Tensor, sigma: float, n: int, seed: int, batc
     with torch.no_grad():
         for xi in x:
             t = model(xi[None]).argmax(1)
-            kept = sum(int((model(xi + sigma * torch.randn(b, *xi.shape)).argmax(1) == t).sum())
-                       for b in [batch] * (n // batch) + ([n % batch] if n % batch else []))
+            kept = sum(
+                int((model(xi + sigma * torch.randn(b, *xi.shape)).argmax(1) == t).sum())
+                for b in [batch] * (n // batch) + ([n % batch] if n % batch else [])
+            )
             ps.append(kept / n)
     return torch.tensor(ps, dtype=torch.float64)
 
@@ -152,25 +154,44 @@ def _probust(method: str, model: nn.Module, sigma: float, n: int, seed: int) -> 
     return probust.MonteCarlo(model, sigma, n_samples=n, seed=seed)
 
 
-def _compare(name: str, method: str, model: nn.Module, x: Tensor, paper: Callable[[Tensor], Tensor],
-             sigma: float, n: int, seed: int) -> Row:
+def _compare(
+    name: str,
+    method: str,
+    model: nn.Module,
+    x: Tensor,
+    paper: Callable[[Tensor], Tensor],
+    sigma: float,
+    n: int,
+    seed: int,
+) -> Row:
     """Warm both sides up, then time each once on x[2:].
 
     probust's warm-up is one call on the same points: its first call on a model measures how
     to run it (rows per pass, memory format, Jacobian strategy), which is reported as "first
     call", not timed. The paper's side has nothing to measure; it warms up on x[:1]."""
     est = _probust(method, model, sigma, n, seed)
-    first, _ = _timed(lambda: est(x[2:]))
+    first, _ = _timed(lambda est=est, x=x: est(x[2:]))
     paper(x[:1])
     paper_s, p_paper = _timed(lambda: paper(x[2:]))
-    probust_s, r = _timed(lambda: est(x[2:]))
+    probust_s, r = _timed(lambda est=est, x=x: est(x[2:]))
     delta = (r.p.double().cpu() - p_paper).abs()
-    row = {"setting": name, "paper_s": paper_s, "probust_s": probust_s, "ratio": paper_s / probust_s,
-           "target": SPEEDUP, "first_call_s": first, "points": x.shape[0] - 2,
-           "max_dp": float(delta.max()), "mean_dp": float(delta.mean()), "mean_p_paper": float(p_paper.mean())}
-    print(f"  {name:<28} paper {paper_s:8.2f} s  probust {probust_s:8.2f} s  ratio {row['ratio']:6.2f}x "
-          f"(target >= {SPEEDUP}x)  first call {first:6.2f} s  |dp| max {row['max_dp']:.1e} mean {row['mean_dp']:.1e} "
-          f"(mean p {row['mean_p_paper']:.4f})")
+    row = {
+        "setting": name,
+        "paper_s": paper_s,
+        "probust_s": probust_s,
+        "ratio": paper_s / probust_s,
+        "target": SPEEDUP,
+        "first_call_s": first,
+        "points": x.shape[0] - 2,
+        "max_dp": float(delta.max()),
+        "mean_dp": float(delta.mean()),
+        "mean_p_paper": float(p_paper.mean()),
+    }
+    print(
+        f"  {name:<28} paper {paper_s:8.2f} s  probust {probust_s:8.2f} s  ratio {row['ratio']:6.2f}x "
+        f"(target >= {SPEEDUP}x)  first call {first:6.2f} s  |dp| max {row['max_dp']:.1e} mean {row['mean_dp']:.1e} "
+        f"(mean p {row['mean_p_paper']:.4f})"
+    )
     return row
 
 
@@ -179,10 +200,26 @@ def _analytic(classes: int, args: argparse.Namespace) -> list[Row]:
     print(f"ResNet18 C={classes}, {args.points} points")
     vec, s, n = args.paper_jacobian == "vectorized", args.sigma, args.mmse_samples
     return [
-        _compare(f"taylor resnet18 C={classes}", "taylor", model, x,
-                 lambda v: _paper_taylor(model, v, s, args.seed, vec), s, 1, args.seed),
-        _compare(f"mmse{n} resnet18 C={classes}", "mmse", model, x,
-                 lambda v: _paper_mmse(model, v, s, n, args.seed, vec), s, n, args.seed),
+        _compare(
+            f"taylor resnet18 C={classes}",
+            "taylor",
+            model,
+            x,
+            lambda v: _paper_taylor(model, v, s, args.seed, vec),
+            s,
+            1,
+            args.seed,
+        ),
+        _compare(
+            f"mmse{n} resnet18 C={classes}",
+            "mmse",
+            model,
+            x,
+            lambda v: _paper_mmse(model, v, s, n, args.seed, vec),
+            s,
+            n,
+            args.seed,
+        ),
     ]
 
 
@@ -200,9 +237,9 @@ def _forward_throughput(
             xb = xb.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else xb
             with torch.inference_mode():
                 m(xb)
-                best = _timed(lambda: m(xb))[0]
+                best = _timed(lambda m=m, xb=xb: m(xb))[0]
                 if best < stop_s:
-                    best = min(best, _timed(lambda: m(xb))[0])
+                    best = min(best, _timed(lambda m=m, xb=xb: m(xb))[0])
             out[f"{fmt}/{batch}"] = batch / best
             if best > stop_s:
                 break
@@ -218,25 +255,36 @@ def _monte_carlo(args: argparse.Namespace, json_out: dict[str, Any]) -> list[Row
         if "mc" in args.only:
             print(f"Monte Carlo n={n}, {arch}, {points} points")
             batch = args.paper_mc_batch or n
-            paper = lambda v, m=model: _paper_mc(m, v, args.sigma, n, args.seed, batch)  # noqa: E731
+            paper = lambda v, m=model, n=n, batch=batch: _paper_mc(m, v, args.sigma, n, args.seed, batch)
             row = _compare(f"mc{n} {arch}", "mc", model, x, paper, args.sigma, n, args.seed)
             rows.append(row)
         if "throughput" in args.only:
             if "mc" not in args.only:
                 est = _probust("mc", model, args.sigma, n, args.seed)
                 est(x[2:])
-                probust_s = _timed(lambda: est(x[2:]))[0]
+                probust_s = _timed(lambda est=est, x=x: est(x[2:]))[0]
             else:
                 probust_s = row["probust_s"]
             fwd = _forward_throughput(model, SHAPES[arch], args.seed, args.stop_s, args.max_batch)
             best_key = max(fwd, key=fwd.__getitem__)
             mc_rate = points * n / probust_s
-            print(f"  {arch} best forward {fwd[best_key]:10.0f} img/s ({best_key}); probust MC {mc_rate:10.0f} img/s "
-                  f"= {mc_rate / fwd[best_key]:.0%} (target >= {FRACTION:.0%})")
+            print(
+                f"  {arch} best forward {fwd[best_key]:10.0f} img/s ({best_key}); probust MC {mc_rate:10.0f} img/s "
+                f"= {mc_rate / fwd[best_key]:.0%} (target >= {FRACTION:.0%})"
+            )
             json_out.setdefault("forward_img_per_s", {})[arch] = fwd
-            rows.append({"setting": f"mc{n} {arch} vs best forward", "paper_s": points * n / fwd[best_key],
-                         "probust_s": probust_s, "ratio": mc_rate / fwd[best_key], "target": FRACTION,
-                         "best_forward": best_key, "best_img_per_s": fwd[best_key], "probust_img_per_s": mc_rate})
+            rows.append(
+                {
+                    "setting": f"mc{n} {arch} vs best forward",
+                    "paper_s": points * n / fwd[best_key],
+                    "probust_s": probust_s,
+                    "ratio": mc_rate / fwd[best_key],
+                    "target": FRACTION,
+                    "best_forward": best_key,
+                    "best_img_per_s": fwd[best_key],
+                    "probust_img_per_s": mc_rate,
+                }
+            )
     return rows
 
 
@@ -252,7 +300,8 @@ def _gradient_routes(model: nn.Module, rows: Tensor, classes: int) -> dict[str, 
         m = model if fmt == "contiguous" else copy.deepcopy(model).to(memory_format=torch.channels_last)
         for strategy in ("loop", "vmap"):
             for per_pass in (16, 32):
-                def run(m: nn.Module = m, strategy: str = strategy, per_pass: int = per_pass) -> None:
+
+                def run(m: nn.Module = m, strategy: str = strategy, per_pass: int = per_pass, fmt: str = fmt) -> None:
                     for i in range(0, rows.shape[0], per_pass):
                         block = rows[i : i + per_pass]
                         if fmt == "channels_last":
@@ -281,10 +330,22 @@ def _floor(args: argparse.Namespace) -> list[Row]:
             fastest = min(routes, key=routes.__getitem__)
             ratio = probust_s / routes[fastest]
             name = f"{method} resnet18 C={classes} vs fastest gradients"
-            print(f"  {name:<44} probust {probust_s:7.2f} s, fastest route {fastest} {routes[fastest]:7.2f} s: "
-                  f"{ratio:.2f}x (target <= {FLOOR}x); routes: " + ", ".join(f"{k} {v:.2f}" for k, v in routes.items()))
-            rows_out.append({"setting": name, "paper_s": routes[fastest], "probust_s": probust_s, "ratio": ratio,
-                             "target": FLOOR, "floor": True, "routes": routes, "points": points.shape[0]})
+            print(
+                f"  {name:<44} probust {probust_s:7.2f} s, fastest route {fastest} {routes[fastest]:7.2f} s: "
+                f"{ratio:.2f}x (target <= {FLOOR}x); routes: " + ", ".join(f"{k} {v:.2f}" for k, v in routes.items())
+            )
+            rows_out.append(
+                {
+                    "setting": name,
+                    "paper_s": routes[fastest],
+                    "probust_s": probust_s,
+                    "ratio": ratio,
+                    "target": FLOOR,
+                    "floor": True,
+                    "routes": routes,
+                    "points": points.shape[0],
+                }
+            )
     return rows_out
 
 
@@ -299,23 +360,54 @@ def _child(args: argparse.Namespace) -> None:
     # ru_maxrss would do, but Linux carries the parent's RSS at fork through exec into it: VmHWM
     # is the same peak for this process image only.
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    print(json.dumps({"peak_mb": _status_mb("VmHWM") - before, "seconds": seconds, "ru_maxrss_mb": maxrss,
-                      "rss_before_mb": before}))
+    print(
+        json.dumps(
+            {
+                "peak_mb": _status_mb("VmHWM") - before,
+                "seconds": seconds,
+                "ru_maxrss_mb": maxrss,
+                "rss_before_mb": before,
+            }
+        )
+    )
 
 
 def _memory(args: argparse.Namespace) -> list[Row]:
     rows = []
     for method in ("taylor", "mmse", "mc"):
-        cmd = [sys.executable, __file__, "--child", method, "--points", str(args.points), "--seed", str(args.seed),
-               "--mc-points-resnet", str(args.mc_points_resnet), "--mc-samples", str(args.mc_samples),
-               "--mmse-samples", str(args.mmse_samples), "--sigma", str(args.sigma)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            method,
+            "--points",
+            str(args.points),
+            "--seed",
+            str(args.seed),
+            "--mc-points-resnet",
+            str(args.mc_points_resnet),
+            "--mc-samples",
+            str(args.mc_samples),
+            "--mmse-samples",
+            str(args.mmse_samples),
+            "--sigma",
+            str(args.sigma),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         res = json.loads(done.stdout.strip().splitlines()[-1])
         what = f"{args.mc_points_resnet} pts, resnet18 C=10" if method == "mc" else f"{args.points} pts, resnet18 C=100"
-        print(f"  peak memory {method:<6} ({what}): {res['peak_mb']:8.0f} MB above the RSS before the call "
-              f"({res['seconds']:.1f} s, first call in a fresh process)")
-        rows.append({"setting": f"peak MB {method} ({what})", "value_mb": res["peak_mb"], "target": MEMORY_MB,
-                     "seconds": res["seconds"]})
+        print(
+            f"  peak memory {method:<6} ({what}): {res['peak_mb']:8.0f} MB above the RSS before the call "
+            f"({res['seconds']:.1f} s, first call in a fresh process)"
+        )
+        rows.append(
+            {
+                "setting": f"peak MB {method} ({what})",
+                "value_mb": res["peak_mb"],
+                "target": MEMORY_MB,
+                "seconds": res["seconds"],
+            }
+        )
     return rows
 
 
@@ -324,15 +416,39 @@ def _table(rows: list[Row]) -> None:
     lines = []
     for r in rows:
         if "value_mb" in r:
-            lines.append((r["setting"], "-", "-", f"{r['value_mb']:.0f} MB", f"< {r['target']:.0f} MB",
-                          "yes" if r["value_mb"] < r["target"] else "NO"))
+            lines.append(
+                (
+                    r["setting"],
+                    "-",
+                    "-",
+                    f"{r['value_mb']:.0f} MB",
+                    f"< {r['target']:.0f} MB",
+                    "yes" if r["value_mb"] < r["target"] else "NO",
+                )
+            )
         elif r.get("floor"):
-            lines.append((r["setting"], f"{r['paper_s']:#.3g}", f"{r['probust_s']:#.3g}", f"{r['ratio']:.2f}x",
-                          f"<= {r['target']:.2f}x", "yes" if r["ratio"] <= r["target"] else "NO"))
+            lines.append(
+                (
+                    r["setting"],
+                    f"{r['paper_s']:#.3g}",
+                    f"{r['probust_s']:#.3g}",
+                    f"{r['ratio']:.2f}x",
+                    f"<= {r['target']:.2f}x",
+                    "yes" if r["ratio"] <= r["target"] else "NO",
+                )
+            )
         else:
             fmt = "{:.0%}" if r["target"] < 1 else "{:.2f}x"
-            lines.append((r["setting"], f"{r['paper_s']:#.3g}", f"{r['probust_s']:#.3g}", fmt.format(r["ratio"]),
-                          ">= " + fmt.format(r["target"]), "yes" if r["ratio"] >= r["target"] else "NO"))
+            lines.append(
+                (
+                    r["setting"],
+                    f"{r['paper_s']:#.3g}",
+                    f"{r['probust_s']:#.3g}",
+                    fmt.format(r["ratio"]),
+                    ">= " + fmt.format(r["target"]),
+                    "yes" if r["ratio"] >= r["target"] else "NO",
+                )
+            )
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
     for i, line in enumerate([head, *lines]):
         print("  ".join(str(c).ljust(w) if j == 0 else str(c).rjust(w) for j, (c, w) in enumerate(zip(line, widths))))
@@ -355,8 +471,12 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cnn-checkpoint", help="a trained paper CNN (probust checkpoint) for the MC section")
-    parser.add_argument("--paper-jacobian", choices=("loop", "vectorized"), default="loop",
-                        help="paper side: one backward per class, or autograd.functional.jacobian(vectorize=True)")
+    parser.add_argument(
+        "--paper-jacobian",
+        choices=("loop", "vectorized"),
+        default="loop",
+        help="paper side: one backward per class, or autograd.functional.jacobian(vectorize=True)",
+    )
     parser.add_argument("--paper-mc-batch", type=int, default=0, help="paper MC rows per forward (0: all n)")
     parser.add_argument("--stop-s", type=float, default=2.0, help="throughput: stop at a call slower than this")
     parser.add_argument("--max-batch", type=int, default=8192)
@@ -369,13 +489,21 @@ def main() -> None:
     if args.quick:
         args.points, args.mc_points, args.mc_points_resnet, args.floor_points = 1, 4, 1, 4
         args.mc_samples, args.max_batch, args.stop_s = 500, 512, 0.5
-    print(f"probust vs the paper code's approach: torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"CPU {_cpu_model()}, sigma {args.sigma}, seed {args.seed}")
-    print(f"models: {'CNN from ' + args.cnn_checkpoint if args.cnn_checkpoint else 'all'} "
-          f"{'' if args.cnn_checkpoint else 'randomly initialised (speed does not depend on training)'}; "
-          f"paper side: {args.paper_jacobian} Jacobian, scipy mvn-cdf {PAPER_MVN}")
-    out: dict[str, Any] = {"args": vars(args), "threads": torch.get_num_threads(), "cpu": _cpu_model(),
-                           "torch": torch.__version__}
+    print(
+        f"probust vs the paper code's approach: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"CPU {_cpu_model()}, sigma {args.sigma}, seed {args.seed}"
+    )
+    print(
+        f"models: {'CNN from ' + args.cnn_checkpoint if args.cnn_checkpoint else 'all'} "
+        f"{'' if args.cnn_checkpoint else 'randomly initialised (speed does not depend on training)'}; "
+        f"paper side: {args.paper_jacobian} Jacobian, scipy mvn-cdf {PAPER_MVN}"
+    )
+    out: dict[str, Any] = {
+        "args": vars(args),
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_model(),
+        "torch": torch.__version__,
+    }
     rows: list[Row] = []
     for classes, key in ((10, "c10"), (100, "c100")):
         if key in args.only:
@@ -383,7 +511,9 @@ def main() -> None:
     if "mc" in args.only or "throughput" in args.only:
         rows += _monte_carlo(args, out)
     if "floor" in args.only:
-        print(f"The floor: probust against the fastest fixed way to get the same gradients ({args.floor_points} points)")
+        print(
+            f"The floor: probust against the fastest fixed way to get the same gradients ({args.floor_points} points)"
+        )
         rows += _floor(args)
     if "memory" in args.only:
         print("Peak memory, each in a fresh subprocess")

@@ -49,8 +49,9 @@ BATCH = 128
 
 def subset(ds: probust.data.ImageDataset, n: int) -> probust.data.ImageDataset:
     x, y = ds.tensors()
-    return probust.data.ImageDataset(x[:n], y[:n], name=ds.name, split=ds.split, classes=ds.classes, scale=1.0,
-                                     mean=ds.mean, std=ds.std)  # fmt: skip
+    return probust.data.ImageDataset(
+        x[:n], y[:n], name=ds.name, split=ds.split, classes=ds.classes, scale=1.0, mean=ds.mean, std=ds.std
+    )
 
 
 def model_specs(args: argparse.Namespace) -> list[tuple[str, dict]]:
@@ -61,7 +62,9 @@ def model_specs(args: argparse.Namespace) -> list[tuple[str, dict]]:
 
     specs: list[tuple[str, dict]] = [("plain", {})]
     specs += [(f"robust_mvs_label_mu{mu:g}", {"extra_loss": robust(mu)}) for mu in args.mu]
-    specs += [(f"robust_mvn_pred_mu{mu:g}", {"extra_loss": robust(mu, cdf="mvn", target="prediction")}) for mu in args.mu_mvn]
+    specs += [
+        (f"robust_mvn_pred_mu{mu:g}", {"extra_loss": robust(mu, cdf="mvn", target="prediction")}) for mu in args.mu_mvn
+    ]
     specs += [(f"gradnorm_l{lam:g}", {"grad_reg": lam}) for lam in args.lambdas]
     return specs
 
@@ -70,16 +73,36 @@ def fit_and_score(name: str, seed: int, kwargs: dict, train_ds, test_ds, args: a
     stem = f"{name}-s{seed}"
     t0 = time.perf_counter()
     result = train(
-        train_ds, "cnn", epochs=EPOCHS, lr=0.05, batch_size=BATCH, seed=seed, test_dataset=test_ds,
-        out=RUNS / "models" / f"{stem}.pt", show_progress=False, num_threads=1, **kwargs,
-    )  # fmt: skip
+        train_ds,
+        "cnn",
+        epochs=EPOCHS,
+        lr=0.05,
+        batch_size=BATCH,
+        seed=seed,
+        test_dataset=test_ds,
+        out=RUNS / "models" / f"{stem}.pt",
+        show_progress=False,
+        num_threads=1,
+        **kwargs,
+    )
     t_train = time.perf_counter() - t0
     run_estimate(
-        test_ds, RUNS / "models" / f"{stem}.pt", [args.sigma, 2 * args.sigma], ["mc"], RUNS / "results" / stem,
-        mc_samples=args.draws, indices=f"0-{args.points - 1}", seed=0, show_progress=False, extend=True,
-    )  # fmt: skip
-    print(f"  {stem:<28} test accuracy {result.meta['test_accuracy']:.4f}  (train {t_train:.0f} s, "
-          f"total {time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+        test_ds,
+        RUNS / "models" / f"{stem}.pt",
+        [args.sigma, 2 * args.sigma],
+        ["mc"],
+        RUNS / "results" / stem,
+        mc_samples=args.draws,
+        indices=f"0-{args.points - 1}",
+        seed=0,
+        show_progress=False,
+        extend=True,
+    )
+    print(
+        f"  {stem:<28} test accuracy {result.meta['test_accuracy']:.4f}  (train {t_train:.0f} s, "
+        f"total {time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -96,29 +119,68 @@ def main() -> None:
     t0 = time.perf_counter()
     train_ds = subset(probust.data.load("fashion-mnist", "train"), SUBSET)
     test_ds = probust.data.load("fashion-mnist", "test")
-    print(f"Fashion-MNIST CNN, {SUBSET} training images, {EPOCHS} epochs, seeds {args.seeds}; p_robust by Monte "
-          f"Carlo ({args.draws} draws) on {args.points} test images at sigma {args.sigma:g} and {2 * args.sigma:g}")  # fmt: skip
+    print(
+        f"Fashion-MNIST CNN, {SUBSET} training images, {EPOCHS} epochs, seeds {args.seeds}; p_robust by Monte "
+        f"Carlo ({args.draws} draws) on {args.points} test images at sigma {args.sigma:g} and {2 * args.sigma:g}"
+    )
     for seed in args.seeds:
         for name, kwargs in model_specs(args):
             fit_and_score(name, seed, kwargs, train_ds, test_ds, args)
 
-    results = experiments.load_results([RUNS / "results" / f"{name}-s{seed}" for seed in args.seeds
-                                        for name, _ in model_specs(args)])  # fmt: skip
+    results = experiments.load_results(
+        [RUNS / "results" / f"{name}-s{seed}" for seed in args.seeds for name, _ in model_specs(args)]
+    )
     out = experiments.run("robust_training", results, RUNS / "experiments")
     if out.skipped:
         raise SystemExit(f"experiment skipped: {out.skipped}")
     table, matched = out.tables["robust_training"], out.tables["matched"]
     show = lambda df, cols: df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}")  # noqa: E731
     print("\nper model and sigma (experiment 11's table):")
-    print(show(table, ["group", "short", "sigma", "test_accuracy", "median_p", "median_ci_low", "median_ci_high",
-                       "mean_p", "gain_median"]))  # fmt: skip
+    print(
+        show(
+            table,
+            [
+                "group",
+                "short",
+                "sigma",
+                "test_accuracy",
+                "median_p",
+                "median_ci_low",
+                "median_ci_high",
+                "mean_p",
+                "gain_median",
+            ],
+        )
+    )
     print("\nRobustLoss at matched accuracy (the family interpolated at the robust model's accuracy):")
-    print(show(matched, [c for c in ("group", "model", "sigma", "test_accuracy", "median_p", "in_range", "matched_median_p",
-                                     "advantage", "advantage_ci_low", "advantage_ci_high", "verdict") if c in matched]))  # fmt: skip
+    print(
+        show(
+            matched,
+            [
+                c
+                for c in (
+                    "group",
+                    "model",
+                    "sigma",
+                    "test_accuracy",
+                    "median_p",
+                    "in_range",
+                    "matched_median_p",
+                    "advantage",
+                    "advantage_ci_low",
+                    "advantage_ci_high",
+                    "verdict",
+                )
+                if c in matched
+            ],
+        )
+    )
     inside = matched[matched["in_range"].astype(bool)]
     for sigma, g in inside.groupby("sigma"):
-        print(f"over seeds, sigma {sigma:g}: {len(g)} of {len(matched[matched['sigma'] == sigma])} robust models within "
-              f"the family's accuracy range; mean advantage over the matched family {g['advantage'].mean():+.4f}")  # fmt: skip
+        print(
+            f"over seeds, sigma {sigma:g}: {len(g)} of {len(matched[matched['sigma'] == sigma])} robust models within "
+            f"the family's accuracy range; mean advantage over the matched family {g['advantage'].mean():+.4f}"
+        )
     print("\nreading:")
     for line in out.reading:
         print(" -", line)

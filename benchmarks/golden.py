@@ -44,18 +44,48 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 PROBUST = [sys.executable, "-m", "probust"]
-ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "",
-       "PROBUST_CACHE_DIR": "off"}
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PROBUST_CACHE_DIR": "off",
+}
 MODELS: dict[str, list[str]] = {  # name -> probust train flags (about 6 s each on 2 CPU cores)
     "linear": ["--arch", "linear", "--epochs", "10"],
     "cnn": ["--arch", "cnn", "--epochs", "20"],
 }
 TRAIN = ["--data", "digits", "--seed", "0", "--threads", "1", "--device", "cpu", "--quiet"]
 ESTIMATE = [  # two sample counts each: covers experiment 2 (convergence); the plan is pinned: see the docstring
-    "--data", "digits", "--limit", "64", "--sigma", "0.1", "0.3", "--seed", "0", "--mc-samples", "100", "500",
-    "--mmse-samples", "2", "5", "--device", "cpu", "--batch-size", "32", "--eval-batch-size", "256",
-    "--jacobian", "loop", "--channels-last", "off", "--memory-budget", "1GB", "--quiet",
-]  # fmt: skip
+    "--data",
+    "digits",
+    "--limit",
+    "64",
+    "--sigma",
+    "0.1",
+    "0.3",
+    "--seed",
+    "0",
+    "--mc-samples",
+    "100",
+    "500",
+    "--mmse-samples",
+    "2",
+    "5",
+    "--device",
+    "cpu",
+    "--batch-size",
+    "32",
+    "--eval-batch-size",
+    "256",
+    "--jacobian",
+    "loop",
+    "--channels-last",
+    "off",
+    "--memory-budget",
+    "1GB",
+    "--quiet",
+]
 ALL_METHODS = ["mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is"]
 P_FAIL = ("cnn", ["taylor", "mmse", "taylor_mvs", "mmse_mvs", "mc_is"])  # second folder, with --p-fail
 KEYS = ["index", "sigma", "method", "n_samples"]
@@ -64,8 +94,10 @@ EXCLUDED_RESULT_COLUMNS = {"seconds": "wall time of the estimator per point: a m
 # Any column named like a measurement (wall or CPU time, speed-up, memory), in any table: today only
 # runtime.csv has such columns; the net keeps a timing column added by a refactor from failing the run.
 TIME_COLUMN = re.compile(r"(^|_)(seconds?|secs?|time|times|wall|elapsed|cpu|speedup|memory|mb)($|_)", re.I)
-EXCLUDED_EXPERIMENTS = {"runtime": "experiment 3 times the estimators and measures their peak memory now; its "
-                        "estimates use plans timed on the spot, so even its mean_p may move at float rounding"}  # fmt: skip
+EXCLUDED_EXPERIMENTS = {
+    "runtime": "experiment 3 times the estimators and measures their peak memory now; its "
+    "estimates use plans timed on the spot, so even its mean_p may move at float rounding"
+}
 NOT_COMPARED = "report.html (build date, host name, timings, figures), PNG/SVG figures, manifest.json"
 # Strings in report tables are compared after replacing dates, absolute paths and host names:
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2}| UTC)?")
@@ -87,7 +119,7 @@ def run(cmd: list[str], log: list[dict[str, Any]], src: Path | None) -> None:
     """Run a probust command (pinned environment), record it and its wall time."""
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, env=environment(src), capture_output=True, text=True)
-    log.append({"argv": ["probust", *cmd[len(PROBUST):]], "seconds": round(time.perf_counter() - start, 2)})
+    log.append({"argv": ["probust", *cmd[len(PROBUST) :]], "seconds": round(time.perf_counter() - start, 2)})
     if done.returncode != 0:
         fail(f"command failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr}")
 
@@ -162,8 +194,10 @@ def compare_frames(
 
     if list(a.columns) != list(b.columns):
         only_a, only_b = sorted(set(a.columns) - set(b.columns)), sorted(set(b.columns) - set(a.columns))
-        diffs.append(f"{where}: columns differ: only in A {only_a}, only in B {only_b}"
-                     + ("" if only_a or only_b else ": the same columns in another order"))  # fmt: skip
+        diffs.append(
+            f"{where}: columns differ: only in A {only_a}, only in B {only_b}"
+            + ("" if only_a or only_b else ": the same columns in another order")
+        )
     if len(a) != len(b):
         diffs.append(f"{where}: {len(a)} rows in A, {len(b)} in B")
         return 0
@@ -181,17 +215,21 @@ def compare_frames(
                 with np.errstate(invalid="ignore"):
                     gap = np.abs(u[bad] - v[bad])
                 i = int(np.flatnonzero(bad)[0])
-                diffs.append(f"{where}: column {col!r}: {int(bad.sum())} of {len(u)} rows differ, "
-                             f"max |A-B| = {np.nanmax(gap) if np.isfinite(gap).any() else 'nan/inf'}; "
-                             f"first at {row(i)}: {float(u[i])!r} vs {float(v[i])!r}")  # fmt: skip
+                diffs.append(
+                    f"{where}: column {col!r}: {int(bad.sum())} of {len(u)} rows differ, "
+                    f"max |A-B| = {np.nanmax(gap) if np.isfinite(gap).any() else 'nan/inf'}; "
+                    f"first at {row(i)}: {float(u[i])!r} vs {float(v[i])!r}"
+                )
         else:
             u = x.astype(object).where(x.notna(), None).map(normalise)
             v = y.astype(object).where(y.notna(), None).map(normalise)
             bad = (u != v).to_numpy()
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                diffs.append(f"{where}: column {col!r}: {int(bad.sum())} of {len(u)} rows differ, "
-                             f"first at {row(i)}: {x.iloc[i]!r} vs {y.iloc[i]!r}")  # fmt: skip
+                diffs.append(
+                    f"{where}: column {col!r}: {int(bad.sum())} of {len(u)} rows differ, "
+                    f"first at {row(i)}: {x.iloc[i]!r} vs {y.iloc[i]!r}"
+                )
         count += len(x)
     return count
 
@@ -209,8 +247,10 @@ def compare_results(a: Path, b: Path, rel: Path, diffs: list[str], skipped: set[
     fa, fb = frames
     only_a, only_b = fa.index.difference(fb.index), fb.index.difference(fa.index)
     if len(only_a) or len(only_b):
-        diffs.append(f"{rel}: rows differ: {len(only_a)} keys only in A (e.g. {list(only_a[:2])}), "
-                     f"{len(only_b)} only in B (e.g. {list(only_b[:2])}); comparing the common rows")  # fmt: skip
+        diffs.append(
+            f"{rel}: rows differ: {len(only_a)} keys only in A (e.g. {list(only_a[:2])}), "
+            f"{len(only_b)} only in B (e.g. {list(only_b[:2])}); comparing the common rows"
+        )
     common = fa.index.intersection(fb.index)
     fa, fb = (f.loc[common].reset_index(drop=True) for f in (fa, fb))
     return compare_frames(fa, fb, str(rel), lambda s: s, diffs, skipped, KEYS)
@@ -284,23 +324,26 @@ def compare(a: Path, b: Path) -> int:
         diffs.append("no tables found to compare")
     for name, root in (("A", a), ("B", b)):  # information only: which code made each folder
         info = read_config(root / "manifest.json", []) if (root / "manifest.json").is_file() else {}
-        print(f"golden: {name} = {root}: commit {str(info.get('git_commit', '?'))[:12]}, "
-              f"source {str(info.get('source_sha256', '?'))[:12]}, probust {info.get('probust_version', '?')}")
+        print(
+            f"golden: {name} = {root}: commit {str(info.get('git_commit', '?'))[:12]}, "
+            f"source {str(info.get('source_sha256', '?'))[:12]}, probust {info.get('probust_version', '?')}"
+        )
     excluded = ", ".join(sorted(skipped)) or "nothing"
     if diffs:
         print(f"golden: {len(diffs)} difference(s) between {a} and {b} (excluded: {excluded}):")
         print("\n".join(f"  - {d}" for d in diffs))
         return 1
-    print(f"golden: identical ({tables} tables, {values} values; excluded: {excluded}; "
-          f"not compared: {NOT_COMPARED})")  # fmt: skip
+    print(f"golden: identical ({tables} tables, {values} values; excluded: {excluded}; not compared: {NOT_COMPARED})")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    for name, help_ in (("make", "train/reuse models, estimate, report into DIR"),
-                        ("check", "make into a temporary folder with DIR's models and compare with DIR")):  # fmt: skip
+    for name, help_ in (
+        ("make", "train/reuse models, estimate, report into DIR"),
+        ("check", "make into a temporary folder with DIR's models and compare with DIR"),
+    ):
         q = sub.add_parser(name, help=help_)
         q.add_argument("dir", type=Path)
         q.add_argument("--src", type=Path, help="run the probust of this src/ folder (default: the installed one)")

@@ -125,8 +125,18 @@ def build_results(root: Path) -> Path:
             show_progress=False,
             extra_loss=RobustLoss(sigma, mu, warmup_steps=20),
         )
-        run_estimate(data="digits", model=ckpt, out=root / "results" / name, device="cpu", seed=0, show_progress=False, sigmas=SIGMAS,
-                     methods=["mc"], mc_samples=MC_N, indices=f"0-{MAIN_POINTS - 1}")  # fmt: skip
+        run_estimate(
+            data="digits",
+            model=ckpt,
+            out=root / "results" / name,
+            device="cpu",
+            seed=0,
+            show_progress=False,
+            sigmas=SIGMAS,
+            methods=["mc"],
+            mc_samples=MC_N,
+            indices=f"0-{MAIN_POINTS - 1}",
+        )
     finally:
         torch.set_num_threads(previous)
     (root / "complete").write_text("")

@@ -236,17 +236,28 @@ def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, 
         ("sigmas: 'abc' is not a number", "--sigma: 'abc' is not a number"),
         ("ci_level: must be in (0, 1), got 2.0", "--confidence: must be in (0, 1), got 2.0"),
         ("eval_batch_size: must be an integer >= 1, got 0", "--eval-batch-size: must be an integer >= 1, got 0"),
-        ("device: no GPU here (use device='cpu' or device='auto')", "--device: no GPU here (use --device cpu or --device auto)"),
+        (
+            "device: no GPU here (use device='cpu' or device='auto')",
+            "--device: no GPU here (use --device cpu or --device auto)",
+        ),
         ("overwrite=True and extend=True exclude each other", "--overwrite and --extend exclude each other"),
-        (("r holds results of a different run (seed: 0 there, 1 here); use extend=True to add these rows to it, "
-          "overwrite=True to replace it, or another out folder"),
-         ("r holds results of a different run (seed: 0 there, 1 here); use --extend to add these rows to it, "
-          "--overwrite to replace it, or another --out")),
-        ("data: x not found; to get it: pass download=True (CLI: --download) to fetch it",
-         "--data: x not found; to get it: pass --download to fetch it"),
+        (
+            (
+                "r holds results of a different run (seed: 0 there, 1 here); use extend=True to add these rows to it, "
+                "overwrite=True to replace it, or another out folder"
+            ),
+            (
+                "r holds results of a different run (seed: 0 there, 1 here); use --extend to add these rows to it, "
+                "--overwrite to replace it, or another --out"
+            ),
+        ),
+        (
+            "data: x not found; to get it: pass download=True (CLI: --download) to fetch it",
+            "--data: x not found; to get it: pass --download to fetch it",
+        ),
         ("model: no model file at seed: 3", "--model: no model file at seed: 3"),  # only the leading name
     ],
-)  # fmt: skip
+)
 def test_library_messages_are_shown_with_the_flags(message, shown):
     from probust.cli.estimate import ARGUMENT_FLAGS, cli_message
 
@@ -269,8 +280,19 @@ def _parser_actions():
 
 
 def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, capsys):
-    args = base(checkpoints["linear"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "8",
-                "--batch-size", "4", "--no-merge")  # fmt: skip
+    args = base(
+        checkpoints["linear"],
+        tmp_path / "r",
+        "--sigma",
+        "0.1",
+        "--methods",
+        "softmax",
+        "--limit",
+        "8",
+        "--batch-size",
+        "4",
+        "--no-merge",
+    )
     assert estimate(*args) == 0
     part = sorted((tmp_path / "r" / "parts").glob("*.parquet"))[0]
     part.write_bytes(b"not parquet")  # only disk trouble does this: parts are renamed into place whole
@@ -284,8 +306,24 @@ def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, 
 # Long enough that the signal lands mid-run even when the test process is descheduled on a busy
 # machine: with 300 draws the 40 parts took 0.35 s after the first and a SIGINT once arrived too
 # late (exit 0); with 3,000 they take ~3 s.
-KILL_ARGS = ["--sigma", "0.1", "0.3", "--methods", "mc", "softmax", "--mc-samples", "3000", "--limit", "40",
-             "--batch-size", "4", "--device", "cpu", "--seed", "3"]  # fmt: skip
+KILL_ARGS = [
+    "--sigma",
+    "0.1",
+    "0.3",
+    "--methods",
+    "mc",
+    "softmax",
+    "--mc-samples",
+    "3000",
+    "--limit",
+    "40",
+    "--batch-size",
+    "4",
+    "--device",
+    "cpu",
+    "--seed",
+    "3",
+]
 
 
 def _start(checkpoints, out: Path) -> subprocess.Popen:
@@ -346,8 +384,23 @@ def test_a_killed_run_resumes_to_the_identical_table(checkpoints, tmp_path, sig)
 
 def test_p_fail_option_fills_the_p_fail_column(checkpoints, tmp_path):
     out = tmp_path / "r"
-    args = base(checkpoints["linear"], out, "--sigma", "0.05", "--methods", "taylor_mvs", "mc", "mc_is",
-                "--mc-samples", "50", "--indices", "0-3", "--device", "cpu", "--p-fail")  # fmt: skip
+    args = base(
+        checkpoints["linear"],
+        out,
+        "--sigma",
+        "0.05",
+        "--methods",
+        "taylor_mvs",
+        "mc",
+        "mc_is",
+        "--mc-samples",
+        "50",
+        "--indices",
+        "0-3",
+        "--device",
+        "cpu",
+        "--p-fail",
+    )
     assert estimate(*args) == 0
     df = read_results(out)
     assert df[df.method != "mc"].p_fail.notna().all() and df[df.method == "mc"].p_fail.isna().all()

@@ -18,7 +18,18 @@ from probust.data import _locate
 from probust.data._digits import split_indices
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FMNIST_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +69,12 @@ def random_idx(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def cifar_batch(data: np.ndarray, labels: list[int], label_key: str) -> dict:
     # The real batches are python-2 pickles of dicts with bytes keys; latin1 decoding (as
     # torchvision does) turns them into str keys, so str keys here load the same way.
-    return {"batch_label": "testing batch", label_key: labels, "data": data, "filenames": [f"{i}.png" for i in range(len(labels))]}
+    return {
+        "batch_label": "testing batch",
+        label_key: labels,
+        "data": data,
+        "filenames": [f"{i}.png" for i in range(len(labels))],
+    }
 
 
 def write_cifar10(root: Path, per_batch: int = 2, n_test: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +91,9 @@ def write_cifar10(root: Path, per_batch: int = 2, n_test: int = 3, seed: int = 0
     test = rng.integers(0, 256, size=(n_test, 3072), dtype=np.uint8)
     (folder / "test_batch").write_bytes(pickle.dumps(cifar_batch(test, list(range(n_test)), "labels"), protocol=2))
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names, "num_cases_per_batch": per_batch}, protocol=2))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": names, "num_cases_per_batch": per_batch}, protocol=2)
+    )
     return np.concatenate(all_data), np.array(all_labels)
 
 
@@ -171,8 +189,14 @@ def test_missing_data_set_names_files_places_and_remedies(tmp_path, monkeypatch)
 
     message = str(info.value)
     assert isinstance(info.value, FileNotFoundError)
-    for needle in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", str(tmp_path / "mine"), str(system),
-                   "--download", "dataset-fashion-mnist"):  # fmt: skip
+    for needle in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        str(tmp_path / "mine"),
+        str(system),
+        "--download",
+        "dataset-fashion-mnist",
+    ):
         assert needle in message
 
 
@@ -255,7 +279,11 @@ def test_cifar100_uses_fine_labels_and_names(tmp_path):
     rng = np.random.default_rng(0)
     fine = [3, 99, 42, 0]
     for name, n in (("train", 4), ("test", 2)):
-        batch = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8), "fine_labels": fine[:n], "coarse_labels": [1] * n}
+        batch = {
+            "data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+            "fine_labels": fine[:n],
+            "coarse_labels": [1] * n,
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
     names = [f"class{i:03d}" for i in range(100)]
     (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": names, "coarse_label_names": ["c"] * 20}))
@@ -338,7 +366,9 @@ def test_subset_keeps_attributes():
 
 
 def test_unknown_data_set_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown data set 'svhn'; known data sets: mnist, fashion-mnist, cifar10, cifar100, digits"):
+    with pytest.raises(
+        ValueError, match="unknown data set 'svhn'; known data sets: mnist, fashion-mnist, cifar10, cifar100, digits"
+    ):
         pdata.load("svhn")
     with pytest.raises(ValueError, match="unknown split 'val'"):
         pdata.load("digits", split="val")

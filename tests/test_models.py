@@ -14,7 +14,6 @@ from torch import nn
 import probust.models as pm
 
 
-
 def _inputs(shape, batch=3, seed=0):
     return torch.rand((batch, *shape), generator=torch.Generator().manual_seed(seed))
 
@@ -296,8 +295,10 @@ def test_vit_fine_tunes_a_pretrained_checkpoint_from_a_folder(tmp_path):
     model = pm.build("vit", 10, (3, 32, 32), pretrained=str(tmp_path / "vit-pretrained")).eval()
 
     assert model.vit.classifier.out_features == 10  # a new head for the new classes
-    assert torch.equal(model.vit.vit.embeddings.patch_embeddings.projection.weight,
-                       pretrained.vit.embeddings.patch_embeddings.projection.weight)  # fmt: skip
+    assert torch.equal(
+        model.vit.vit.embeddings.patch_embeddings.projection.weight,
+        pretrained.vit.embeddings.patch_embeddings.projection.weight,
+    )
     x = _inputs((3, 32, 32), 2)
     manual = F.interpolate((x - 0.5) / 0.5, size=(16, 16), mode="bilinear", align_corners=False)
     assert torch.allclose(model(x), model.vit(pixel_values=manual).logits, atol=1e-5)

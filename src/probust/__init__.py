@@ -36,6 +36,7 @@ def __getattr__(name: str):
         return run_estimate
     raise AttributeError(f"module 'probust' has no attribute {name!r}")
 
+
 __all__ = [
     "METHODS",
     "MMSE",

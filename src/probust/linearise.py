@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from probust._checks import check_target
 
 
-
 def margins(logits: Tensor, target: Tensor) -> Tensor:
     """g [B, C] = logits[b, t_b] - logits[b, :] from logits [B, C] and targets [B]."""
     return logits.gather(1, target[:, None]) - logits
@@ -48,7 +47,9 @@ def _pull_loop(
         cotangents = cotangents_of(logits.detach())
         last = cotangents.shape[0] - 1
         grads = [
-            torch.autograd.grad(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
+            torch.autograd.grad(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[
+                0
+            ]
             for k, cotangent in enumerate(cotangents)
         ]
     return logits, torch.stack(grads, dim=1)
@@ -142,9 +143,14 @@ def logit_jacobian(
         return every if classes is None else every[classes]
 
     logits, grads = _pull(
-        model, x, unit_cotangents, strategy=strategy, chunk_size=class_chunk_size,
-        differentiable=differentiable, fallback=fallback,
-    )  # fmt: skip
+        model,
+        x,
+        unit_cotangents,
+        strategy=strategy,
+        chunk_size=class_chunk_size,
+        differentiable=differentiable,
+        fallback=fallback,
+    )
     return _finish(logits, grads, differentiable)
 
 
@@ -214,9 +220,14 @@ def margin_jacobian(
         logits, u = _finish(logits, u, differentiable)
         return logits, t, u
     logits, grads = _pull(
-        model, x, margin_cotangents, strategy=strategy, chunk_size=class_chunk_size,
-        differentiable=differentiable, fallback=fallback,
-    )  # fmt: skip
+        model,
+        x,
+        margin_cotangents,
+        strategy=strategy,
+        chunk_size=class_chunk_size,
+        differentiable=differentiable,
+        fallback=fallback,
+    )
     t = holder["target"]
     if limit is None:
         # Class c sits at position 0 (zeros) if it is the target, else at 1 + its rank among the others.
@@ -294,9 +305,13 @@ def smoothed_margin_jacobian(
         block = slice(first, first + batch_size)
         inputs = rows[block] if to_rows is None else to_rows(rows[block])
         logits, _, u = margin_jacobian(
-            model, inputs, row_target[block], class_chunk_size=class_chunk_size,
-            differentiable=differentiable, strategy=strategy,
-        )  # fmt: skip
+            model,
+            inputs,
+            row_target[block],
+            class_chunk_size=class_chunk_size,
+            differentiable=differentiable,
+            strategy=strategy,
+        )
         g = margins(logits, row_target[block])
         if g_sum is None:
             g_sum = g.new_zeros(points, *g.shape[1:])

@@ -46,7 +46,7 @@ class Noise(ABC):
     def describe(self) -> dict:
         """A JSON-serialisable description, kept in results metadata."""
 
-    def check_shape(self, shape: torch.Size) -> None:
+    def check_shape(self, shape: torch.Size) -> None:  # noqa: B027 - optional hook: most noises fit any shape
         """Raise ValueError when this noise cannot be added to inputs of ``shape``."""
 
 

@@ -205,8 +205,14 @@ def _summary_html(outputs: list[Output], results: Results) -> str:
     return "".join(parts)
 
 
-def render_html(outputs: list[Output], results: Results, path: Path, *, title: str = "probust report",
-                extra: dict[str, Any] | None = None) -> str:  # fmt: skip
+def render_html(
+    outputs: list[Output],
+    results: Results,
+    path: Path,
+    *,
+    title: str = "probust report",
+    extra: dict[str, Any] | None = None,
+) -> str:
     """The report page as a string (figures embedded)."""
     from probust import __version__
 

@@ -81,8 +81,25 @@ def test_cli_missing_data_set_exits_1_with_how_to_get_it(tmp_path, capsys, monke
 
 def test_cli_trains_with_the_robust_loss_and_records_it(tmp_path, capsys):
     out = tmp_path / "m.pt"
-    argv = ["train", "--data", "digits", "--arch", "linear", "--out", str(out), "--epochs", "1",
-            "--robust-loss", "0.5", "--robust-sigma", "0.2", "--robust-warmup", "10", "--threads", "1"]  # fmt: skip
+    argv = [
+        "train",
+        "--data",
+        "digits",
+        "--arch",
+        "linear",
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--robust-loss",
+        "0.5",
+        "--robust-sigma",
+        "0.2",
+        "--robust-warmup",
+        "10",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     saved = json.loads(pm.sidecar_path(out).read_text())
     assert "RobustLoss(sigma=0.2, mu=0.5, cdf='mv-sigmoid'" in saved["extra_loss"]

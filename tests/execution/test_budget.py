@@ -48,7 +48,11 @@ def test_row_cost_counts_a_linear_layers_saved_input():
 def test_work_that_cannot_fit_raises_naming_the_knob():
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
     x = torch.rand(4, 3, 32, 32)
-    for estimator in (probust.MonteCarlo(model, 0.1, n_samples=10), probust.Taylor(model, 0.1), probust.MMSE(model, 0.1)):
+    for estimator in (
+        probust.MonteCarlo(model, 0.1, n_samples=10),
+        probust.Taylor(model, 0.1),
+        probust.MMSE(model, 0.1),
+    ):
         estimator.memory_budget = 1000  # bytes: less than one row
         with pytest.raises(MemoryBudgetError, match="memory_budget"):
             estimator(x)

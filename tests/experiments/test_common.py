@@ -18,8 +18,14 @@ def test_sem_is_scipys_standard_error_of_the_finite_values():
 
 def test_fmt_gives_three_significant_digits_and_scientific_at_the_extremes():
     assert [fmt(v) for v in (0.123456, 12.3456, 0.0, 1.5e-4, 2.5e5, None, float("nan"))] == [
-        "0.123", "12.3", "0", "1.50e-04", "2.50e+05", "n/a", "n/a"
-    ]  # fmt: skip
+        "0.123",
+        "12.3",
+        "0",
+        "1.50e-04",
+        "2.50e+05",
+        "n/a",
+        "n/a",
+    ]
     assert fmt(1 / 3, digits=2) == "0.33"
 
 
@@ -33,6 +39,9 @@ def test_sort_by_method_orders_models_then_estimators_in_the_papers_order_then_s
     )
     out = sort_by_method(frame)
     assert list(zip(out["model"], out["method"], out["sigma"])) == [
-        ("a", "mc", 0.1), ("a", "mc", 0.3), ("a", "softmax", 0.1), ("b", "taylor", 0.1)
-    ]  # fmt: skip
+        ("a", "mc", 0.1),
+        ("a", "mc", 0.3),
+        ("a", "softmax", 0.1),
+        ("b", "taylor", 0.1),
+    ]
     assert list(out.columns) == ["model", "method", "sigma"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from probust import data
-from probust.experiments._base import ExperimentSkipped
+from probust.experiments.base import ExperimentSkipped
 from probust.experiments.datasets import images, load_dataset, torch_index
 from probust.experiments.run_info import Run
 from probust.run import read_config, read_results

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from probust import experiments
-from probust.experiments import robust_training
 from probust.experiments.runs import Results
 from probust.run.store import make_table
 from tests._helpers import MAIN_POINTS, MC_N, assert_figures, raw
@@ -25,8 +24,17 @@ from tests._helpers import SIGMAS as DIGITS_SIGMAS
 
 SIGMAS = (0.1, 0.4)
 N = 41
-RECIPE = {"dataset": "fashion-mnist", "arch": "cnn", "epochs": 1, "lr": 0.05, "batch_size": 128, "weight_decay": 5e-4,
-          "schedule": "cosine", "train_size": 60000, "seed": 0}  # fmt: skip
+RECIPE = {
+    "dataset": "fashion-mnist",
+    "arch": "cnn",
+    "epochs": 1,
+    "lr": 0.05,
+    "batch_size": 128,
+    "weight_decay": 5e-4,
+    "schedule": "cosine",
+    "train_size": 60000,
+    "seed": 0,
+}
 
 
 def robust_meta(mu: float, sigma: float) -> dict:
@@ -43,8 +51,16 @@ def robust_meta(mu: float, sigma: float) -> dict:
     }
 
 
-def write_run(root: Path, name: str, p: dict[float, np.ndarray], *, accuracy: float, grad_reg: float = 0.0, extra: dict | None = None,
-              recipe: dict | None = None) -> Path:  # fmt: skip
+def write_run(
+    root: Path,
+    name: str,
+    p: dict[float, np.ndarray],
+    *,
+    accuracy: float,
+    grad_reg: float = 0.0,
+    extra: dict | None = None,
+    recipe: dict | None = None,
+) -> Path:
     """A results folder with Monte Carlo rows ``p[sigma]`` (one per point) for a model with this metadata."""
     folder = root / name
     folder.mkdir(parents=True)
@@ -62,13 +78,45 @@ def write_run(root: Path, name: str, p: dict[float, np.ndarray], *, accuracy: fl
         "model": {"meta": meta},
     }
     (folder / "config.json").write_text(json.dumps(config))
-    cols: dict[str, list] = {c: [] for c in ("index", "label", "prediction", "target", "sigma", "method", "n_samples", "p", "ci_low",
-                                             "ci_high", "stderr", "confidence", "cdf_error", "seconds", "seed")}  # fmt: skip
+    cols: dict[str, list] = {
+        c: []
+        for c in (
+            "index",
+            "label",
+            "prediction",
+            "target",
+            "sigma",
+            "method",
+            "n_samples",
+            "p",
+            "ci_low",
+            "ci_high",
+            "stderr",
+            "confidence",
+            "cdf_error",
+            "seconds",
+            "seed",
+        )
+    }
     for sigma, values in p.items():
         for i, v in enumerate(values):
-            row = dict(index=i, label=i % 10, prediction=i % 10, target=i % 10, sigma=sigma, method="mc", n_samples=1000, p=float(v),
-                       ci_low=max(0.0, v - 0.03), ci_high=min(1.0, v + 0.03), stderr=0.015, confidence=0.9, cdf_error=np.nan,
-                       seconds=1e-3, seed=0)  # fmt: skip
+            row = dict(
+                index=i,
+                label=i % 10,
+                prediction=i % 10,
+                target=i % 10,
+                sigma=sigma,
+                method="mc",
+                n_samples=1000,
+                p=float(v),
+                ci_low=max(0.0, v - 0.03),
+                ci_high=min(1.0, v + 0.03),
+                stderr=0.015,
+                confidence=0.9,
+                cdf_error=np.nan,
+                seconds=1e-3,
+                seed=0,
+            )
             for c in cols:
                 cols[c].append(row[c])
     pq.write_table(make_table(cols), folder / "results.parquet")
@@ -135,8 +183,12 @@ def test_table_gives_medians_gains_and_accuracy_costs_from_the_rows(synthetic, t
     assert out.skipped is None, out.skipped
     t = out.table
     assert len(t) == len(MODELS) * len(SIGMAS) and set(t["kind"]) == {"plain", "grad-norm", "robust-loss"}
-    by_name = {"Fashion-MNIST CNN": "plain", "Fashion-MNIST CNN, λ=0.01": "gn-0.01", "Fashion-MNIST CNN, λ=0.1": "gn-0.1",
-               "Fashion-MNIST CNN, robust μ=1 (σ=0.4)": "robust-1"}  # fmt: skip
+    by_name = {
+        "Fashion-MNIST CNN": "plain",
+        "Fashion-MNIST CNN, λ=0.01": "gn-0.01",
+        "Fashion-MNIST CNN, λ=0.1": "gn-0.1",
+        "Fashion-MNIST CNN, robust μ=1 (σ=0.4)": "robust-1",
+    }
     acc = {name: a for name, _, a, *_ in MODELS}
     for row in t.itertuples():
         p, p_plain = raw[by_name[row.model]][row.sigma], raw["plain"][row.sigma]
@@ -205,8 +257,11 @@ def test_figure_and_reading_state_the_comparison(synthetic, tmp_path):
     assert f"from {np.median(raw['plain'][0.4]):.3g} (plain) to {np.median(raw['robust-1'][0.4]):.3g}" in first
     assert "at a cost of 1.0 accuracy point " in first
     assert f"reaches {m['matched_median_p']:.3g} (interpolated between {m['matched_between']})" in first
-    verdict = {"robust loss higher": "the robust loss is ahead", "gradient-norm higher": "gradient-norm regularisation is ahead",
-               "no clear difference": "no clear difference"}[m["verdict"]]  # fmt: skip
+    verdict = {
+        "robust loss higher": "the robust loss is ahead",
+        "gradient-norm higher": "gradient-norm regularisation is ahead",
+        "no clear difference": "no clear difference",
+    }[m["verdict"]]
     assert verdict in first
     assert any(s.startswith("Over all σ, RobustLoss μ=1 (σ=0.4) is") for s in out.reading)
 

@@ -31,12 +31,22 @@ def test_robust_loss_settings_come_from_extra_loss_config(tmp_path, write_run):
 
 
 def test_the_legacy_reader_parses_the_repr_of_old_checkpoints(tmp_path, write_run):
-    text = ("RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid', linearisation='taylor', target='label', "
-            "max_points=32, min_p=0.0001, warmup_steps=100, noise=None)")  # fmt: skip
+    text = (
+        "RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid', linearisation='taylor', target='label', "
+        "max_points=32, min_p=0.0001, warmup_steps=100, noise=None)"
+    )
     assert legacy_robust_loss_config(text) == {
-        "name": "RobustLoss", "sigma": 0.3, "mu": 1.0, "cdf": "mv-sigmoid", "linearisation": "taylor",
-        "target": "label", "max_points": 32, "min_p": 1e-4, "warmup_steps": 100, "noise": None,
-    }  # fmt: skip
+        "name": "RobustLoss",
+        "sigma": 0.3,
+        "mu": 1.0,
+        "cdf": "mv-sigmoid",
+        "linearisation": "taylor",
+        "target": "label",
+        "max_points": 32,
+        "min_p": 1e-4,
+        "warmup_steps": 100,
+        "noise": None,
+    }
     assert legacy_robust_loss_config("RobustLoss(sigma=Gaussian, mu=3)") == {
         "name": "RobustLoss",
         "sigma": None,
@@ -53,10 +63,16 @@ def test_the_legacy_reader_parses_the_repr_of_old_checkpoints(tmp_path, write_ru
 
 
 def test_metadata_falls_back_from_the_checkpoint_to_the_run(tmp_path, write_run):
-    folder = write_run(tmp_path, "module", meta={}, run={"dataset": "digits", "seed": 7},
-                       model={"source": "nn.Module", "class": "mypkg.nets.TinyNet"},
-                       data={"classes": ["zero", "one"]}, rows=[(0, 0.1, "mc", 10, 0.5), (4, 0.1, "mc", 10, 0.5)],
-                       labels=[0, 0, 0, 0, 3])  # fmt: skip
+    folder = write_run(
+        tmp_path,
+        "module",
+        meta={},
+        run={"dataset": "digits", "seed": 7},
+        model={"source": "nn.Module", "class": "mypkg.nets.TinyNet"},
+        data={"classes": ["zero", "one"]},
+        rows=[(0, 0.1, "mc", 10, 0.5), (4, 0.1, "mc", 10, 0.5)],
+        labels=[0, 0, 0, 0, 3],
+    )
     run = one(folder)
     assert (run.dataset, run.arch, run.seed, run.model_source) == ("digits", "TinyNet", 7, None)
     assert run.grad_reg is None and run.test_accuracy is None and run.is_standard

@@ -34,8 +34,12 @@ def test_load_results_reads_every_run_with_rows_sorted_and_uniquely_labelled(tmp
     assert isinstance(results, Results) and results.root == tmp_path and len(results) == 4
     # linear before other architectures, then lambda, then path; a repeated label names its folder
     assert [r.path.name for r in results] == ["lin-0", "lin-0-again", "lin-big", "cnn"]
-    assert [r.label for r in results] == ["digits linear (lin-0)", "digits linear (lin-0-again)",
-                                          "digits linear, λ=0.1", "digits CNN"]  # fmt: skip
+    assert [r.label for r in results] == [
+        "digits linear (lin-0)",
+        "digits linear (lin-0-again)",
+        "digits linear, λ=0.1",
+        "digits CNN",
+    ]
     assert results.by_label("digits CNN").path.name == "cnn" and results.by_label("lin-big").label.endswith("0.1")
     with pytest.raises(KeyError, match="no run named"):
         results.by_label("nope")

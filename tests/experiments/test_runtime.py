@@ -22,9 +22,15 @@ def test_runtime_times_every_estimator_serial_and_batched(results, out_dir):
         assert row.speedup_vs_mc == pytest.approx(mc / row.seconds)
     paper = out.tables["paper_layout"]
     assert list(paper.columns) == [
-        "method", "n_samples", "peak_mb_batched", "peak_mb_serial",
-        "seconds_batched", "seconds_serial", "speedup_vs_mc_batched", "speedup_vs_mc_serial",
-    ]  # fmt: skip
+        "method",
+        "n_samples",
+        "peak_mb_batched",
+        "peak_mb_serial",
+        "seconds_batched",
+        "seconds_serial",
+        "speedup_vs_mc_batched",
+        "speedup_vs_mc_serial",
+    ]
     # Peak memory is measured per call: every estimator allocates something, and a batched
     # Monte Carlo call over 2 points x 200 draws of 8x8 inputs holds far less than a gigabyte.
     assert (t["peak_mb"] >= 0).all() and (t["peak_mb"] < 1024).all()

@@ -106,8 +106,18 @@ def test_the_default_methods_are_the_papers_six(tmp_path):
 
 
 def test_resuming_computes_only_missing_rows_and_gives_the_same_table(tmp_path):
-    args = dict(data=tiny_data(), model=tiny_model(), sigmas=SIGMAS, methods=FAST, mc_samples=200, mmse_samples=3,
-                limit=12, batch_size=4, device="cpu", show_progress=False)  # fmt: skip
+    args = dict(
+        data=tiny_data(),
+        model=tiny_model(),
+        sigmas=SIGMAS,
+        methods=FAST,
+        mc_samples=200,
+        mmse_samples=3,
+        limit=12,
+        batch_size=4,
+        device="cpu",
+        show_progress=False,
+    )
     full = run_estimate(out=tmp_path / "full", **args)
     out = tmp_path / "resumed"
     run_estimate(out=out, merge=False, **args)
@@ -292,8 +302,21 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
     lost = len(full) - len(old)
     assert old[NEWER].isna().all().all() and lost > 0
     # resume: the missing rows are computed, the table is the uninterrupted run's
-    summary = execute(prepare(RunSettings(out=out, data=tiny_data(), model=tiny_model(), mc_samples=200, mmse_samples=3,
-                              batch_size=6, device="cpu", show_progress=False, **args)))  # fmt: skip
+    summary = execute(
+        prepare(
+            RunSettings(
+                out=out,
+                data=tiny_data(),
+                model=tiny_model(),
+                mc_samples=200,
+                mmse_samples=3,
+                batch_size=6,
+                device="cpu",
+                show_progress=False,
+                **args,
+            )
+        )
+    )
     assert summary.rows_computed == lost
     resumed = no_time(read_results(out))
     # n_drawn is newer than the folder: its old rows have none, the rows computed now do.

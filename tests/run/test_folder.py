@@ -11,8 +11,19 @@ from probust.run.store import ResultStore
 
 
 def settings(out, data, model, **changes) -> RunSettings:
-    args = dict(data=data, model=model, sigmas=[0.3], methods=["softmax"], out=out, limit=4, batch_size=2,
-                mc_samples=50, mmse_samples=3, device="cpu", show_progress=False)  # fmt: skip
+    args = dict(
+        data=data,
+        model=model,
+        sigmas=[0.3],
+        methods=["softmax"],
+        out=out,
+        limit=4,
+        batch_size=2,
+        mc_samples=50,
+        mmse_samples=3,
+        device="cpu",
+        show_progress=False,
+    )
     args.update(changes)
     return RunSettings(**args)
 

@@ -17,9 +17,15 @@ def test_the_default_methods_are_the_papers_six():
 
 def test_each_method_takes_its_own_sample_counts():
     assert {m: sample_kind(m) for m in probust.METHODS} == {
-        "mc": "mc", "mc_cv": "mc", "mc_is": "mc", "mmse": "mmse", "mmse_mvs": "mmse",
-        "taylor": None, "taylor_mvs": None, "softmax": None,
-    }  # fmt: skip
+        "mc": "mc",
+        "mc_cv": "mc",
+        "mc_is": "mc",
+        "mmse": "mmse",
+        "mmse_mvs": "mmse",
+        "taylor": None,
+        "taylor_mvs": None,
+        "softmax": None,
+    }
     assert [m for m in probust.METHODS if uses_mmse_samples(m)] == [
         m for m in probust.METHODS if m in ("mmse", "mmse_mvs", "mc_cv", "mc_is")
     ]
@@ -29,9 +35,22 @@ def test_each_method_takes_its_own_sample_counts():
     ]
 
 
-PLAN = dict(seed=3, memory_budget="1GB", channels_last=None, eval_batch_size=None, jacobian="vmap", temperature=2.0,
-            ci_level=0.9, interval="wilson", tol=1e-3, linearisation_samples=4, mmse_sampling="iid", p_fail=False,
-            mc_half_width=None, model="MODEL")  # fmt: skip
+PLAN = dict(
+    seed=3,
+    memory_budget="1GB",
+    channels_last=None,
+    eval_batch_size=None,
+    jacobian="vmap",
+    temperature=2.0,
+    ci_level=0.9,
+    interval="wilson",
+    tol=1e-3,
+    linearisation_samples=4,
+    mmse_sampling="iid",
+    p_fail=False,
+    mc_half_width=None,
+    model="MODEL",
+)
 BASE = {"seed": 3, "memory_budget": "1GB"}
 
 
@@ -43,7 +62,7 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
             "mc",
             {"mc_half_width": 0.01},
             {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson", "target_half_width": 0.01},
-        ),  # fmt: skip
+        ),
         (
             "mc_cv",
             {"mc_half_width": 0.01, "p_fail": True},
@@ -56,12 +75,12 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
                 "mmse_samples": 4,
                 "target_half_width": 0.01,
             },
-        ),  # fmt: skip
+        ),
         (
             "mc_is",
             {"mc_half_width": 0.01},
             {**BASE, "jacobian": "vmap", "n_samples": 50, "confidence": 0.9, "tol": 1e-3, "mmse_samples": 4},
-        ),  # fmt: skip
+        ),
         ("taylor", {"p_fail": True}, {**BASE, "jacobian": "vmap", "tol": 1e-3, "p_fail": True}),
         ("taylor_mvs", {}, {**BASE, "jacobian": "vmap", "tol": 1e-3}),
         ("mmse", {}, {**BASE, "jacobian": "vmap", "n_samples": 50, "tol": 1e-3, "sampling": "iid"}),
@@ -77,7 +96,7 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
                 "tol": 1e-3,
                 "sampling": "iid",
             },
-        ),  # fmt: skip
+        ),
         ("softmax", {"p_fail": True, "mc_half_width": 0.01}, {**BASE, "temperature": 2.0}),
     ],
 )

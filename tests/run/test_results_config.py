@@ -22,8 +22,18 @@ from probust.run.results_config import SETTING_DEFAULTS, ResultsConfig
 
 def test_a_config_written_by_the_runner_reads_typed(tmp_path, tiny_data, tiny_model):
     out = tmp_path / "r"
-    run_estimate(tiny_data, tiny_model, [0.3, 0.1], ["softmax", "mc"], out, mc_samples=50, limit=5, seed=3,
-                 device="cpu", show_progress=False)  # fmt: skip
+    run_estimate(
+        tiny_data,
+        tiny_model,
+        [0.3, 0.1],
+        ["softmax", "mc"],
+        out,
+        mc_samples=50,
+        limit=5,
+        seed=3,
+        device="cpu",
+        show_progress=False,
+    )
     cfg = read_results_config(out)
     assert cfg is not None and cfg.is_probust and is_results_folder(out)
     assert (cfg.format, cfg.format_version) == (FORMAT, FORMAT_VERSION)
@@ -35,8 +45,16 @@ def test_a_config_written_by_the_runner_reads_typed(tmp_path, tiny_data, tiny_mo
     assert s.model_sha256 == hash_state_dict(tiny_model) == cfg.model.sha256 and len(s.data_sha256 or "") == 64
     assert (s.target, s.temperature, s.tol, s.ci_level) == ("prediction", 1.0, 1e-4, 0.95)
     assert (s.interval, s.mmse_sampling, s.p_fail, s.mc_half_width) == ("wilson", "centred", False, None)
-    assert cfg.requests == ({"sigmas": [0.1, 0.3], "methods": ["mc", "softmax"], "mc_samples": [50],
-                             "mmse_samples": [], "n_points": 5, "indices": [[0, 5]]},)  # fmt: skip
+    assert cfg.requests == (
+        {
+            "sigmas": [0.1, 0.3],
+            "methods": ["mc", "softmax"],
+            "mc_samples": [50],
+            "mmse_samples": [],
+            "n_points": 5,
+            "indices": [[0, 5]],
+        },
+    )
     assert cfg.model.source == "nn.Module" and cfg.model.file is None and cfg.model_meta == {}
     assert cfg.model.class_name == "torch.nn.modules.container.Sequential"
     assert cfg.data.input_shape == (1, 4, 4) and cfg.data.num_classes == 3 and cfg.classes == ("a", "b", "c")

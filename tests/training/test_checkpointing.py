@@ -42,8 +42,13 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(tmp_path
     assert partial["train_state"] is not None
 
     resumed_epochs = []
-    resumed = train(train_ds, **settings, extra_loss=CrashAt(None), out=tmp_path / "cut.pt",
-                    on_epoch_end=lambda epoch, meta: resumed_epochs.append(epoch))  # fmt: skip
+    resumed = train(
+        train_ds,
+        **settings,
+        extra_loss=CrashAt(None),
+        out=tmp_path / "cut.pt",
+        on_epoch_end=lambda epoch, meta: resumed_epochs.append(epoch),
+    )
 
     assert resumed_epochs == [2]
     for key, value in _weights(whole.model).items():
@@ -87,11 +92,35 @@ def test_resume_over_a_foreign_file_says_how_to_overwrite_it(tmp_path, digits):
 # The metadata keys probust.train wrote, in its order (extra_loss_config from 0.1.0 on, only with a
 # loss that has config()).
 OLD_META_KEYS = (
-    "dataset", "arch", "num_classes", "input_shape", "arch_kwargs", "classes", "epochs", "lr", "batch_size",
-    "momentum", "weight_decay", "schedule", "grad_reg", "grad_reg_form", "augment", "seed", "train_size",
-    "extra_loss", "extra_loss_config", "epochs_completed", "history", "train_seconds", "created", "complete",
-    "test_accuracy", "device", "torch_version", "probust_version",
-)  # fmt: skip
+    "dataset",
+    "arch",
+    "num_classes",
+    "input_shape",
+    "arch_kwargs",
+    "classes",
+    "epochs",
+    "lr",
+    "batch_size",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "grad_reg",
+    "grad_reg_form",
+    "augment",
+    "seed",
+    "train_size",
+    "extra_loss",
+    "extra_loss_config",
+    "epochs_completed",
+    "history",
+    "train_seconds",
+    "created",
+    "complete",
+    "test_accuracy",
+    "device",
+    "torch_version",
+    "probust_version",
+)
 # What probust.train recorded as meta["extra_loss"] for RobustLoss(0.3, mu=1.0, max_points=16, warmup_steps=10).
 OLD_LOSS_NAME = (
     "RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid', linearisation='taylor', target='label', max_points=16, "
@@ -143,8 +172,14 @@ def test_a_checkpoint_in_the_old_layout_resumes_to_the_weights_of_an_uninterrupt
     pm.save_checkpoint(tmp_path / "old.pt", model, old_meta, train_state=old_state)
 
     loss, epochs = _robust_loss(), []
-    resumed = train(train_ds, "linear", extra_loss=loss, out=tmp_path / "old.pt",
-                    on_epoch_end=lambda epoch, meta: epochs.append(epoch), **settings)  # fmt: skip
+    resumed = train(
+        train_ds,
+        "linear",
+        extra_loss=loss,
+        out=tmp_path / "old.pt",
+        on_epoch_end=lambda epoch, meta: epochs.append(epoch),
+        **settings,
+    )
 
     assert epochs == [2, 3] and loss.calls == 12  # the warm-up count continued from 4
     for key, value in _weights(whole.model).items():

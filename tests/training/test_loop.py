@@ -30,8 +30,20 @@ def test_training_learns_digits_and_records_its_metadata(tmp_path, digits):
     result = train("digits", "linear", epochs=3, lr=0.05, batch_size=64, out=path, show_progress=False)
 
     meta = result.meta
-    for key in ("dataset", "arch", "num_classes", "input_shape", "grad_reg", "epochs", "seed", "test_accuracy",
-                "probust_version", "created", "history", "classes"):  # fmt: skip
+    for key in (
+        "dataset",
+        "arch",
+        "num_classes",
+        "input_shape",
+        "grad_reg",
+        "epochs",
+        "seed",
+        "test_accuracy",
+        "probust_version",
+        "created",
+        "history",
+        "classes",
+    ):
         assert key in meta, key
     assert (meta["dataset"], meta["arch"], meta["epochs"], meta["epochs_completed"]) == ("digits", "linear", 3, 3)
     assert meta["complete"] and len(meta["history"]) == 3
@@ -94,8 +106,17 @@ def test_resnet18_trains_a_step_on_tiny_cifar_files_with_gradient_regularisation
     torch.manual_seed(0)
     init = _weights(pm.build("resnet18", 10, (3, 32, 32)))
 
-    result = train("cifar10", "resnet18", epochs=1, batch_size=10, lr=0.01, grad_reg=1e-3, root=tmp_path / "data",
-                   out=tmp_path / "r18.pt", show_progress=False)  # fmt: skip
+    result = train(
+        "cifar10",
+        "resnet18",
+        epochs=1,
+        batch_size=10,
+        lr=0.01,
+        grad_reg=1e-3,
+        root=tmp_path / "data",
+        out=tmp_path / "r18.pt",
+        show_progress=False,
+    )
 
     assert result.meta["augment"] is True and result.meta["dataset"] == "cifar10"
     assert result.meta["arch_kwargs"]["mean"] == [0.4914, 0.4822, 0.4465]
@@ -108,8 +129,17 @@ def test_vit_trains_a_step_on_a_small_data_set(digits):
     pytest.importorskip("transformers")
     config = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
 
-    result = train(digits[0].subset(range(32)), "vit", epochs=1, batch_size=16, lr=0.01, grad_reg=1e-3,
-                   test_dataset=digits[1].subset(range(16)), arch_kwargs={"config": config}, show_progress=False)  # fmt: skip
+    result = train(
+        digits[0].subset(range(32)),
+        "vit",
+        epochs=1,
+        batch_size=16,
+        lr=0.01,
+        grad_reg=1e-3,
+        test_dataset=digits[1].subset(range(16)),
+        arch_kwargs={"config": config},
+        show_progress=False,
+    )
 
     assert result.meta["arch_kwargs"]["config"]["hidden_size"] == 16
     assert 0.0 <= result.meta["test_accuracy"] <= 1.0 and math.isfinite(result.meta["history"][0]["train_loss"])
@@ -117,8 +147,18 @@ def test_vit_trains_a_step_on_a_small_data_set(digits):
 
 def test_keyword_call_and_config_call_give_bitwise_identical_weights(digits):
     train_ds = digits[0].subset(list(range(100)))
-    settings = dict(epochs=1, lr=0.05, batch_size=16, grad_reg=1e-2, seed=5, momentum=0.8, weight_decay=1e-3,
-                    schedule="step", augment=False, arch_kwargs={"pool": False})  # fmt: skip
+    settings = dict(
+        epochs=1,
+        lr=0.05,
+        batch_size=16,
+        grad_reg=1e-2,
+        seed=5,
+        momentum=0.8,
+        weight_decay=1e-3,
+        schedule="step",
+        augment=False,
+        arch_kwargs={"pool": False},
+    )
 
     by_keywords = train(train_ds, "cnn", show_progress=False, **settings)
     by_config = train(train_ds, "cnn", show_progress=False, config=TrainConfig(**settings))
@@ -162,6 +202,15 @@ def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwa
     # selected by its marker alone (`make test-all`, `pytest -m slow`), like every slow test
     if not (FMNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
-    result = train("fashion-mnist", arch, epochs=10, lr=lr, batch_size=128, arch_kwargs=arch_kwargs,
-                   out=tmp_path / f"{arch}.pt", show_progress=False, num_threads=1)  # fmt: skip
+    result = train(
+        "fashion-mnist",
+        arch,
+        epochs=10,
+        lr=lr,
+        batch_size=128,
+        arch_kwargs=arch_kwargs,
+        out=tmp_path / f"{arch}.pt",
+        show_progress=False,
+        num_threads=1,
+    )
     assert result.meta["test_accuracy"] >= floor

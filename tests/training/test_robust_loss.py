@@ -111,7 +111,7 @@ def test_robust_loss_weight_ramps_up_over_the_warmup_steps():
             min_p=1e-3,
             mmse_samples=3,
             warmup_steps=0,
-        ),  # fmt: skip
+        ),
         RobustLoss(Uniform(0.1), mu=0.5),
         RobustLoss(Laplace(0.3), mu=0.5, cdf="mvn"),
     ],
@@ -157,8 +157,18 @@ def test_from_config_refuses_what_is_not_a_robust_loss_config_naming_the_key():
 
 def _fit(digits, extra_loss=None, grad_reg=0.0):
     train_ds, test_ds = digits
-    return train(train_ds, "cnn", epochs=4, lr=0.05, batch_size=64, seed=0, test_dataset=test_ds,
-                 show_progress=False, extra_loss=extra_loss, grad_reg=grad_reg)  # fmt: skip
+    return train(
+        train_ds,
+        "cnn",
+        epochs=4,
+        lr=0.05,
+        batch_size=64,
+        seed=0,
+        test_dataset=test_ds,
+        show_progress=False,
+        extra_loss=extra_loss,
+        grad_reg=grad_reg,
+    )
 
 
 def test_robust_loss_raises_monte_carlo_p_robust_on_held_out_digits(digits):
@@ -188,9 +198,20 @@ def test_without_warmup_a_strong_robust_term_costs_much_accuracy(digits):
 def test_config_names_the_settings_and_is_stored_in_the_checkpoint(tmp_path, digits):
     loss = probust.RobustLoss(0.2, mu=0.5, max_points=16, warmup_steps=7)
     cfg = loss.config()
-    assert cfg == {"name": "RobustLoss", "mu": 0.5, "sigma": 0.2, "noise": {"noise": "gaussian", "sigma": 0.2}, "cdf": "mv-sigmoid",
-                   "linearisation": "taylor", "target": "label", "tol": 1e-3, "max_points": 16, "min_p": 1e-4, "mmse_samples": 5,
-                   "warmup_steps": 7}  # fmt: skip
+    assert cfg == {
+        "name": "RobustLoss",
+        "mu": 0.5,
+        "sigma": 0.2,
+        "noise": {"noise": "gaussian", "sigma": 0.2},
+        "cdf": "mv-sigmoid",
+        "linearisation": "taylor",
+        "target": "label",
+        "tol": 1e-3,
+        "max_points": 16,
+        "min_p": 1e-4,
+        "mmse_samples": 5,
+        "warmup_steps": 7,
+    }
     diagonal = probust.RobustLoss(torch.full((1, 8, 8), 0.1), mu=1.0).config()
     assert diagonal["sigma"] is None and diagonal["noise"]["noise"] == "gaussian-diagonal"
     json.dumps(diagonal)

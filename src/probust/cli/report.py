@@ -34,15 +34,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="a results folder, or a folder holding several")
     p.add_argument("--out", metavar="DIR", help="where report.html and experiments/ go (default: RESULTS_DIR)")
-    p.add_argument("--only", nargs="+", metavar="NAME", choices=EXPERIMENTS, help=f"run only these experiments: {' '.join(EXPERIMENTS)}")
-    p.add_argument("--skip", nargs="+", default=[], metavar="NAME", choices=EXPERIMENTS, help="leave these experiments out (e.g. runtime case_study, which measure and train)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=EXPERIMENTS,
+        help=f"run only these experiments: {' '.join(EXPERIMENTS)}",
+    )
+    p.add_argument(
+        "--skip",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        choices=EXPERIMENTS,
+        help="leave these experiments out (e.g. runtime case_study, which measure and train)",
+    )
     p.add_argument("--title", default="probust report", help="page title")
     g = p.add_argument_group("experiment settings")
-    g.add_argument("--runtime-points", type=int, default=5, metavar="N", help="points the runtime experiment times (default 5; the paper: 50)")
-    g.add_argument("--runtime-sigma", type=float, default=0.1, metavar="S", help="noise level of the runtime experiment (default 0.1)")
+    g.add_argument(
+        "--runtime-points",
+        type=int,
+        default=5,
+        metavar="N",
+        help="points the runtime experiment times (default 5; the paper: 50)",
+    )
+    g.add_argument(
+        "--runtime-sigma",
+        type=float,
+        default=0.1,
+        metavar="S",
+        help="noise level of the runtime experiment (default 0.1)",
+    )
     g.add_argument("--case-seeds", type=int, default=5, metavar="N", help="repetitions of the case study (default 5)")
-    g.add_argument("--case-epochs", type=int, default=30, metavar="N", help="training epochs of the case study's CNN (default 30)")
-    g.add_argument("--case-k", type=int, default=25, metavar="K", help="images per class and end in the case study (default 25)")
+    g.add_argument(
+        "--case-epochs", type=int, default=30, metavar="N", help="training epochs of the case study's CNN (default 30)"
+    )
+    g.add_argument(
+        "--case-k", type=int, default=25, metavar="K", help="images per class and end in the case study (default 25)"
+    )
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="print only where the report is")
     p.set_defaults(func=run)
@@ -58,7 +87,11 @@ def options_from(args: argparse.Namespace) -> dict:
 def print_output(output, file=None) -> None:
     """One line per finished experiment (progress of ``probust report`` and ``probust demo``)."""
     file = file if file is not None else sys.stdout
-    status = f"skipped: {output.skipped}" if output.skipped else f"{len(output.figures)} figure(s), {len(output.files)} file(s)"
+    status = (
+        f"skipped: {output.skipped}"
+        if output.skipped
+        else f"{len(output.figures)} figure(s), {len(output.files)} file(s)"
+    )
     print(f"  {output.title}: {status} ({output.seconds:.1f} s)", file=file, flush=True)
 
 
@@ -90,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             extra = None
     if not args.quiet:
-        print(f"probust report: {len(results)} results folder(s) under {args.results_dir}: " + ", ".join(r.label for r in results))
+        print(
+            f"probust report: {len(results)} results folder(s) under {args.results_dir}: "
+            + ", ".join(r.label for r in results)
+        )
     start = time.perf_counter()
     report = build_report(
         results,

@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
     from probust.training import DEFAULTS, SCHEDULES
 
     defaults = ", ".join(
-        f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}" for a, d in DEFAULTS.items()
+        f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}"
+        for a, d in DEFAULTS.items()
     )
     p = subparsers.add_parser(
         "train",
@@ -40,38 +41,57 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, help="batch size (default per architecture)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=float, help="weight decay (default per architecture)")
-    p.add_argument("--schedule", default="cosine", metavar="NAME", help=f"lr schedule: {', '.join(SCHEDULES)} (default cosine)")
     p.add_argument(
-        "--grad-reg", type=float, default=0.0, metavar="LAMBDA",
+        "--schedule", default="cosine", metavar="NAME", help=f"lr schedule: {', '.join(SCHEDULES)} (default cosine)"
+    )
+    p.add_argument(
+        "--grad-reg",
+        type=float,
+        default=0.0,
+        metavar="LAMBDA",
         help="gradient-norm regularisation weight lambda; the paper uses 0, 1e-4, 1e-3, 1e-2 (default 0)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--robust-loss", type=float, default=0.0, metavar="MU",
+        "--robust-loss",
+        type=float,
+        default=0.0,
+        metavar="MU",
         help="weight mu of the average-case robustness term mu * mean(-log p_robust(x)) added to the "
         "cross-entropy (probust.RobustLoss; needs --robust-sigma; default 0: off)",
-    )  # fmt: skip
+    )
     p.add_argument("--robust-sigma", type=float, metavar="S", help="noise sigma of --robust-loss, in pixel units")
     p.add_argument(
-        "--robust-cdf", default="mv-sigmoid", choices=("mv-sigmoid", "mvn"),
+        "--robust-cdf",
+        default="mv-sigmoid",
+        choices=("mv-sigmoid", "mvn"),
         help="probability map of --robust-loss: mv-sigmoid (default) or mvn (slower)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--robust-warmup", type=int, default=500, metavar="STEPS",
+        "--robust-warmup",
+        type=int,
+        default=500,
+        metavar="STEPS",
         help="steps over which the --robust-loss weight ramps up from 0 (default 500; from scratch "
         "the full term at once can collapse the model to a constant classifier)",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for initialisation and shuffling (default 0)")
     aug = p.add_mutually_exclusive_group()
-    aug.add_argument("--augment", dest="augment", action="store_true", default=None, help="random crop + flip (default: CIFAR only)")
+    aug.add_argument(
+        "--augment", dest="augment", action="store_true", default=None, help="random crop + flip (default: CIFAR only)"
+    )
     aug.add_argument("--no-augment", dest="augment", action="store_false", help="no data augmentation")
     p.add_argument("--root", metavar="DIR", help="data folder (default $PROBUST_DATA_DIR or ~/.cache/probust/data)")
     p.add_argument("--download", action="store_true", help="download the data set if it is not found locally")
-    p.add_argument("--pretrained", metavar="NAME_OR_DIR", help="vit only: pretrained Hugging Face checkpoint to fine-tune")
     p.add_argument(
-        "--arch-kwargs", metavar="JSON", default="{}",
-        help='architecture options as a JSON object, e.g. \'{"pool": false}\' or \'{"dropout": 0.25}\' for cnn, '
+        "--pretrained", metavar="NAME_OR_DIR", help="vit only: pretrained Hugging Face checkpoint to fine-tune"
+    )
+    p.add_argument(
+        "--arch-kwargs",
+        metavar="JSON",
+        default="{}",
+        help="architecture options as a JSON object, e.g. '{\"pool\": false}' or '{\"dropout\": 0.25}' for cnn, "
         '\'{"config": {"hidden_size": 192}}\' for vit',
-    )  # fmt: skip
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default auto)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default torch's choice)")
     p.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if --out holds a run")
@@ -143,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
     if args.robust_loss > 0:
         from probust.training import RobustLoss
 
-        extra_loss = RobustLoss(args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup)
+        extra_loss = RobustLoss(
+            args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup
+        )
     try:
         result = train(
             dataset=args.data,

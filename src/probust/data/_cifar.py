@@ -44,14 +44,22 @@ class _CifarFormat:
 
 _FORMATS = {
     "cifar10": _CifarFormat(
-        torchvision.datasets.CIFAR10, "labels", "label_names", 10,
-        (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+        torchvision.datasets.CIFAR10,
+        "labels",
+        "label_names",
+        10,
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
     ),
     "cifar100": _CifarFormat(
-        torchvision.datasets.CIFAR100, "fine_labels", "fine_label_names", 100,
-        (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762),
+        torchvision.datasets.CIFAR100,
+        "fine_labels",
+        "fine_label_names",
+        100,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
     ),
-}  # fmt: skip
+}
 
 
 def _candidate_dirs(fmt: _CifarFormat, root: Path) -> list[Path]:
@@ -68,7 +76,9 @@ def _find(fmt: _CifarFormat, split: str, roots: list[Path]) -> Path | list[str]:
             if len(have) == len(needed):
                 return folder
             if have:
-                notes.append(f"in {folder}: found {', '.join(have)} but not {', '.join(sorted(set(needed) - set(have)))}")
+                notes.append(
+                    f"in {folder}: found {', '.join(have)} but not {', '.join(sorted(set(needed) - set(have)))}"
+                )
         archive = root / fmt.tv_class.filename
         if archive.is_file():
             notes.append(f"found the archive {archive}: --download verifies and extracts it without a network")
@@ -107,7 +117,10 @@ def load_cifar_dataset(name: str, split: str, root: str | None, download: bool) 
         raise not_found(name, split, fmt.files(split) + [fmt.meta_file], looked, roots[0], found, download_error)
     folder = found
     try:
-        n = sum(check_cifar_batch(folder / f, label_key=fmt.label_key, num_classes=fmt.num_classes) for f in fmt.files(split))
+        n = sum(
+            check_cifar_batch(folder / f, label_key=fmt.label_key, num_classes=fmt.num_classes)
+            for f in fmt.files(split)
+        )
         classes = check_cifar_meta(folder / fmt.meta_file, key=fmt.meta_key, num_classes=fmt.num_classes)
     except ProbustDataError as exc:
         raise type(exc)(f"{exc}\n(delete the damaged file and run again with --download)") from None

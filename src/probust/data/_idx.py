@@ -51,13 +51,9 @@ def _parse_header(head: bytes, path: Path) -> tuple[int, tuple[int, ...]]:
     return type_code, dims
 
 
-def _check_expectations(
-    path: Path, type_code: int, dims: tuple[int, ...], expect_type: int, expect_ndim: int
-) -> None:
+def _check_expectations(path: Path, type_code: int, dims: tuple[int, ...], expect_type: int, expect_ndim: int) -> None:
     if type_code != expect_type:
-        raise DataCorruptError(
-            f"{path}: IDX data of type {_TYPES[type_code][1]}, expected {_TYPES[expect_type][1]}"
-        )
+        raise DataCorruptError(f"{path}: IDX data of type {_TYPES[type_code][1]}, expected {_TYPES[expect_type][1]}")
     if len(dims) != expect_ndim:
         raise DataCorruptError(f"{path}: IDX data has {len(dims)} dimensions, expected {expect_ndim}")
 
@@ -129,4 +125,3 @@ def read_idx(path: str | os.PathLike, *, expect_ndim: int, expect_type: int = UB
             f"{len(data) if len(data) <= expected else 'more'}"
         )
     return np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="), copy=True).reshape(dims)
-

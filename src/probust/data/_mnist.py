@@ -82,9 +82,7 @@ def _read_pair(name: str, split: str, images_path: Path, labels_path: Path) -> t
     if tuple(img_dims[1:]) != (28, 28):
         raise DataCorruptError(f"{images_path}: images of size {list(img_dims[1:])}, expected 28x28")
     if img_dims[0] != lab_dims[0]:
-        raise DataCorruptError(
-            f"{images_path} holds {img_dims[0]} images but {labels_path} holds {lab_dims[0]} labels"
-        )
+        raise DataCorruptError(f"{images_path} holds {img_dims[0]} images but {labels_path} holds {lab_dims[0]} labels")
     if not compressed:
         images, labels = _read_with_torchvision(name, split, images_path.parent)
     if labels.numel() and (labels.min() < 0 or labels.max() > 9):

@@ -89,9 +89,7 @@ def check_cifar_batch(path: Path, *, label_key: str, num_classes: int) -> int:
             f"{path}: {data.shape[0]} images but '{label_key}' holds {labels.shape} {labels.dtype} values"
         )
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise DataCorruptError(
-            f"{path}: labels outside [0, {num_classes}): min {labels.min()}, max {labels.max()}"
-        )
+        raise DataCorruptError(f"{path}: labels outside [0, {num_classes}): min {labels.min()}, max {labels.max()}")
     return int(data.shape[0])
 
 

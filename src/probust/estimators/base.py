@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust.execution.budget import check_budget, resolve_budget
 from probust._checks import check_logits, check_positive_int, check_x, eval_mode, model_device
-from probust.execution.tuning import ForwardPlan, plan_forward, to_format
 from probust.estimators.estimate import Estimate
+from probust.execution.budget import check_budget, resolve_budget
+from probust.execution.tuning import ForwardPlan, plan_forward, to_format
 from probust.noise import Noise
 
 CLEAN_ROWS = 256  # rows per clean forward pass: a handful of passes, far from any memory limit

@@ -22,10 +22,10 @@ from probust import _rng
 from probust._checks import check_positive_float, check_positive_int
 from probust._progress import Progress
 from probust._stats import upper_rate
-from probust.execution.tuning import to_format, weights_in_format
 from probust.estimators import maps
 from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.execution.tuning import to_format, weights_in_format
 from probust.linearise import plan_blocks, project
 from probust.noise import Noise
 

@@ -14,13 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust.execution.budget import row_cost, rows_within
 from probust._checks import check_logits, check_positive_float, check_positive_int, check_target, check_target_shape
 from probust._progress import progress
-from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
 from probust.estimators import maps
 from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
+from probust.execution.budget import row_cost, rows_within
+from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
 from probust.linearise import margin_jacobian, margins, smoothed_margin_jacobian
 from probust.noise import Noise, as_noise
 

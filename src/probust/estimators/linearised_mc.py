@@ -11,7 +11,6 @@ import dataclasses
 from abc import abstractmethod
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from probust._checks import check_positive_int, check_target_shape

@@ -9,9 +9,9 @@ from probust import _rng
 from probust._checks import check_positive_float, check_positive_int, check_target
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
-from probust.execution.tuning import ForwardPlan, to_format, weights_in_format
 from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
+from probust.execution.tuning import ForwardPlan, to_format, weights_in_format
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise
 

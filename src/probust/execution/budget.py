@@ -23,7 +23,18 @@ from torch import Tensor, nn
 #: Fraction of the free memory the default budget takes: the rest is left to the caller's own
 #: tensors, the allocator's fragmentation and other processes.
 DEFAULT_FRACTION = 0.5
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30, "t": 2**40, "tb": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 2**10,
+    "m": 2**20,
+    "mb": 2**20,
+    "g": 2**30,
+    "gb": 2**30,
+    "t": 2**40,
+    "tb": 2**40,
+}
 
 
 class MemoryBudgetError(ValueError):
@@ -142,7 +153,9 @@ def row_cost(model: nn.Module, x: Tensor) -> RowCost:
     output_bytes = out.numel() * out.element_size() if isinstance(out, Tensor) else 0
     per_row_input = rows[0].numel() * rows.element_size()
     # Parameters are saved too (e.g. a linear layer's weight): they are not per-row costs.
-    parameter_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()} if isinstance(model, nn.Module) else set()
+    parameter_ptrs = (
+        {p.untyped_storage().data_ptr() for p in model.parameters()} if isinstance(model, nn.Module) else set()
+    )
     saved = sum(size for ptr, size in storages.items() if ptr not in parameter_ptrs)
     cost = RowCost(
         saved=max(1, (saved + output_bytes) // 2),

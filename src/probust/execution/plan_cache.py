@@ -79,7 +79,7 @@ def plan_key(model: Any, device: torch.device, parts: tuple) -> str:
             torch.__version__,
             torch.get_num_threads(),
             [str(p) for p in parts],
-        ],  # fmt: skip
+        ],
         separators=(",", ":"),
     )
 

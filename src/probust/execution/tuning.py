@@ -268,7 +268,17 @@ def plan_jacobian(
     if len(strategies) == 1 and len(formats) == 1:
         base = fitted(strategies[0], rows if rows is not None else min(total_rows, 32))
         return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
-    key = ("jacobian", x.device, x.dtype, tuple(x.shape[1:]), classes, tuple(strategies), tuple(formats), differentiable, rows)
+    key = (
+        "jacobian",
+        x.device,
+        x.dtype,
+        tuple(x.shape[1:]),
+        classes,
+        tuple(strategies),
+        tuple(formats),
+        differentiable,
+        rows,
+    )
     plan = _cached(model, key, JacobianPlan)
     if plan is None and total_rows * classes < 16 * 4 * 32:
         default = "vmap" if x.device.type == "cuda" or "loop" not in strategies else "loop"

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results, find_runs, load_results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output
 from probust.experiments.registry import REGISTRY
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results, find_runs, load_results
 
 __all__ = [
     "EXPERIMENTS",

@@ -23,11 +23,11 @@ import pandas as pd
 import torch
 
 from probust.experiments import style
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import case_sigma, fmt, pct, pool
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
-from probust.experiments.common import case_sigma, fmt, pct, pool
 
 NAME = "case_study"
 TITLE = "9. Case study: telling high-p from low-p images"
@@ -73,19 +73,47 @@ def split(targets: np.ndarray, test_fraction: float, rng: np.random.Generator) -
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def train_and_test(x: np.ndarray, y: np.ndarray, train_pos: np.ndarray, test_pos: np.ndarray, *, seed: int, epochs: int,
-                   mean, std, lr: float = 0.05, batch_size: int = 32) -> dict:  # fmt: skip
+def train_and_test(
+    x: np.ndarray,
+    y: np.ndarray,
+    train_pos: np.ndarray,
+    test_pos: np.ndarray,
+    *,
+    seed: int,
+    epochs: int,
+    mean,
+    std,
+    lr: float = 0.05,
+    batch_size: int = 32,
+) -> dict:
     """Train probust's small CNN (two outputs) on ``x[train_pos]`` and test it on ``x[test_pos]``."""
     from probust.data import ImageDataset
     from probust.models import build
     from probust.training import train
 
     def ds(pos, split_name):
-        return ImageDataset(torch.from_numpy(x[pos]), torch.from_numpy(y[pos]), name="high-vs-low", split=split_name,
-                            classes=["low", "high"], scale=1.0, mean=mean, std=std)  # fmt: skip
+        return ImageDataset(
+            torch.from_numpy(x[pos]),
+            torch.from_numpy(y[pos]),
+            name="high-vs-low",
+            split=split_name,
+            classes=["low", "high"],
+            scale=1.0,
+            mean=mean,
+            std=std,
+        )
 
-    result = train(ds(train_pos, "train"), "cnn", epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, out=None,
-                   show_progress=False, test_dataset=ds(test_pos, "test"))  # fmt: skip
+    result = train(
+        ds(train_pos, "train"),
+        "cnn",
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        out=None,
+        show_progress=False,
+        test_dataset=ds(test_pos, "test"),
+    )
     params = sum(p.numel() for p in build("cnn", 2, tuple(x.shape[1:])).parameters())
     last = result.meta["history"][-1]
     return {
@@ -133,8 +161,19 @@ class CaseStudy(Experiment):
     description = DESCRIPTION
     measuring = True  # it trains small models
 
-    def run(self, results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 25,
-            seeds: int = 5, epochs: int = 30, test_fraction: float = 0.1, seed: int | None = None) -> Output:  # fmt: skip
+    def run(
+        self,
+        results: Results,
+        out: str | Path,
+        *,
+        model: str | None = None,
+        sigma: float | None = None,
+        k: int = 25,
+        seeds: int = 5,
+        epochs: int = 30,
+        test_fraction: float = 0.1,
+        seed: int | None = None,
+    ) -> Output:
         """Train and test the high-vs-low classifiers on one run's pool of scored points.
 
         Args:
@@ -169,8 +208,18 @@ class CaseStudy(Experiment):
                 rng = np.random.default_rng([base, s])
                 tr, te = split(y, test_fraction, rng)
                 res = train_and_test(x, y, tr, te, seed=base * 1000 + s, epochs=epochs, mean=mean, std=std)
-                rows.append({"model": target.label, "sigma": chosen, "score": score, "seed": s, "images": len(y),
-                             "n_train": len(tr), "n_test": len(te), **res})  # fmt: skip
+                rows.append(
+                    {
+                        "model": target.label,
+                        "sigma": chosen,
+                        "score": score,
+                        "seed": s,
+                        "images": len(y),
+                        "n_train": len(tr),
+                        "n_test": len(te),
+                        **res,
+                    }
+                )
         torch.set_num_threads(threads)
         table = pd.DataFrame(rows)
         summary = (
@@ -227,7 +276,7 @@ class CaseStudy(Experiment):
                     "test_fraction": test_fraction,
                     "pool_points": int(len(points)),
                     "cnn_parameters": int(table["parameters"].iloc[0]),
-                },  # fmt: skip
+                },
             ),
             out,
         )

@@ -18,10 +18,10 @@ import pandas as pd
 from scipy import stats
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "class_bias"
 TITLE = "7. Robustness bias among classes"
@@ -115,8 +115,11 @@ def _plot(run: Run, stem: Path) -> Path:
                 style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
             ax.set_xticks(range(len(classes)))
             if row == len(sigmas) - 1:
-                ax.set_xticklabels([names[c] if c < len(names) else str(c) for c in classes], rotation=25 if len(classes) > 6 else 0,
-                                   ha="right" if len(classes) > 6 else "center")  # fmt: skip
+                ax.set_xticklabels(
+                    [names[c] if c < len(names) else str(c) for c in classes],
+                    rotation=25 if len(classes) > 6 else 0,
+                    ha="right" if len(classes) > 6 else "center",
+                )
             else:
                 ax.set_xticklabels([])
             ax.set_ylabel(f"p at σ={sigma:g}")
@@ -145,7 +148,7 @@ def _reading(tests: pd.DataFrame) -> list[str]:
                 f"{int(m['n_points'].iloc[-1])} points)."
                 if len(m)
                 else "."
-            )  # fmt: skip
+            )
         )
         for r in m.itertuples():
             agree = g[(g["method"] != method) & (g["sigma"] == r.sigma)]

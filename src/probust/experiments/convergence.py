@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt, sem
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "convergence"
 TITLE = "2. Convergence of Monte Carlo in n and of MMSE in N"
@@ -151,21 +151,39 @@ def _plot(table: pd.DataFrame, stem: Path) -> Path:
                     y = g[f"mean_{stat}_error"].clip(lower=floor)
                     values += y.tolist()
                     ax.errorbar(
-                        g["n_samples"], y, yerr=g[f"sem_{stat}_error"], color=colors[key], marker=style.method_marker(estimator),
-                        capsize=2.5, label=style.mathtext(f"{key[0]}, σ={key[1]:g} (vs {g['reference'].iloc[0]})"),
-                    )  # fmt: skip
+                        g["n_samples"],
+                        y,
+                        yerr=g[f"sem_{stat}_error"],
+                        color=colors[key],
+                        marker=style.method_marker(estimator),
+                        capsize=2.5,
+                        label=style.mathtext(f"{key[0]}, σ={key[1]:g} (vs {g['reference'].iloc[0]})"),
+                    )
                     if estimator == "mc" and stat == "abs":
                         ax.plot(g["n_samples"], g["theory_abs_error"], color=colors[key], linestyle="--", linewidth=1.2)
                     if estimator == "mmse" and stat == "abs":
                         change = g[g["n_samples"] < g["n_samples"].max()]
                         values += change["mean_abs_change_vs_largest_n"].tolist()
-                        ax.plot(change["n_samples"], change["mean_abs_change_vs_largest_n"].clip(lower=floor), color=colors[key],
-                                linestyle=":", linewidth=1.4)  # fmt: skip
+                        ax.plot(
+                            change["n_samples"],
+                            change["mean_abs_change_vs_largest_n"].clip(lower=floor),
+                            color=colors[key],
+                            linestyle=":",
+                            linewidth=1.4,
+                        )
                 style.log_x(ax)
                 style.log_y(ax, max(style.log_floor(values), floor / 1.5))
                 if min(values) <= floor:
-                    ax.text(0.98, 0.1, f"bottom edge: below {floor:g} (exact)", transform=ax.transAxes, ha="right",
-                            va="bottom", fontsize=8, color="#555555")  # fmt: skip
+                    ax.text(
+                        0.98,
+                        0.1,
+                        f"bottom edge: below {floor:g} (exact)",
+                        transform=ax.transAxes,
+                        ha="right",
+                        va="bottom",
+                        fontsize=8,
+                        color="#555555",
+                    )
                 ax.set_xlabel(xlabel)
                 label = style.method_label(estimator)
                 ax.set_ylabel(("mean absolute error of " if stat == "abs" else "mean relative error of ") + label)

@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt, pct
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "distribution"
 TITLE = "10. Distribution of p_robust over σ, and the models"

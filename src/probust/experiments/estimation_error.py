@@ -21,10 +21,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import error_table, fmt, pct, sort_by_method
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "estimation_error"
 TITLE = "1. Estimation error against Monte Carlo over σ"
@@ -85,19 +85,28 @@ def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
                 floor = style.log_floor(values + band["mc_mean_half_width"].tolist())
                 if stat == "abs_error":
                     ax.fill_between(
-                        band["sigma"], floor, band["mc_mean_half_width"], color=style.MC_BAND_COLOR, alpha=0.5,
+                        band["sigma"],
+                        floor,
+                        band["mc_mean_half_width"],
+                        color=style.MC_BAND_COLOR,
+                        alpha=0.5,
                         label=f"{style.method_label('mc')} mean 95% half-width (n={int(band['mc_n_samples'].iloc[0]):,})",
-                    )  # fmt: skip
+                    )
                 else:
                     rel_band = band["mc_mean_half_width"] / band["mean_p_mc"].clip(lower=1e-12)
                     ax.fill_between(band["sigma"], floor, rel_band, color=style.MC_BAND_COLOR, alpha=0.5)
                 for method in style.order_methods(t["method"].unique()):
                     m = t[t["method"] == method].sort_values("sigma")
                     ax.errorbar(
-                        m["sigma"], m[f"mean_{stat}"], yerr=m[f"sem_{stat}"], label=style.method_label(method),
-                        color=style.method_color(method), linestyle=style.method_linestyle(method),
-                        marker=style.method_marker(method), capsize=2.5,
-                    )  # fmt: skip
+                        m["sigma"],
+                        m[f"mean_{stat}"],
+                        yerr=m[f"sem_{stat}"],
+                        label=style.method_label(method),
+                        color=style.method_color(method),
+                        linestyle=style.method_linestyle(method),
+                        marker=style.method_marker(method),
+                        capsize=2.5,
+                    )
                 style.log_y(ax, floor)
                 style.sigma_axis(ax, sigmas)
                 ax.set_ylabel(("absolute error" if stat == "abs_error" else "relative error") + "\n" + label)

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "mv_sigmoid"
 TITLE = "4. mv-sigmoid against mvn-cdf on the same z"
@@ -90,8 +90,14 @@ def _plot(pairs: pd.DataFrame, table: pd.DataFrame, runs: list[Run], sigma: floa
                 h = g[g["linearisation"] == lin]
                 if h.empty:
                     continue
-                ax.scatter(h["mvn_cdf"], h["mv_sigmoid"], s=9, alpha=0.6, color=style.method_color(mvs),
-                           label=f"{style.method_label(mvs)} vs {style.method_label(lin)}")  # fmt: skip
+                ax.scatter(
+                    h["mvn_cdf"],
+                    h["mv_sigmoid"],
+                    s=9,
+                    alpha=0.6,
+                    color=style.method_color(mvs),
+                    label=f"{style.method_label(mvs)} vs {style.method_label(lin)}",
+                )
             ax.plot([0, 1], [0, 1], color="#444444", linewidth=1, linestyle=":", label="y = x")
             ax.set_xlim(-0.02, 1.02)
             ax.set_ylim(-0.02, 1.02)
@@ -108,8 +114,14 @@ def _plot(pairs: pd.DataFrame, table: pd.DataFrame, runs: list[Run], sigma: floa
                 g = table[(table["model"] == run.label) & (table["linearisation"] == lin)].sort_values("sigma")
                 if g.empty:
                     continue
-                ax.plot(g["sigma"], g["mean_abs_diff"], color=colors[run.label], linestyle=styles[lin], marker="o",
-                        label=f"{run.label}, {lin}")  # fmt: skip
+                ax.plot(
+                    g["sigma"],
+                    g["mean_abs_diff"],
+                    color=colors[run.label],
+                    linestyle=styles[lin],
+                    marker="o",
+                    label=f"{run.label}, {lin}",
+                )
         style.sigma_axis(ax, table["sigma"].unique())
         ax.set_ylabel("mean |mv-sigmoid − mvn-cdf|")
         ax.set_title("difference over σ")

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import error_table, fmt, pct, sort_by_method
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "robust_models"
 TITLE = "6. Estimation error for models of increasing robustness (λ)"
@@ -52,8 +52,15 @@ def _plot(table: pd.DataFrame, family: list[Run], stem: Path) -> Path:
                 if g.empty:
                     continue
                 acc = f", acc {pct(run.test_accuracy)}" if run.test_accuracy is not None else ""
-                ax.errorbar(g["sigma"], g["mean_abs_error"], yerr=g["sem_abs_error"], color=colors[cast(float, run.grad_reg)], marker="o",
-                            capsize=2.5, label=f"{style.lambda_label(run.grad_reg)}{acc}")  # fmt: skip
+                ax.errorbar(
+                    g["sigma"],
+                    g["mean_abs_error"],
+                    yerr=g["sem_abs_error"],
+                    color=colors[cast(float, run.grad_reg)],
+                    marker="o",
+                    capsize=2.5,
+                    label=f"{style.lambda_label(run.grad_reg)}{acc}",
+                )
                 ax.plot(
                     g["sigma"],
                     g["mc_mean_half_width"],

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt, pct
 from probust.experiments.robust_training_tables import (
@@ -36,6 +35,7 @@ from probust.experiments.robust_training_tables import (
     group_tables,
     short_label,
 )
+from probust.experiments.runs import Results
 
 NAME = "robust_training"
 TITLE = "11. Robust training (RobustLoss) against gradient-norm regularisation at matched accuracy"
@@ -69,11 +69,24 @@ def _plot(table: pd.DataFrame, matched: pd.DataFrame, group: dict, stem: Path) -
                 .sort_values(["test_accuracy", "grad_reg"])
             )
             yerr = [fam["median_p"] - fam["median_ci_low"], fam["median_ci_high"] - fam["median_p"]]
-            ax.errorbar(100 * fam["test_accuracy"], fam["median_p"], yerr=yerr, color="#1f77b4", marker="o", capsize=2.5,
-                        linestyle="none", label="gradient-norm family")  # fmt: skip
+            ax.errorbar(
+                100 * fam["test_accuracy"],
+                fam["median_p"],
+                yerr=yerr,
+                color="#1f77b4",
+                marker="o",
+                capsize=2.5,
+                linestyle="none",
+                label="gradient-norm family",
+            )
             front = fam[frontier_mask(fam["test_accuracy"], fam["median_p"])]
-            ax.plot(100 * front["test_accuracy"], front["median_p"], color="#1f77b4", linewidth=1.2,
-                    label="its frontier (interpolated)")  # fmt: skip
+            ax.plot(
+                100 * front["test_accuracy"],
+                front["median_p"],
+                color="#1f77b4",
+                linewidth=1.2,
+                label="its frontier (interpolated)",
+            )
             span = max(float(100 * (t["test_accuracy"].max() - t["test_accuracy"].min())), 1e-9)
             placed: list[float] = []
             for row in fam.itertuples():
@@ -90,13 +103,32 @@ def _plot(table: pd.DataFrame, matched: pd.DataFrame, group: dict, stem: Path) -
                     color="#1f77b4",
                 )
             pl = fam[fam["kind"] == "plain"]
-            ax.plot(100 * pl["test_accuracy"], pl["median_p"], linestyle="none", marker="s", markersize=8, markerfacecolor="white",
-                    markeredgecolor="black", label="plain model", zorder=3)  # fmt: skip
+            ax.plot(
+                100 * pl["test_accuracy"],
+                pl["median_p"],
+                linestyle="none",
+                marker="s",
+                markersize=8,
+                markerfacecolor="white",
+                markeredgecolor="black",
+                label="plain model",
+                zorder=3,
+            )
             rob = t[t["kind"] == "robust-loss"].dropna(subset=["test_accuracy"])
             for i, row in enumerate(rob.itertuples()):
                 c, m = robust_colors[i % len(robust_colors)], robust_markers[i % len(robust_markers)]
-                ax.errorbar([100 * row.test_accuracy], [row.median_p], yerr=[[row.median_p - row.median_ci_low], [row.median_ci_high - row.median_p]],
-                            color=c, marker=m, markersize=10 if m == "*" else 7, capsize=2.5, linestyle="none", label=row.short, zorder=4)  # fmt: skip
+                ax.errorbar(
+                    [100 * row.test_accuracy],
+                    [row.median_p],
+                    yerr=[[row.median_p - row.median_ci_low], [row.median_ci_high - row.median_p]],
+                    color=c,
+                    marker=m,
+                    markersize=10 if m == "*" else 7,
+                    capsize=2.5,
+                    linestyle="none",
+                    label=row.short,
+                    zorder=4,
+                )
                 ax.annotate(
                     f"μ={row.robust_mu:g}",
                     (100 * row.test_accuracy, row.median_p),
@@ -127,8 +159,12 @@ def _plot(table: pd.DataFrame, matched: pd.DataFrame, group: dict, stem: Path) -
             axes[k // ncols, k % ncols].set_visible(False)
         plain = group["plain"]
         n = int(table["n_points"].iloc[0])
-        fig.suptitle(f"{group_label(plain)}: median p_robust (Monte Carlo, {n} test points) against test accuracy; "
-                     "open circles: the family interpolated at the robust model's accuracy", y=1.0, fontsize=10)  # fmt: skip
+        fig.suptitle(
+            f"{group_label(plain)}: median p_robust (Monte Carlo, {n} test points) against test accuracy; "
+            "open circles: the family interpolated at the robust model's accuracy",
+            y=1.0,
+            fontsize=10,
+        )
         fig.tight_layout()
         return style.save_figure(fig, stem)[0]
 
@@ -220,8 +256,10 @@ def _reading(table: pd.DataFrame, matched: pd.DataFrame, group: dict) -> list[st
                 if group_:
                     parts.append(f"{words} the family at σ = {', '.join(f'{s:g}' for s in group_)}")
             adv = ", ".join(f"{m.loc[s, 'advantage']:+.3f}" for s in sigmas)
-            out.append(f"Over all σ, {name} is " + "; ".join(parts) + f" (median advantage at matched accuracy, σ = "
-                       f"{', '.join(f'{s:g}' for s in sigmas)}: {adv}).")  # fmt: skip
+            out.append(
+                f"Over all σ, {name} is " + "; ".join(parts) + f" (median advantage at matched accuracy, σ = "
+                f"{', '.join(f'{s:g}' for s in sigmas)}: {adv})."
+            )
         saturated = [s for s in sigmas if min(tp.loc[s, "median_p"], t.loc[s, "median_p"]) >= 0.99]
         if saturated:
             out.append(

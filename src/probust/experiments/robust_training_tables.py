@@ -13,9 +13,9 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from probust.experiments import style
+from probust.experiments.base import ExperimentSkipped
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
-from probust.experiments.base import ExperimentSkipped
 
 __all__ = [
     "KINDS",
@@ -260,15 +260,22 @@ def group_tables(group: dict, *, n_boot: int = 2000, seed: int = 0) -> tuple[pd.
             else:
                 between, adv_lo, adv_hi = [], float("nan"), float("nan")
             dominates = [
-                f for f in family
-                if a is not None and fam_acc[f.label] <= a and med[f.label] <= med[r.label]
+                f
+                for f in family
+                if a is not None
+                and fam_acc[f.label] <= a
+                and med[f.label] <= med[r.label]
                 and (fam_acc[f.label] < a or med[f.label] < med[r.label])
-            ]  # fmt: skip
+            ]
             dominated = [
-                f for f in grad_norm
-                if acc[f.label] is not None and a is not None and cast(float, acc[f.label]) >= a and med[f.label] >= med[r.label]
+                f
+                for f in grad_norm
+                if acc[f.label] is not None
+                and a is not None
+                and cast(float, acc[f.label]) >= a
+                and med[f.label] >= med[r.label]
                 and (cast(float, acc[f.label]) > a or med[f.label] > med[r.label])
-            ]  # fmt: skip
+            ]
             advantage = med[r.label] - value
             if not math.isfinite(advantage):
                 verdict = "outside the family's accuracy range"

@@ -129,11 +129,16 @@ def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Resul
     # sort: data set, architecture, extra loss (none first), lambda, then path
     runs.sort(
         key=lambda r: (
-            r.dataset, r.arch != "linear", r.arch, r.extra_loss is not None,
-            r.robust_loss if r.robust_loss is not None else math.inf, r.extra_loss or "",
-            r.grad_reg if r.grad_reg is not None else math.inf, str(r.path),
+            r.dataset,
+            r.arch != "linear",
+            r.arch,
+            r.extra_loss is not None,
+            r.robust_loss if r.robust_loss is not None else math.inf,
+            r.extra_loss or "",
+            r.grad_reg if r.grad_reg is not None else math.inf,
+            str(r.path),
         )
-    )  # fmt: skip
+    )
     labels = [r.default_label() for r in runs]
     for r, label in zip(runs, labels):
         r.label = label if labels.count(label) == 1 else f"{label} ({r.path.name})"

@@ -26,10 +26,10 @@ import torch
 
 from probust.execution.budget import peak_memory
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "runtime"
 TITLE = "3. Runtime of the estimators (this machine)"
@@ -181,10 +181,16 @@ def _plot(table: pd.DataFrame, stem: Path, title: str) -> Path:
             points = int(table["points"].iloc[0])
             values = wide[f"seconds_{mode}"] / points
             ax.barh(
-                y + (h / 2 if k == 0 else -h / 2) * (len(modes) > 1), values, height=h,
-                color=[style.method_color(m) for m in wide["method"]], alpha=1.0 if mode == "batched" else 0.45,
-                hatch="" if mode == "batched" else "///", edgecolor="white", linewidth=0.4, label=mode,
-            )  # fmt: skip
+                y + (h / 2 if k == 0 else -h / 2) * (len(modes) > 1),
+                values,
+                height=h,
+                color=[style.method_color(m) for m in wide["method"]],
+                alpha=1.0 if mode == "batched" else 0.45,
+                hatch="" if mode == "batched" else "///",
+                edgecolor="white",
+                linewidth=0.4,
+                label=mode,
+            )
         ax.set_yticks(y)
         ax.set_yticklabels(labels)
         ax.set_xscale("log")
@@ -193,9 +199,13 @@ def _plot(table: pd.DataFrame, stem: Path, title: str) -> Path:
         from matplotlib.patches import Patch
 
         ax.legend(
-            handles=[Patch(facecolor="#888888", alpha=0.45, hatch="///", label="serial (batch of 1)"), Patch(facecolor="#888888", label="batched")],
-            loc="lower right", frameon=False,
-        )  # fmt: skip
+            handles=[
+                Patch(facecolor="#888888", alpha=0.45, hatch="///", label="serial (batch of 1)"),
+                Patch(facecolor="#888888", label="batched"),
+            ],
+            loc="lower right",
+            frameon=False,
+        )
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.grid(False, axis="y")
         fig.tight_layout()
@@ -325,7 +335,7 @@ class Runtime(Experiment):
                     "mc_counts": list(mc_counts),
                     "mmse_counts": list(mmse_counts),
                     **env,
-                },  # fmt: skip
+                },
             ),
             out,
         )

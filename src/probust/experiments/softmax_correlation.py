@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.run_info import Run
-from probust.experiments.runs import Results
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
 from probust.experiments.common import fmt
+from probust.experiments.run_info import Run
+from probust.experiments.runs import Results
 
 NAME = "softmax_correlation"
 TITLE = "5. Softmax probability against p_robust"

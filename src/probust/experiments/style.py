@@ -21,7 +21,7 @@ matplotlib.use("Agg", force=True)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from probust.estimators import PAPER_METHODS, REGISTRY  # noqa: E402
+from probust.estimators import REGISTRY  # noqa: E402
 
 #: Order in which estimators appear in legends and tables (the method registry's).
 METHOD_ORDER = tuple(REGISTRY)
@@ -108,10 +108,16 @@ def lambda_label(lam: float | None) -> str:
 def method_boxplot(ax, data: Sequence, positions, width: float, method: str) -> None:
     """Boxes (5-95% whiskers, mean as a diamond) of one estimator, in its colour, with a legend entry."""
     boxes = ax.boxplot(
-        data, positions=positions, widths=width * 0.85, whis=(5, 95), showfliers=False, patch_artist=True,
-        showmeans=True, meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white", "markeredgecolor": "black"},
+        data,
+        positions=positions,
+        widths=width * 0.85,
+        whis=(5, 95),
+        showfliers=False,
+        patch_artist=True,
+        showmeans=True,
+        meanprops={"marker": "D", "markersize": 3.5, "markerfacecolor": "white", "markeredgecolor": "black"},
         medianprops={"color": "black", "linewidth": 1},
-    )  # fmt: skip
+    )
     for box in boxes["boxes"]:
         box.set_facecolor(method_color(method))
         box.set_alpha(0.75)

@@ -19,11 +19,11 @@ import pandas as pd
 import torch
 
 from probust.experiments import style
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.common import case_sigma, fmt, pool
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
-from probust.experiments.common import case_sigma, fmt, pool
 
 NAME = "vulnerable_points"
 TITLE = "8. Vulnerable and canonical points"
@@ -220,8 +220,16 @@ class VulnerablePoints(Experiment):
     title = TITLE
     description = DESCRIPTION
 
-    def run(self, results: Results, out: str | Path, *, model: str | None = None, sigma: float | None = None, k: int = 4,
-            noisy_examples: int = 3) -> Output:  # fmt: skip
+    def run(
+        self,
+        results: Results,
+        out: str | Path,
+        *,
+        model: str | None = None,
+        sigma: float | None = None,
+        k: int = 4,
+        noisy_examples: int = 3,
+    ) -> Output:
         """Image grids for one run (default: the primary run).
 
         Args:

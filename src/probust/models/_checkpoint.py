@@ -363,7 +363,9 @@ def load_model(
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot load a model from it ({type(exc).__name__}: {first_line(exc)})") from None
+        raise CheckpointError(
+            f"{path}: cannot load a model from it ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     if isinstance(map_location, (str, torch.device)):
         model.to(map_location)  # rebuilt and exported models start on the CPU
     model.eval()

@@ -58,9 +58,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
-            "the 'vit' architecture needs Hugging Face transformers: pip install 'probust[vit]'"
-        ) from exc
+        raise ImportError("the 'vit' architecture needs Hugging Face transformers: pip install 'probust[vit]'") from exc
     return transformers
 
 
@@ -149,4 +147,3 @@ class ViTClassifier(nn.Module):
         if tuple(x.shape[-2:]) != (cfg.image_size, cfg.image_size):
             x = F.interpolate(x, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False)
         return self.vit(pixel_values=x).logits
-

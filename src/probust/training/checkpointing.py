@@ -25,9 +25,23 @@ from probust.training.objectives import ExtraLoss
 
 #: What must match for a checkpoint to be resumed (anything else would change the result).
 RESUME_KEYS = (
-    "dataset", "arch", "num_classes", "input_shape", "epochs", "lr", "batch_size", "momentum",
-    "weight_decay", "schedule", "grad_reg", "seed", "augment", "arch_kwargs", "train_size", "extra_loss",
-)  # fmt: skip
+    "dataset",
+    "arch",
+    "num_classes",
+    "input_shape",
+    "epochs",
+    "lr",
+    "batch_size",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "grad_reg",
+    "seed",
+    "augment",
+    "arch_kwargs",
+    "train_size",
+    "extra_loss",
+)
 
 
 def loss_name(extra_loss: ExtraLoss | None) -> str | None:

@@ -122,9 +122,19 @@ def train(
             ``resume`` is True.
     """
     keywords: dict[str, Any] = dict(
-        epochs=epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay, momentum=momentum, schedule=schedule,
-        grad_reg=grad_reg, seed=seed, augment=augment, arch_kwargs=arch_kwargs, num_threads=num_threads, device=device,
-    )  # fmt: skip
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        schedule=schedule,
+        grad_reg=grad_reg,
+        seed=seed,
+        augment=augment,
+        arch_kwargs=arch_kwargs,
+        num_threads=num_threads,
+        device=device,
+    )
     if config is None:
         config = TrainConfig(**keywords)
     else:
@@ -138,9 +148,18 @@ def train(
             )
     with _cpu_threads(config.num_threads):
         return _train(
-            dataset, arch, config, out=out, resume=resume, show_progress=show_progress, extra_loss=extra_loss,
-            test_dataset=test_dataset, root=root, download=download, on_epoch_end=on_epoch_end,
-        )  # fmt: skip
+            dataset,
+            arch,
+            config,
+            out=out,
+            resume=resume,
+            show_progress=show_progress,
+            extra_loss=extra_loss,
+            test_dataset=test_dataset,
+            root=root,
+            download=download,
+            on_epoch_end=on_epoch_end,
+        )
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

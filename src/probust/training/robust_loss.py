@@ -36,9 +36,19 @@ TARGETS = ("label", "prediction")
 LINEARISATIONS = ("taylor", "mmse")
 # The keys of RobustLoss.config(), in its order.
 _CONFIG_KEYS = (
-    "name", "mu", "sigma", "noise", "cdf", "linearisation", "target", "tol", "max_points", "min_p", "mmse_samples",
+    "name",
+    "mu",
+    "sigma",
+    "noise",
+    "cdf",
+    "linearisation",
+    "target",
+    "tol",
+    "max_points",
+    "min_p",
+    "mmse_samples",
     "warmup_steps",
-)  # fmt: skip
+)
 
 
 class RobustLoss:
