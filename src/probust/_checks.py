@@ -101,8 +101,8 @@ def model_device(model: nn.Module) -> torch.device | None:
     """The device of the model's first parameter or buffer (None for a parameter-free model)."""
     for tensor in model.parameters():
         return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
+    for buffer in model.buffers():
+        return buffer.device
     return None
 
 

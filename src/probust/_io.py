@@ -46,7 +46,7 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], *, durable: bool = True) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object], *, durable: bool = True) -> None:
     """Write ``path`` through a temporary file in the same folder and ``os.replace``.
 
     Args:

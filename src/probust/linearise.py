@@ -31,8 +31,9 @@ def _pull_vmap(
 ) -> tuple[Tensor, Tensor]:
     """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
     ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
-    logits, pullback = torch.func.vjp(model, x)
-    (grads,) = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))
+    vjp = torch.func.vjp(model, x)  # (output, pullback); indexed: the stubs type has_aux too
+    logits, pullback = vjp[0], vjp[1]
+    grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
     return logits, grads.transpose(0, 1)
 
 
@@ -61,7 +62,8 @@ def _jacobian_forward(model: nn.Module, x: Tensor, tangent_chunk_size: int | Non
     basis = torch.eye(d, device=x.device, dtype=x.dtype).view(d, 1, *x.shape[1:]).expand(-1, x.shape[0], *x.shape[1:])
 
     def column(tangent: Tensor) -> tuple[Tensor, Tensor]:
-        return torch.func.jvp(model, (x,), (tangent,))
+        jvp = torch.func.jvp(model, (x,), (tangent,))  # (output, tangent out)
+        return jvp[0], jvp[1]
 
     logits, columns = torch.func.vmap(column, chunk_size=tangent_chunk_size)(basis)  # [d, B, C] each
     return logits[0], columns.permute(1, 2, 0).reshape(x.shape[0], -1, *x.shape[1:])
@@ -316,12 +318,14 @@ def smoothed_margin_jacobian(
         if g_sum is None:
             g_sum = g.new_zeros(points, *g.shape[1:])
             u_sum = u.new_zeros(points, *u.shape[1:])
+        assert g_sum is not None and u_sum is not None
         if differentiable:  # out of place: the sums carry a graph
             g_sum = g_sum.index_add(0, row_point[block], g)
             u_sum = u_sum.index_add(0, row_point[block], u)
         else:
             g_sum.index_add_(0, row_point[block], g)
             u_sum.index_add_(0, row_point[block], u)
+    assert g_sum is not None and u_sum is not None  # points >= 1: the loop ran
     return g_sum / copies, u_sum / copies
 
 

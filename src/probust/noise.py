@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -89,7 +90,9 @@ class Gaussian(Noise):
                 raise ValueError("sigma (per-coordinate std) must be finite, non-negative and not all zero")
             self.std = std
         else:
-            self.sigma = check_positive_float(sigma.item() if isinstance(sigma, Tensor) else sigma, "sigma")
+            self.sigma = check_positive_float(
+                cast(float, sigma.item() if isinstance(sigma, Tensor) else sigma), "sigma"
+            )
 
     def check_shape(self, shape: torch.Size) -> None:
         d = math.prod(shape)
@@ -106,7 +109,7 @@ class Gaussian(Noise):
     def sample(self, keys: Tensor, start: int, n: int, shape: torch.Size) -> Tensor:
         d = math.prod(shape)
         z = _rng.normal(keys, start, n, d)
-        if self.cov is not None:
+        if self._chol is not None:  # set with cov
             z = z @ self._chol.to(z.device).T
         z = z.view(keys.shape[0], n, *shape)
         if self.std is not None:
@@ -122,6 +125,7 @@ class Gaussian(Noise):
         if self.std is not None:
             var = torch.broadcast_to(self.std.to(u.device, torch.float64) ** 2, u.shape[2:]).reshape(-1)
             return (flat * var) @ flat.transpose(-1, -2)
+        assert self.cov is not None  # one of sigma, std, cov is set
         return flat @ self.cov.to(u.device) @ flat.transpose(-1, -2)
 
     def describe(self) -> dict:
@@ -129,6 +133,7 @@ class Gaussian(Noise):
             return {"noise": "gaussian", "sigma": self.sigma}
         if self.std is not None:
             return {"noise": "gaussian-diagonal", "sigma_mean": float(self.std.mean())}
+        assert self.cov is not None
         return {"noise": "gaussian-full", "trace": float(self.cov.trace())}
 
 

@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 from collections.abc import Iterable
+from typing import cast
 
 _EPILOG = """\
 examples:
@@ -278,8 +279,8 @@ def run(args: argparse.Namespace) -> int:
             limit=_int(args.limit, "--limit"),
             indices=args.indices,
             device=args.device,
-            seed=_int(args.seed, "--seed"),
-            batch_size=_int(args.batch_size, "--batch-size"),
+            seed=cast(int, _int(args.seed, "--seed")),  # the flag has a default
+            batch_size=cast(int, _int(args.batch_size, "--batch-size")),  # the flag has a default
             eval_batch_size=_int(args.eval_batch_size, "--eval-batch-size"),
             memory_budget=args.memory_budget,
             mc_half_width=None if args.mc_half_width is None else _float(args.mc_half_width, "--mc-half-width"),

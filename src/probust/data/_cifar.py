@@ -22,7 +22,7 @@ from probust.data._pickle import check_cifar_batch, check_cifar_meta
 
 @dataclass(frozen=True)
 class _CifarFormat:
-    tv_class: type
+    tv_class: type[torchvision.datasets.CIFAR10]
     label_key: str
     meta_key: str
     num_classes: int

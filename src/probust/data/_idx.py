@@ -20,7 +20,7 @@ import numpy as np
 from probust.data._errors import DataCorruptError
 
 # type code -> (numpy dtype, human name); IDX data are big-endian.
-_TYPES = {
+_TYPES: dict[int, tuple[np.dtype, str]] = {
     0x08: (np.dtype(">u1"), "unsigned byte"),
     0x09: (np.dtype(">i1"), "signed byte"),
     0x0B: (np.dtype(">i2"), "int16"),

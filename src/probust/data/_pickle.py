@@ -33,7 +33,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
         allowed[(module, "_reconstruct")] = multiarray._reconstruct
         allowed[(module, "scalar")] = multiarray.scalar
     for module in ("numpy.core.numeric", "numpy._core.numeric"):
-        allowed[(module, "_frombuffer")] = numeric._frombuffer
+        allowed[(module, "_frombuffer")] = vars(numeric)["_frombuffer"]
     # Protocol-2 pickles written by Python 3 wrap bytes as _codecs.encode(str, "latin1").
     allowed[("_codecs", "encode")] = codecs.encode
     allowed[("numpy", "ndarray")] = ndarray

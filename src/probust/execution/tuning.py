@@ -17,6 +17,7 @@ Work too small to repay the measurement gets a default plan without measuring.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -189,7 +190,7 @@ def _measure_forward(
             rows = min(cap, 32)
             while True:
                 batch = to_format(_rows_like(x, rows), channels_last)
-                seconds = _seconds(lambda batch=batch: step(batch), x.device)
+                seconds = _seconds(functools.partial(step, batch), x.device)
                 rate = rows / max(seconds, 1e-9)
                 if rate > best[0]:
                     best = (rate, ForwardPlan(rows, channels_last))

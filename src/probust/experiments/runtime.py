@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probust.estimators import PAPER_METHODS
 from probust.execution.budget import peak_memory
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
@@ -83,7 +84,7 @@ def measure(
     mc_counts: Sequence[int] = PAPER_MC_COUNTS,
     mmse_counts: Sequence[int] = PAPER_MMSE_COUNTS,
     modes: Sequence[str] = MODES,
-    methods: Sequence[str] = style.PAPER_METHODS,
+    methods: Sequence[str] = PAPER_METHODS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Time every estimator on the points ``x``.
@@ -270,7 +271,7 @@ class Runtime(Experiment):
         mc_counts: Sequence[int] = PAPER_MC_COUNTS,
         mmse_counts: Sequence[int] = PAPER_MMSE_COUNTS,
         modes: Sequence[str] = MODES,
-        methods: Sequence[str] = style.PAPER_METHODS,
+        methods: Sequence[str] = PAPER_METHODS,
         device: str = "cpu",
     ) -> Output:
         """Time the estimators on the model of one run (default: the primary run).

@@ -17,7 +17,7 @@ import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -183,7 +183,7 @@ def check_compatible(
             continue
         have = meta.get(key)
         if key == "input_shape":
-            want = [int(s) for s in want]
+            want = [int(s) for s in cast(Sequence[int], want)]
             have = [int(s) for s in have] if have is not None else None
         elif key == "dataset":
             want, have = _dataset_key(want), _dataset_key(have) if have is not None else None

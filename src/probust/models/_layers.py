@@ -32,6 +32,9 @@ class Normalize(nn.Module):
         self.register_buffer("mean", mean_t.expand(channels).clone().view(1, channels, 1, 1))
         self.register_buffer("std", std_t.expand(channels).clone().view(1, channels, 1, 1))
 
+    mean: Tensor
+    std: Tensor
+
     def forward(self, x: Tensor) -> Tensor:
         """[B, C, H, W] -> [B, C, H, W]."""
         return (x - self.mean) / self.std

@@ -65,7 +65,8 @@ def build(
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"input_shape must be (channels, height, width), got {tuple(input_shape)}")
     model = ARCHS[arch](num_classes=int(num_classes), input_shape=shape, **kwargs)
-    rebuild = model.rebuild_kwargs() if hasattr(model, "rebuild_kwargs") else _jsonable(kwargs)
+    rebuild_of = getattr(model, "rebuild_kwargs", None)
+    rebuild = rebuild_of() if callable(rebuild_of) else _jsonable(kwargs)
     setattr(
         model,
         _SPEC_ATTR,
@@ -80,7 +81,7 @@ def spec_of(model: nn.Module) -> dict[str, Any] | None:
 
 
 def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in kwargs.items():
         if v is None or isinstance(v, (bool, int, float, str)):
             out[k] = v
