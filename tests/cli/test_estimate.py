@@ -17,7 +17,7 @@ from probust import models
 from probust.cli import main
 from probust.run.store import read_config, read_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
