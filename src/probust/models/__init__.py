@@ -18,15 +18,14 @@ Example:
 from probust.models._checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
-    ExportedModel,
     check_compatible,
-    load_model,
     probust_version,
     read_checkpoint,
     save_checkpoint,
     sidecar_path,
 )
 from probust.models._layers import Normalize
+from probust.models._model_files import ExportedModel, load_model
 from probust.models._registry import ARCHS, build, check_arch, spec_of
 from probust.models._resnet import ResNet18
 from probust.models._small import LinearClassifier, SmallCNN, cnn_padding
