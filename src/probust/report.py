@@ -158,27 +158,27 @@ def _rel(path: Path, start: Path) -> str:
 def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> str:
     rows = []
     for r in results:
-        cfg = r.config.get("run", {})
-        reqs = r.config.get("requests", [])
+        config = r.results_config
+        cfg = config.settings
         grid = "; ".join(
             f"{q.get('n_points')} pts, σ {' '.join(f'{s:g}' for s in q.get('sigmas', []))}, "
             f"{' '.join(q.get('methods', []))}"
             + (f", mc n {' '.join(map(str, q['mc_samples']))}" if q.get("mc_samples") else "")
             + (f", mmse N {' '.join(map(str, q['mmse_samples']))}" if q.get("mmse_samples") else "")
-            for q in reqs
+            for q in config.requests
         )
-        argv = [h.get("argv") for h in r.config.get("history", []) if h.get("argv")]
+        argv = [h.argv for h in config.history if h.argv]
         rows.append(
             {
                 "model": r.label,
                 "results folder": _rel(r.path, root),
-                "data": f"{cfg.get('dataset')} ({cfg.get('split')}, {cfg.get('data_size')} points)",
+                "data": f"{cfg.dataset} ({cfg.split}, {cfg.data_size} points)",
                 "checkpoint": _rel(Path(r.model_source), root) if r.model_source else "in-memory module",
-                "seed": cfg.get("seed"),
-                "settings": f"target {cfg.get('target')}, MC interval {cfg.get('interval')} {cfg.get('ci_level')}, "
-                f"mvn-cdf tol {cfg.get('tol')}, MMSE sampling {cfg.get('mmse_sampling')}, softmax T {cfg.get('temperature')}",
+                "seed": cfg.seed,
+                "settings": f"target {cfg.target}, MC interval {cfg.interval} {cfg.ci_level}, "
+                f"mvn-cdf tol {cfg.tol}, MMSE sampling {cfg.mmse_sampling}, softmax T {cfg.temperature}",
                 "requests (grid)": grid,
-                "versions": f"probust {r.config.get('probust_version')}, torch {r.config.get('torch_version')}, {r.config.get('device')}",
+                "versions": f"probust {config.probust_version}, torch {config.torch_version}, {config.device}",
                 "command": " ".join(argv[-1]) if argv else "",
             }
         )

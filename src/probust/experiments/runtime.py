@@ -294,7 +294,8 @@ class Runtime(Experiment):
 
         net, _ = pmodels.load_model(target.model_source, map_location=device)
         try:
-            ds = pdata.load(target.config["run"]["dataset"], target.config["run"].get("split", "test"))
+            settings = target.results_config.settings
+            ds = pdata.load(str(settings.dataset), settings.split or "test")  # None: fails as "not found"
         except Exception as exc:  # the data set is gone: say so rather than fail the report
             raise ExperimentSkipped(
                 f"the data set of the results cannot be loaded ({str(exc).splitlines()[0]})"
