@@ -119,6 +119,11 @@ class Experiment:
         """
         raise NotImplementedError
 
+    def output(self, out: Path, **products: Any) -> Output:
+        """This experiment's :class:`Output` of ``products`` (tables, figures, reading, settings),
+        with its tables written under ``out`` and its files listed (:func:`finish`)."""
+        return finish(Output(name=self.name, title=self.title, description=self.description, **products), out)
+
     def display(self, output: Output) -> list[Shown]:
         """The tables shown for ``output`` in its section of the report (the CSV files hold
         everything); by default the main table."""

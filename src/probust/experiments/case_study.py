@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import case_sigma, fmt, pct, pool
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
@@ -255,30 +255,25 @@ class CaseStudy(Experiment):
             ),
             f"The two data sets share {len(shared)} of {len(a)} images; of those, {pct(same_side)} are on the same side (high or low).",
         ]
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={
-                    NAME: summary,
-                    "seeds": table,
-                    "images": pd.concat([a.assign(score="mmse"), b.assign(score="softmax")], ignore_index=True),
-                },
-                figures=[fig],
-                reading=reading,
-                settings={
-                    "model": target.label,
-                    "sigma": chosen,
-                    "k": k,
-                    "seeds": seeds,
-                    "epochs": epochs,
-                    "test_fraction": test_fraction,
-                    "pool_points": int(len(points)),
-                    "cnn_parameters": int(table["parameters"].iloc[0]),
-                },
-            ),
+        return self.output(
             out,
+            tables={
+                NAME: summary,
+                "seeds": table,
+                "images": pd.concat([a.assign(score="mmse"), b.assign(score="softmax")], ignore_index=True),
+            },
+            figures=[fig],
+            reading=reading,
+            settings={
+                "model": target.label,
+                "sigma": chosen,
+                "k": k,
+                "seeds": seeds,
+                "epochs": epochs,
+                "test_fraction": test_fraction,
+                "pool_points": int(len(points)),
+                "cnn_parameters": int(table["parameters"].iloc[0]),
+            },
         )
 
     def display(self, output: Output) -> list[Shown]:

@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -191,17 +191,12 @@ class ClassBias(Experiment):
         if not tests:
             raise ExperimentSkipped("no class has scored points")
         tests_t = pd.concat(tests, ignore_index=True)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: tests_t, "per_class": pd.concat(per_class, ignore_index=True)},
-                figures=figures,
-                reading=_reading(tests_t),
-                settings={"models": [r.label for r in runs], "grouping": "true label"},
-            ),
+        return self.output(
             out,
+            tables={NAME: tests_t, "per_class": pd.concat(per_class, ignore_index=True)},
+            figures=figures,
+            reading=_reading(tests_t),
+            settings={"models": [r.label for r in runs], "grouping": "true label"},
         )
 
     def display(self, output: Output) -> list[Shown]:

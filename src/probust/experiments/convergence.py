@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt, sem
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -275,16 +275,11 @@ class Convergence(Experiment):
             )
         table = pd.concat(parts, ignore_index=True)
         fig = _plot(table, out / NAME)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table},
-                figures=[fig],
-                reading=_reading(table),
-            ),
+        return self.output(
             out,
+            tables={NAME: table},
+            figures=[fig],
+            reading=_reading(table),
         )
 
     def display(self, output: Output) -> list[Shown]:

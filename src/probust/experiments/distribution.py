@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt, pct
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -165,16 +165,11 @@ class Distribution(Experiment):
         table = pd.concat(parts, ignore_index=True)
         runs = [r for r in results if (table["model"] == r.label).any()]
         fig = _plot(table, runs, out / NAME)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table, "models": models},
-                figures=[fig],
-                reading=_reading(table, models),
-            ),
+        return self.output(
             out,
+            tables={NAME: table, "models": models},
+            figures=[fig],
+            reading=_reading(table, models),
         )
 
     def display(self, output: Output) -> list[Shown]:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import error_table, fmt, pct, sort_by_method
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -190,17 +190,12 @@ class EstimationError(Experiment):
             drawn = [r for r in runs if r.is_standard] or runs
         drawn = [r for r in drawn if (table["model"] == r.label).any()]
         fig = _plot(table, drawn, out / NAME)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table},
-                figures=[fig],
-                reading=_reading(table, drawn),
-                settings={"models": [r.label for r in drawn]},
-            ),
+        return self.output(
             out,
+            tables={NAME: table},
+            figures=[fig],
+            reading=_reading(table, drawn),
+            settings={"models": [r.label for r in drawn]},
         )
 
     def display(self, output: Output) -> list[Shown]:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -175,17 +175,12 @@ class MvSigmoid(Experiment):
         sigmas = sorted(pairs["sigma"].unique())
         chosen = float(sigma) if sigma is not None else float(sigmas[len(sigmas) // 2])
         fig = _plot(pairs, table, runs, chosen, out / NAME)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table, "points": pairs},
-                figures=[fig],
-                reading=_reading(table[table["model"].isin([r.label for r in runs])]),
-                settings={"scatter_sigma": chosen},
-            ),
+        return self.output(
             out,
+            tables={NAME: table, "points": pairs},
+            figures=[fig],
+            reading=_reading(table[table["model"].isin([r.label for r in runs])]),
+            settings={"scatter_sigma": chosen},
         )
 
     def display(self, output: Output) -> list[Shown]:

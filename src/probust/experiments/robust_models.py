@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import error_table, fmt, pct, sort_by_method
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -150,17 +150,12 @@ class RobustModels(Experiment):
             figures.append(_plot(t, family, out / (NAME if k == 0 else f"{NAME}_{k + 1}")))
             reading += _reading(t, family)
         table = pd.concat(tables, ignore_index=True)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table},
-                figures=figures,
-                reading=reading,
-                settings={"families": [[r.label for r in f] for f in families]},
-            ),
+        return self.output(
             out,
+            tables={NAME: table},
+            figures=figures,
+            reading=reading,
+            settings={"families": [[r.label for r in f] for f in families]},
         )
 
     def display(self, output: Output) -> list[Shown]:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt, pct
 from probust.experiments.robust_training_tables import (
     comparisons,
@@ -315,32 +315,27 @@ class RobustTraining(Experiment):
             reading += _reading(table, matched, group)
         if not tables:
             raise ExperimentSkipped("; ".join(skipped))
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={
-                    NAME: pd.concat(tables, ignore_index=True),
-                    "matched": pd.concat(matched_tables, ignore_index=True),
-                },
-                figures=figures,
-                reading=reading,
-                settings={
-                    "groups": [
-                        {
-                            "plain": g["plain"].label,
-                            "grad_norm": [r.label for r in g["grad_norm"]],
-                            "robust": [r.label for r in g["robust"]],
-                        }
-                        for g in groups
-                    ],
-                    "n_boot": n_boot,
-                    "seed": seed,
-                    "skipped_groups": skipped,
-                },
-            ),
+        return self.output(
             out,
+            tables={
+                NAME: pd.concat(tables, ignore_index=True),
+                "matched": pd.concat(matched_tables, ignore_index=True),
+            },
+            figures=figures,
+            reading=reading,
+            settings={
+                "groups": [
+                    {
+                        "plain": g["plain"].label,
+                        "grad_norm": [r.label for r in g["grad_norm"]],
+                        "robust": [r.label for r in g["robust"]],
+                    }
+                    for g in groups
+                ],
+                "n_boot": n_boot,
+                "seed": seed,
+                "skipped_groups": skipped,
+            },
         )
 
     def display(self, output: Output) -> list[Shown]:

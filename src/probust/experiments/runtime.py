@@ -27,7 +27,7 @@ import torch
 from probust.estimators import PAPER_METHODS
 from probust.execution.budget import peak_memory
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -322,24 +322,19 @@ class Runtime(Experiment):
             f"Measured on {env['cpu']} ({env['logical_cpus']} logical CPUs, torch using {env['torch_threads']} thread(s), "
             f"1-minute load average {env['load_average_1min']} when it ended); the paper timed 50 points of a CIFAR-10 ResNet18."
         )
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table, "paper_layout": paper},
-                figures=[fig],
-                reading=reading,
-                settings={
-                    "model": target.label,
-                    "points": len(indices),
-                    "sigma": sigma,
-                    "mc_counts": list(mc_counts),
-                    "mmse_counts": list(mmse_counts),
-                    **env,
-                },
-            ),
+        return self.output(
             out,
+            tables={NAME: table, "paper_layout": paper},
+            figures=[fig],
+            reading=reading,
+            settings={
+                "model": target.label,
+                "points": len(indices),
+                "sigma": sigma,
+                "mc_counts": list(mc_counts),
+                "mmse_counts": list(mmse_counts),
+                **env,
+            },
         )
 
     def display(self, output: Output) -> list[Shown]:

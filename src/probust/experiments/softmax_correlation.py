@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
@@ -199,17 +199,12 @@ class SoftmaxCorrelation(Experiment):
         sigmas = sorted(table["sigma"].unique())
         chosen = float(sigma) if sigma is not None else float(sigmas[len(sigmas) // 2])
         fig = _plot(table, results, family, chosen, out / NAME)
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: table},
-                figures=[fig],
-                reading=_reading(table, family, chosen),
-                settings={"scatter_sigma": chosen, "family": [r.label for r in family] if family else None},
-            ),
+        return self.output(
             out,
+            tables={NAME: table},
+            figures=[fig],
+            reading=_reading(table, family, chosen),
+            settings={"scatter_sigma": chosen, "family": [r.label for r in family] if family else None},
         )
 
     def display(self, output: Output) -> list[Shown]:

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from probust.experiments import style
-from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown, finish
+from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import case_sigma, fmt, pool
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
@@ -263,23 +263,18 @@ class VulnerablePoints(Experiment):
         ]
         examples = [int(core[core["label"] == c]["index"].iloc[0]) for c in dict.fromkeys(want)]
         figures.append(_noisy_figure(ds, target, examples, target.sigmas, target.seed, out / f"{NAME}_noisy"))
-        return finish(
-            Output(
-                name=NAME,
-                title=TITLE,
-                description=DESCRIPTION,
-                tables={NAME: sel},
-                figures=figures,
-                reading=_reading(sel, points, names, chosen),
-                settings={
-                    "model": target.label,
-                    "sigma": chosen,
-                    "k": k,
-                    "pool_points": int(len(points)),
-                    "noisy_examples": examples,
-                },
-            ),
+        return self.output(
             out,
+            tables={NAME: sel},
+            figures=figures,
+            reading=_reading(sel, points, names, chosen),
+            settings={
+                "model": target.label,
+                "sigma": chosen,
+                "k": k,
+                "pool_points": int(len(points)),
+                "noisy_examples": examples,
+            },
         )
 
     def display(self, output: Output) -> list[Shown]:
