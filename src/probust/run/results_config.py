@@ -258,28 +258,25 @@ def _str(section: Mapping[str, Any], key: str, default: str | None = None) -> st
     return None if value is None else str(value)
 
 
-def _int(section: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+def _number(section: Mapping[str, Any], key: str, default: Any, kind: type[int] | type[float]) -> Any:
     value = section.get(key, default)
     if value is None:
         return None
+    expected = "an integer" if kind is int else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"config.json: {key}: expected an integer, got {value!r}")
+        raise ValueError(f"config.json: {key}: expected {expected}, got {value!r}")
     try:
-        return int(value)
+        return kind(value)
     except ValueError:
-        raise ValueError(f"config.json: {key}: expected an integer, got {value!r}") from None
+        raise ValueError(f"config.json: {key}: expected {expected}, got {value!r}") from None
+
+
+def _int(section: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    return _number(section, key, default, int)
 
 
 def _float(section: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
-    value = section.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"config.json: {key}: expected a number, got {value!r}")
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"config.json: {key}: expected a number, got {value!r}") from None
+    return _number(section, key, default, float)
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
