@@ -74,7 +74,12 @@ def check_target_shape(target: Tensor | None, batch: int, device: torch.device) 
 
 
 def check_target(target: Tensor | None, logits: Tensor) -> Tensor:
-    """The class whose survival is measured: given, or the clean prediction (ties refused)."""
+    """The class whose survival is measured: given, or the clean prediction (ties refused).
+
+    The one policy for ties, shared with ``probust estimate``: p_robust of the prediction is
+    undefined where the two largest clean logits are exactly equal, so such a point is refused
+    (here naming its rows in the batch; the runner names data-set indices) unless a target is
+    given explicitly."""
     batch, classes = logits.shape
     if target is None:
         top2 = logits.topk(2, dim=1).values

@@ -349,3 +349,32 @@ def test_every_registered_method_is_a_public_name():
     assert tuple(REGISTRY) == probust.METHODS
     for name, spec in REGISTRY.items():
         assert spec.name == name and method_spec(name) is spec
+
+
+# ---------------------------------------------------------------- ties at the clean point
+
+
+def _tied_model() -> tuple[nn.Module, Tensor]:
+    """A linear model whose classes 0 and 1 have identical weights: its two largest logits are
+    exactly equal wherever x[0] > 0.5 (rows 1 and 3 here); elsewhere class 2 wins alone."""
+    model = nn.Linear(12, 3)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.weight[0, 0] = model.weight[1, 0] = 1.0
+        model.bias.copy_(torch.tensor([0.0, 0.0, 0.5]))
+    x = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)) * 0.1
+    x[:, 0] = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    return model, x
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_tied_prediction_is_refused_naming_its_rows_unless_a_target_is_given(name):
+    model, x = _tied_model()
+    logits = model(x).detach()
+    assert torch.equal(logits[[1, 3], 0], logits[[1, 3], 1])  # the model ties exactly there
+    estimator = build(name, model, 0.3)
+    with pytest.raises(ValueError, match=r"tied between two classes at rows \[1, 3\].*pass target="):
+        estimator(x)
+    target = torch.tensor([2, 1, 2, 0])
+    result = estimator(x, target=target)
+    assert torch.equal(result.target.cpu(), target) and result.p.shape == (4,)

@@ -10,7 +10,15 @@ from torch import nn
 
 import probust
 from probust.data import ImageDataset
-from probust.run import ConfigError, ConfigMismatchError, RunSettings, execute, prepare, run_estimate
+from probust.run import (
+    ConfigError,
+    ConfigMismatchError,
+    RunSettings,
+    TiedPredictionError,
+    execute,
+    prepare,
+    run_estimate,
+)
 from probust.run.store import ResultStore, read_config, read_results
 
 SIGMAS = [0.1, 0.3]
@@ -380,3 +388,71 @@ def test_the_linearisation_copies_are_part_of_a_folders_identity(tmp_path):
     # more copies for mmse, or mc_cv with the same smallest count, extend the folder
     df = run(out, mmse_samples=[3, 5], extend=True, methods=["mc_cv", "mmse_mvs"], sigmas=[0.3], limit=3)
     assert sorted(set(zip(df.method, df.n_samples))) == [("mc_cv", 200), ("mmse_mvs", 3), ("mmse_mvs", 5)]
+
+
+def tied_data() -> ImageDataset:
+    """12 random 1x4x4 images; those at indices 3 and 8 have their first pixel at 1, the others at 0."""
+    images = tiny_data(12).tensors()[0].mul(255).round().to(torch.uint8)
+    images[:, 0, 0, 0] = 0
+    images[[3, 8], 0, 0, 0] = 255
+    return ImageDataset(images, torch.arange(12) % 3, name="tied", split="test", classes=["a", "b", "c"])
+
+
+def tied_model() -> nn.Module:
+    """Classes 0 and 1 share their weights and bias: their logits are exactly equal and the
+    largest where the first pixel is 1 (points 3 and 8); class 2 wins alone elsewhere."""
+    linear = nn.Linear(16, 3)
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.weight[0, 0] = linear.weight[1, 0] = 1.0
+        linear.bias.copy_(torch.tensor([0.0, 0.0, 0.5]))
+    return nn.Sequential(nn.Flatten(), linear)
+
+
+def test_a_tied_clean_prediction_stops_the_run_naming_its_indices_before_any_estimate(tmp_path):
+    out = tmp_path / "r"
+    with pytest.raises(TiedPredictionError) as info:
+        run(out, data=tied_data(), model=tied_model())
+    message = str(info.value)
+    assert message.startswith("target: the clean prediction is tied between two classes at data-set indices [3, 8]")
+    assert "(2 points)" in message and "target='label' (and overwrite=True" in message
+    assert "indices='...' (and extend=True)" in message
+    assert info.value.indices == [3, 8] and isinstance(info.value, ConfigError)
+    assert not list((out / "parts").glob("*.parquet"))  # nothing was estimated
+    # the ways out: leave the tied points out, or measure the true class
+    df = run(out, data=tied_data(), model=tied_model(), indices=["0-2", "4-7", "9-11"], extend=True)
+    assert sorted(set(df["index"])) == [0, 1, 2, 4, 5, 6, 7, 9, 10, 11] and (df.prediction == 2).all()
+    labelled = run(tmp_path / "label", data=tied_data(), model=tied_model(), target="label")
+    assert len(labelled) == 12 * len(SIGMAS) * len(FAST) and (labelled.target == labelled.label).all()
+    # the prediction column keeps the lowest tied class
+    assert (labelled[labelled["index"].isin([3, 8])].prediction == 0).all()
+
+
+def test_only_points_still_to_compute_are_checked_and_the_first_five_are_named(tmp_path):
+    out = tmp_path / "r"
+    run(out, data=tied_data(), model=tied_model(), indices="0-2")  # no tie among these
+    assert execute(prepare(RunSettings(**_settings(out, indices="0-2")))).rows_computed == 0
+    with pytest.raises(TiedPredictionError, match=r"indices \[8\] \(1 point\)"):
+        run(out, data=tied_data(), model=tied_model(), indices=["0-2", "8"], extend=True)
+    everywhere = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    with torch.no_grad():
+        everywhere[1].weight.zero_()
+        everywhere[1].bias.copy_(torch.tensor([1.0, 1.0, 0.0]))
+    with pytest.raises(TiedPredictionError, match=r"indices \[0, 1, 2, 3, 4\]\.\.\. \(7 points\)"):
+        run(tmp_path / "all", data=tied_data(), model=everywhere, limit=7)
+
+
+def _settings(out, **kwargs) -> dict:
+    args = dict(
+        data=tied_data(),
+        model=tied_model(),
+        sigmas=SIGMAS,
+        methods=FAST,
+        out=out,
+        mc_samples=200,
+        mmse_samples=3,
+        batch_size=6,
+        device="cpu",
+        show_progress=False,
+    )
+    return {**args, **kwargs}

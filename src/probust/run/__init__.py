@@ -12,7 +12,7 @@ model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a fold
 (``config.json`` read typed), :mod:`~probust.run.distributed` (torchrun).
 """
 
-from probust.run.errors import ConfigError, ConfigMismatchError
+from probust.run.errors import ConfigError, ConfigMismatchError, TiedPredictionError
 from probust.run.estimate import prepare, run_estimate
 from probust.run.execution import execute
 from probust.run.indices import parse_indices
@@ -40,6 +40,7 @@ __all__ = [
     "RunSettings",
     "RunSummary",
     "Task",
+    "TiedPredictionError",
     "execute",
     "hash_state_dict",
     "is_results_folder",

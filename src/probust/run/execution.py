@@ -21,7 +21,7 @@ from torch import Tensor
 
 from probust._checks import eval_mode
 from probust.execution.tuning import sync
-from probust.run.errors import agree
+from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs
 from probust.run.methods import make_task_estimator
@@ -49,15 +49,50 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
     return out
 
 
-def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(prediction int64 [B], softmax confidence of it float64 [B]) on the CPU."""
+def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(prediction int64 [B], softmax confidence of it float64 [B], tied bool [B]) on the CPU;
+    ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
+    classes)."""
     step = plan.eval_batch_size or 256
     with eval_mode(plan.model), torch.no_grad():
         logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
     logits = logits.detach().to("cpu", torch.float64)
     prediction = logits.argmax(dim=1)
     confidence = torch.softmax(logits, dim=1).gather(1, prediction[:, None]).squeeze(1)
-    return prediction, confidence
+    if logits.shape[1] >= 2:
+        top2 = logits.topk(2, dim=1).values
+        tied = top2[:, 0] == top2[:, 1]
+    else:
+        tied = torch.zeros(logits.shape[0], dtype=torch.bool)
+    return prediction, confidence, tied
+
+
+def _clean_passes(plan: RunPlan, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Tensor, ...]]:
+    """The clean pass of every block with rows to compute (``todo``: (block, its points without
+    some row)), keyed by the block's first index.
+
+    Raises:
+        TiedPredictionError: with target "prediction", a point to compute has a tied prediction.
+    """
+    clean: dict[int, tuple[Tensor, ...]] = {}
+    tied: list[np.ndarray] = []
+    for block, missing in todo:
+        x, _ = batch(plan.dataset, block)
+        # Always on the whole block, so the prediction does not depend on what is left to do.
+        clean[int(block[0])] = _clean_pass(plan, x.to(plan.device))
+        tied.append(np.intersect1d(block[clean[int(block[0])][2].numpy()], missing))
+    points = np.concatenate(tied) if tied else np.empty(0, np.int64)
+    if plan.target == "prediction" and len(points):
+        first = points[:5].tolist()
+        more = "..." if len(points) > 5 else ""
+        raise TiedPredictionError(
+            f"target: the clean prediction is tied between two classes at data-set indices {first}{more} "
+            f"({len(points)} point{'s' if len(points) > 1 else ''}): p_robust of the prediction is undefined "
+            "there; measure the true class with target='label' (and overwrite=True or another out folder), or "
+            "leave these points out with indices='...' (and extend=True)",
+            points.tolist(),
+        )
+    return clean
 
 
 def _part_name(task: Task, indices: np.ndarray) -> str:
@@ -67,11 +102,7 @@ def _part_name(task: Task, indices: np.ndarray) -> str:
 def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
     """Compute the rows of ``todo`` (a subset of ``block``) for ``task`` and store them as a part."""
     x, labels = batch(plan.dataset, block)
-    key = int(block[0])
-    if key not in clean:
-        # Always on the whole block, so the prediction does not depend on what is left to do.
-        clean[key] = _clean_pass(plan, x.to(plan.device))
-    prediction, confidence = clean[key]
+    prediction, confidence, _ = clean[int(block[0])]
     rows = np.isin(block, todo)
     if not rows.all():
         sel = torch.from_numpy(rows)
@@ -141,6 +172,9 @@ def execute(plan: RunPlan) -> RunSummary:
         What was done (on every rank; ``rows_computed`` counts this rank's rows).
 
     Raises:
+        TiedPredictionError: with target "prediction", a point still to compute has a tied
+            clean prediction (found by the clean passes, which all run before any estimator;
+            raised on every rank).
         RuntimeError: rows of the grid are missing at the end (under torchrun: the output
             folder is not shared by every machine).
     """
@@ -151,11 +185,21 @@ def execute(plan: RunPlan) -> RunSummary:
         rows_total = len(plan.indices) * len(plan.tasks)
         present = rows_total - _missing(plan, done)
         mine = world.shard(plan.blocks())
+        empty = np.empty(0, np.int64)
+        todos = {task.key: [block[~np.isin(block, done.get(task.key, empty))] for block in mine] for task in plan.tasks}
+        pending = [(block, np.unique(np.concatenate([t[i] for t in todos.values()]))) for i, block in enumerate(mine)]
+        # Every clean pass first, so that a tied prediction (or a failing model) stops the run on
+        # every rank before any estimator runs.
+        clean: dict[int, tuple[Tensor, ...]] = {}
+        error: BaseException | None = None
+        try:
+            clean = _clean_passes(plan, [(block, missing) for block, missing in pending if len(missing)])
+        except Exception as exc:
+            error = exc
+        agree(world, error)
         computed = 0
-        clean: dict[int, tuple[Tensor, Tensor]] = {}
         for task in plan.tasks:
-            have = done.get(task.key, np.empty(0, np.int64))
-            todo = [(block, block[~np.isin(block, have)]) for block in mine]
+            todo = list(zip(mine, todos[task.key], strict=True))
             total = sum(len(b) for b, _ in todo)
             left = sum(len(t) for _, t in todo)
             if left == 0:
