@@ -230,6 +230,45 @@ def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, 
     _one_line_error(capsys, "--overwrite and --extend exclude each other")
 
 
+def test_a_folder_of_another_probust_version_is_refused_with_the_flags_that_get_out(checkpoints, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "r"
+    args = base(checkpoints["linear"], out, "--sigma", "0.1", "--methods", "softmax", "--limit", "4", "--device", "cpu")
+    assert estimate(*args) == 0
+    config = json.loads((out / "config.json").read_text())
+    config["probust_version"] = config["history"][0]["probust_version"] = "0.0.1"
+    (out / "config.json").write_text(json.dumps(config))
+    assert estimate(*args) == 2
+    err = _one_line_error(capsys, "holds results written by probust 0.0.1, this is probust")
+    assert err.endswith("use --overwrite to replace them, or another --out (or --allow-version-change to mix them)")
+    assert estimate(*args, "--allow-version-change") == 0
+    history = read_config(out)["history"]
+    assert history[-1]["allow_version_change"] is True and "allow_version_change" not in history[0]
+
+
+def test_a_tied_prediction_is_a_usage_error_naming_the_points_and_the_flags(checkpoints, tmp_path, capsys):
+    model = models.build("linear", 10, (1, 8, 8))
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.bias.copy_(torch.tensor([1.0, 1.0] + [0.0] * 8))  # classes 0 and 1 tie on every input
+    tied = models.save_checkpoint(tmp_path / "tied.pt", model, {"dataset": "digits"})
+    args = base(tied, tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--indices", "5-7", "--device", "cpu")
+    assert estimate(*args) == 2
+    err = _one_line_error(capsys, "--target: the clean prediction is tied between two classes at data-set indices")
+    assert "[5, 6, 7] (3 points)" in err
+    assert err.endswith(
+        "with --target label (and --overwrite or another --out), or leave these points out with --indices ... "
+        "(and --extend)"
+    )
+    assert not list((tmp_path / "r" / "parts").glob("*.parquet"))
+    # the folder now records the run with --target prediction: the way out says what else to give
+    assert estimate(*args, "--target", "label") == 2
+    _one_line_error(capsys, "target: prediction there, label here")
+    assert estimate(*args, "--target", "label", "--overwrite") == 0
+    assert (read_results(tmp_path / "r").prediction == 0).all()
+
+
 @pytest.mark.parametrize(
     ("message", "shown"),
     [
@@ -256,6 +295,20 @@ def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, 
             "--data: x not found; to get it: pass --download to fetch it",
         ),
         ("model: no model file at seed: 3", "--model: no model file at seed: 3"),  # only the leading name
+        (
+            "r holds results written by probust 0.0.1, this is probust 0.1.0 and its rows could differ; use "
+            "overwrite=True to replace them, or another out folder (or allow_version_change=True to mix them)",
+            "r holds results written by probust 0.0.1, this is probust 0.1.0 and its rows could differ; use "
+            "--overwrite to replace them, or another --out (or --allow-version-change to mix them)",
+        ),
+        (
+            "target: the clean prediction is tied between two classes at data-set indices [3] (1 point): p_robust "
+            "of the prediction is undefined there; measure the true class with target='label' (and overwrite=True "
+            "or another out folder), or leave these points out with indices='...' (and extend=True)",
+            "--target: the clean prediction is tied between two classes at data-set indices [3] (1 point): "
+            "p_robust of the prediction is undefined there; measure the true class with --target label (and "
+            "--overwrite or another --out), or leave these points out with --indices ... (and --extend)",
+        ),
     ],
 )
 def test_library_messages_are_shown_with_the_flags(message, shown):

@@ -120,3 +120,32 @@ def test_two_gloo_processes_give_the_single_process_table(tmp_path):
     refused = _torchrun(*ARGS, "--model", str(model), "--out", str(out), "--seed", "1")
     assert refused.returncode != 0
     assert "seed: 0 there, 1 here" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_tie_on_one_rank_stops_both_before_any_estimate(tmp_path):
+    from probust.data import load
+
+    # A linear model whose classes 0 and 1 share their weights (the direction of point 4) and
+    # whose class 2 is a constant between point 4's projection and every other point's: the
+    # clean prediction is tied at point 4 alone, which is in rank 1's share (blocks of 3).
+    x = load("digits", "test").subset(torch.arange(20)).tensors()[0].flatten(1).double()
+    direction = x[4] / x[4].norm()
+    projections = x @ direction
+    others = projections[torch.arange(20) != 4].max()
+    assert others < projections[4]
+    model = models.build("linear", 10, (1, 8, 8))
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[0] = model.fc.weight[1] = direction.float()
+        model.fc.bias.fill_(-1e3)
+        model.fc.bias[0] = model.fc.bias[1] = 0.0
+        model.fc.bias[2] = float(others + projections[4]) / 2
+    path = models.save_checkpoint(tmp_path / "tied.pt", model, {"dataset": "digits"})
+    out = tmp_path / "r"
+    refused = _torchrun(*ARGS, "--model", str(path), "--out", str(out))
+    assert refused.returncode != 0
+    assert "--target: the clean prediction is tied between two classes at data-set indices [4] (1 point)" in (
+        refused.stderr
+    )
+    assert not list((out / "parts").glob("*.parquet"))

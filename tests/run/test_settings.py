@@ -132,3 +132,113 @@ def test_run_estimate_takes_exactly_the_fields_of_run_settings_with_the_same_def
     base = dict(data="digits", model="model.pt", sigmas=[0.1])
     assert RunSettings(**base, **defaults) == RunSettings(**base)
     assert RunSettings(**base).methods == DEFAULT_METHODS
+
+
+# A value of the wrong type for every field, as a Python caller might pass it by mistake: each
+# must give the one-line ConfigError naming the field (as the CLI does), never a raw TypeError.
+WRONG_TYPE = [
+    ("data", 42),
+    ("data", object()),
+    ("data", b"digits"),
+    ("model", 42),
+    ("model", object()),
+    ("sigmas", "a"),
+    ("sigmas", object()),
+    ("sigmas", None),
+    ("sigmas", True),
+    ("sigmas", [0.1, True]),
+    ("sigmas", b"x"),
+    ("methods", 3),
+    ("methods", None),
+    ("methods", [3]),
+    ("methods", b"mc"),
+    ("out", 42),
+    ("out", object()),
+    ("split", 3),
+    ("mc_samples", [1.5]),
+    ("mc_samples", 1.5),
+    ("mc_samples", None),
+    ("mc_samples", True),
+    ("mc_samples", [object()]),
+    ("mc_samples", {"n": 10}),
+    ("mmse_samples", [2.5]),
+    ("mmse_samples", object()),
+    ("limit", "3"),
+    ("limit", 2.0),
+    ("indices", 1.5),
+    ("indices", object()),
+    ("indices", [object()]),
+    ("indices", True),
+    ("device", 5),
+    ("device", None),
+    ("device", object()),
+    ("seed", "0"),
+    ("seed", None),
+    ("batch_size", None),
+    ("batch_size", "8"),
+    ("eval_batch_size", "8"),
+    ("memory_budget", object()),
+    ("memory_budget", [1]),
+    ("memory_budget", True),
+    ("jacobian", 3),
+    ("jacobian", None),
+    ("channels_last", "off"),
+    ("channels_last", 1),
+    ("temperature", True),
+    ("temperature", None),
+    ("temperature", [1.0]),
+    ("target", 3),
+    ("target", None),
+    ("target", ["label"]),
+    ("tol", True),
+    ("tol", "x"),
+    ("ci_level", "x"),
+    ("ci_level", True),
+    ("ci_level", None),
+    ("ci_level", object()),
+    ("interval", 3),
+    ("interval", ["wilson"]),
+    ("mmse_sampling", None),
+    ("p_fail", 1),
+    ("p_fail", "no"),
+    ("mc_half_width", "x"),
+    ("mc_half_width", True),
+    ("show_progress", "no"),
+    ("show_progress", None),
+    ("overwrite", "no"),
+    ("overwrite", 1),
+    ("extend", "yes"),
+    ("merge", None),
+    ("download", 1),
+    ("data_root", 42),
+    ("allow_pickle", "yes"),
+    ("allow_version_change", "yes"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), WRONG_TYPE, ids=[f"{n}={v!r}" for n, v in WRONG_TYPE])
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(name, value):
+    with pytest.raises(ConfigError, match=f"^{name}: ") as info:
+        settings(**{name: value})
+    assert "\n" not in str(info.value)
+
+
+def test_every_field_has_a_wrong_type_case():
+    assert {f.name for f in dataclasses.fields(RunSettings)} == {name for name, _ in WRONG_TYPE}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("ci_level", "x"), ("sigmas", "a"), ("mc_samples", [1.5]), ("seed", "0"), ("methods", 3)]
+)
+def test_run_estimate_gives_the_same_config_error_before_any_work(tmp_path, name, value):
+    args = dict(data="digits", model=tmp_path / "none.pt", sigmas=[0.1], out=tmp_path / "r", device="cpu")
+    with pytest.raises(ConfigError, match=f"^{name}: "):
+        run_estimate(**{**args, name: value})
+    assert not (tmp_path / "r").exists()
+
+
+def test_numbers_given_as_numpy_or_torch_values_are_accepted():
+    s = settings(
+        sigmas=torch.tensor([0.2, 0.1], dtype=torch.float64), mc_samples=np.array([10, 20]), indices=np.arange(3)
+    )
+    assert s.sigmas == (0.1, 0.2) and s.mc_samples == (10, 20) and s.indices == (0, 1, 2)

@@ -49,8 +49,9 @@ def test_the_data_hash_notices_a_changed_label_and_a_plain_dataset_reads_the_sam
 
 def test_a_data_set_that_cannot_be_used_is_one_line_naming_data():
     for bad, match in (
-        (42, "^data must be a data set name or a Dataset"),
+        (42, "^data: must be a data set name or a Dataset"),
         ([], "^data: the data set is empty"),
+        ([1.5, 2.5], r"^data: cannot read ds\[0\] as \(x, label\)"),
         ("no-such-set", "^data: "),
     ):
         with pytest.raises(ConfigError, match=match) as info:

@@ -17,7 +17,9 @@ examples:
   probust estimate --data digits --model m.pt --sigma 0.02 --methods taylor mc_is --p-fail --out tails/
   torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
 
-Run the same command again to resume an interrupted run: only missing rows are computed.
+Run the same command again to resume an interrupted run: only missing rows are computed
+(with the same probust version: see --allow-version-change). With --target prediction a point
+whose clean prediction is tied between two classes stops the run before any estimate, naming it.
 Read the table with probust.run.read_results(OUT) (also while the run is going).
 """
 
@@ -55,6 +57,7 @@ ARGUMENT_FLAGS = {
     "data_root": "--data-root",
     "download": "--download",
     "allow_pickle": "--allow-pickle",
+    "allow_version_change": "--allow-version-change",
 }
 _ASSIGNMENT = re.compile(r"\b(" + "|".join(ARGUMENT_FLAGS) + r")=(?:'([^']*)'|(\w+))")
 
@@ -242,6 +245,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     io.add_argument(
         "--allow-pickle", action="store_true", help="accept model files that run code when loaded (torch.save(model))"
     )
+    io.add_argument(
+        "--allow-version-change",
+        action="store_true",
+        help="resume or extend --out although another probust version wrote its rows (refused by default: "
+        "the rows of two versions could differ; recorded in config.json's history)",
+    )
     io.add_argument("--quiet", action="store_true", help="no progress bars or summary (errors only)")
     p.set_defaults(func=run)
 
@@ -300,6 +309,7 @@ def run(args: argparse.Namespace) -> int:
             download=args.download,
             data_root=args.data_root,
             allow_pickle=args.allow_pickle,
+            allow_version_change=args.allow_version_change,
         )
         plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
     except ConfigError as exc:
@@ -310,6 +320,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"probust estimate: warning: {note}", file=sys.stderr)
     try:
         summary = execute(plan)
+    except ConfigError as exc:
+        # Found by the clean pass before any estimator ran (a tied prediction): a usage error.
+        raise UsageError(cli_message(str(exc).replace("\n", "; "))) from None
     except (RuntimeError, ValueError, OSError) as exc:
         # Failures after the checks (a damaged part file, a model returning NaN, a full disk):
         # one line, and the finished work units stay for the next run.

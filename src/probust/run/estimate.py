@@ -47,7 +47,8 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
     Raises:
         ConfigError: a missing data set, a model that does not fit the data, an output folder
             that cannot be written; the message is one line naming the argument.
-        ConfigMismatchError: the folder holds results of a different run.
+        ConfigMismatchError: the folder holds results of a different run, or results written
+            by another probust version or in another results format (see :mod:`probust.run.folder`).
     """
     s = settings
     world = distributed.join(device_type(s.device))
@@ -83,7 +84,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
             grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
             config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
             if world.is_main:
-                config = claim_folder(store, config, s.overwrite, s.extend)
+                config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
             plan = RunPlan(
                 store=store,
                 dataset=ds,
@@ -110,7 +111,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
         assert plan is not None
         if world.is_main:
             try:
-                start_history(plan, s.overwrite, argv)
+                start_history(plan, s.overwrite, argv, s.allow_version_change)
             except ConfigError as exc:
                 error = exc
         # Also a barrier: no rank reads the folder before rank 0 has cleared and claimed it.
@@ -156,6 +157,7 @@ def run_estimate(
     download: bool = False,
     data_root: str | os.PathLike | None = None,
     allow_pickle: bool = False,
+    allow_version_change: bool = False,
 ) -> Any:
     """Score a data set with estimators of p_robust at several noise levels, into ``out``.
 
@@ -173,7 +175,10 @@ def run_estimate(
 
     Raises:
         ConfigError: a bad argument, found before any work starts.
-        ConfigMismatchError: ``out`` holds results of a different run.
+        ConfigMismatchError: ``out`` holds results of a different run, or of another probust
+            version (``allow_version_change``) or results format.
+        TiedPredictionError: with ``target="prediction"``, the clean prediction of a point to
+            compute is tied between two classes (found before any estimator runs).
     """
     plan = prepare(RunSettings(**locals()))
     if plan.world.is_main:

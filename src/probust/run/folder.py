@@ -4,6 +4,12 @@ A folder takes the rows of one run: the same data, model and settings (``config.
 A call with the same grid resumes it; with ``extend`` a call may add to the grid (recorded as
 another entry of "requests"); with ``overwrite`` it replaces the folder's contents. Each process
 that writes into the folder adds an entry to its "history".
+
+Resuming and extending are refused across versions: a folder whose ``format_version`` differs
+from this version's always, and one that another probust version wrote into (``probust_version``
+of the config and of each history entry; none recorded counts as another) unless
+``allow_version_change``, which the history entry then records. The table has no column saying
+which version computed a row, so rows of two versions would mix silently otherwise.
 """
 
 from __future__ import annotations
@@ -74,7 +80,38 @@ def _show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _compare(found: Any, new: dict[str, Any], extend: bool, path: Path) -> dict[str, Any] | None:
+def _written_by(old: ResultsConfig) -> list[str | None]:
+    """The probust versions of the processes that wrote into a folder (None: not recorded),
+    the one that created it first, each once."""
+    versions = [old.probust_version, *(h.probust_version for h in old.history)]
+    return list(dict.fromkeys(versions))
+
+
+def _check_versions(old: ResultsConfig, new: dict[str, Any], path: Path, allow_version_change: bool) -> None:
+    """Refuse to add rows to a folder written in another results format, or (unless allowed) by
+    another probust version: the table has no column telling which version computed a row, and
+    two versions' rows may differ (an estimator fixed or changed in between)."""
+    way_out = "use overwrite=True to replace them, or another out folder"
+    if old.format_version != new["format_version"]:
+        there = "no format version" if old.format_version is None else f"format version {old.format_version}"
+        raise ConfigMismatchError(
+            f"{path} holds results in {there} (probust {old.probust_version or 'unknown'}), this probust "
+            f"({new['probust_version']}) writes format version {new['format_version']}; {way_out}",
+            [f"format_version: {old.format_version} there, {new['format_version']} here"],
+        )
+    others = [v for v in _written_by(old) if v != new["probust_version"]]
+    if others and not allow_version_change:
+        there = ", ".join("an unrecorded version" if v is None else v for v in others)
+        raise ConfigMismatchError(
+            f"{path} holds results written by probust {there}, this is probust {new['probust_version']} and "
+            f"its rows could differ; {way_out} (or allow_version_change=True to mix them)",
+            [f"probust_version: {there} there, {new['probust_version']} here"],
+        )
+
+
+def _compare(
+    found: Any, new: dict[str, Any], extend: bool, path: Path, allow_version_change: bool = False
+) -> dict[str, Any] | None:
     """The config to write when ``new`` may go into a folder holding ``found`` (its
     ``config.json`` as read); None to keep it.
 
@@ -89,6 +126,7 @@ def _compare(found: Any, new: dict[str, Any], extend: bool, path: Path) -> dict[
         raise ConfigMismatchError(
             f"{path}/config.json is not a probust results configuration; use overwrite=True to replace it"
         )
+    _check_versions(old, new, path, allow_version_change)
     # Everything under "run" must match: the data, the model and the settings of the estimators
     # (a setting newer than the folder's config counts as its default there).
     old_run = old.run_values
@@ -185,8 +223,14 @@ def new_config(
     }
 
 
-def claim_folder(store: ResultStore, config: dict[str, Any], overwrite: bool, extend: bool) -> dict[str, Any]:
-    """Create and lock the folder and check it may take this run; returns the config to keep."""
+def claim_folder(
+    store: ResultStore, config: dict[str, Any], overwrite: bool, extend: bool, allow_version_change: bool = False
+) -> dict[str, Any]:
+    """Create and lock the folder and check it may take this run; returns the config to keep.
+
+    Resuming or extending (not ``overwrite``) a folder is refused when its results format
+    differs from this version's, or when another probust version wrote into it (unless
+    ``allow_version_change``), as well as when its run differs (see :func:`_compare`)."""
     path = store.path
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out: {path} exists and is not a folder")
@@ -212,12 +256,15 @@ def claim_folder(store: ResultStore, config: dict[str, Any], overwrite: bool, ex
                     f"out: {path} holds result files but no config.json; use overwrite=True to replace them"
                 )
         return config
-    kept = _compare(old, config, extend, path)
+    kept = _compare(old, config, extend, path, allow_version_change)
     return old if kept is None else kept
 
 
-def start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) -> None:
-    """Rank 0, once every rank has prepared: clear the folder if asked, and record this process."""
+def start_history(
+    plan: RunPlan, overwrite: bool, argv: Sequence[str] | None, allow_version_change: bool = False
+) -> None:
+    """Rank 0, once every rank has prepared: clear the folder if asked, and record this process
+    (with ``allow_version_change`` when it was given)."""
     store, config = plan.store, plan.config
     if overwrite:
         store.clear()
@@ -231,6 +278,8 @@ def start_history(plan: RunPlan, overwrite: bool, argv: Sequence[str] | None) ->
         "host": platform.node(),
         "argv": list(argv) if argv is not None else None,
     }
+    if allow_version_change:
+        entry["allow_version_change"] = True
     config.setdefault("history", []).append(entry)
     try:
         store.write_config(config)

@@ -27,10 +27,12 @@ def parse_indices(spec: str | int | Iterable[str | int]) -> np.ndarray:
     Raises:
         ConfigError: a malformed item or a descending range.
     """
-    items = [spec] if isinstance(spec, (str, int)) else list(spec)
+    items = list(spec) if isinstance(spec, Iterable) and not isinstance(spec, (str, bytes, dict)) else [spec]
     parts: list[np.ndarray] = []
     for item in items:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer, str)):
+            raise ConfigError(f"indices: expected integers or strings like '0-99', got {item!r}")
+        if isinstance(item, (int, np.integer)):
             if item < 0:
                 raise ConfigError(f"indices: indices must be >= 0, got {item}")
             parts.append(np.array([item], dtype=np.int64))

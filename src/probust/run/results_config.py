@@ -89,7 +89,8 @@ class DataInfo:
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    """One process that wrote into the folder (``finished`` is None while it runs, or if it died)."""
+    """One process that wrote into the folder (``finished`` is None while it runs, or if it died;
+    ``allow_version_change``: it was allowed to add rows to a folder of another probust version)."""
 
     started: str | None
     finished: str | None
@@ -99,6 +100,7 @@ class HistoryEntry:
     world_size: int | None
     host: str | None
     argv: tuple[str, ...] | None
+    allow_version_change: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,4 +296,5 @@ def _history(entry: Mapping[str, Any]) -> HistoryEntry:
         world_size=_int(entry, "world_size"),
         host=_str(entry, "host"),
         argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
+        allow_version_change=entry.get("allow_version_change") is True,
     )

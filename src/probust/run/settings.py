@@ -72,7 +72,10 @@ class RunSettings:
             the execution plan, for tables identical to the bit on any machine.
         temperature: softmax temperature of the "softmax" method.
         target: "prediction" (p of keeping the clean prediction, the paper's definition) or
-            "label" (p of predicting the true class).
+            "label" (p of predicting the true class). With "prediction" a point to compute
+            whose clean prediction is tied (two equal largest logits) stops the run before
+            any estimate (:class:`~probust.run.TiedPredictionError`), as the estimators refuse
+            a tie when no target is given.
         tol: absolute error tolerance of the mvn-cdf ("taylor", "mmse", and the linearisation
             inside "mc_cv" and "mc_is").
         ci_level: level of the Monte Carlo confidence interval.
@@ -98,6 +101,9 @@ class RunSettings:
         download: fetch a missing data set.
         data_root: folder holding the data sets.
         allow_pickle: accept model files that run code when loaded (pickled modules).
+        allow_version_change: resume or extend ``out`` although another probust version wrote
+            its rows (refused by default: the two versions' rows could differ; recorded in the
+            folder's history). A folder in another results format is always refused.
 
     Raises:
         ConfigError: a bad value (one line, starting with the argument's name).
@@ -135,6 +141,7 @@ class RunSettings:
     download: bool = False
     data_root: str | os.PathLike | None = None
     allow_pickle: bool = False
+    allow_version_change: bool = False
 
     def __post_init__(self) -> None:
         for name, value in _checked(self).items():
@@ -152,107 +159,158 @@ class RunSettings:
 
 def _checked(s: RunSettings) -> dict[str, Any]:
     """The normalised value of every argument, checked in the order the arguments are listed
-    (so that the first bad one is reported)."""
+    (so that the first bad one is reported). A value of the wrong type is a ConfigError too."""
+    _check_data(s.data)
+    _check_model(s.model)
     out: dict[str, Any] = {
         "sigmas": _check_sigmas(s.sigmas),
         "methods": _check_methods(s.methods),
-        "mc_samples": _check_counts(s.mc_samples, "mc_samples"),
-        "mmse_samples": _check_counts(s.mmse_samples, "mmse_samples"),
-        "limit": _check_int(s.limit, "limit", 1),
-        "batch_size": _check_int(s.batch_size, "batch_size", 1),
-        "eval_batch_size": _check_int(s.eval_batch_size, "eval_batch_size", 1),
     }
-    try:
-        check_budget(s.memory_budget)
-    except ValueError as exc:
-        raise ConfigError(f"memory_budget: {exc}") from None
-    if s.channels_last is not None and not isinstance(s.channels_last, bool):
-        raise ConfigError(f"channels_last: expected True, False or None (measured), got {s.channels_last!r}")
-    if s.jacobian not in JACOBIANS:
-        raise ConfigError(f"jacobian: expected one of {', '.join(JACOBIANS)}, got {s.jacobian!r}")
+    if s.out is None:
+        raise ConfigError("out: give an output folder")
+    _check_path(s.out, "out")
+    if not isinstance(s.split, str) or (s.split not in ("train", "test") and isinstance(s.data, (str, os.PathLike))):
+        raise ConfigError(f"split: expected train or test, got {s.split!r}")
+    out["mc_samples"] = _check_counts(s.mc_samples, "mc_samples")
+    out["mmse_samples"] = _check_counts(s.mmse_samples, "mmse_samples")
+    out["limit"] = _check_int(s.limit, "limit", 1)
+    out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
+    if not isinstance(s.device, (str, torch.device)):
+        raise ConfigError(f"device: expected cpu, cuda, cuda:N or auto, got {s.device!r}")
+    device_type(s.device)
     if isinstance(s.seed, bool) or not isinstance(s.seed, (int, np.integer)):
         raise ConfigError(f"seed: must be an integer, got {s.seed!r}")
     out["seed"] = int(s.seed)
+    if s.batch_size is None:
+        raise ConfigError("batch_size: must be an integer >= 1, got None")
+    out["batch_size"] = _check_int(s.batch_size, "batch_size", 1)
+    out["eval_batch_size"] = _check_int(s.eval_batch_size, "eval_batch_size", 1)
+    try:
+        check_budget(s.memory_budget)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"memory_budget: {str(exc).removeprefix('memory_budget ')}") from None
+    if not isinstance(s.jacobian, str) or s.jacobian not in JACOBIANS:
+        raise ConfigError(f"jacobian: expected one of {', '.join(JACOBIANS)}, got {s.jacobian!r}")
+    if s.channels_last is not None and not isinstance(s.channels_last, bool):
+        raise ConfigError(f"channels_last: expected True, False or None (measured), got {s.channels_last!r}")
     out["temperature"] = _check_positive(s.temperature, "temperature")
+    _check_choice(s.target, TARGETS, "target")
     out["tol"] = _check_positive(s.tol, "tol")
     ci_level = _check_number(s.ci_level, "ci_level")
     if not 0 < ci_level < 1:
         raise ConfigError(f"ci_level: must be in (0, 1), got {ci_level}")
     out["ci_level"] = ci_level
-    for value, allowed, name in (
-        (s.target, TARGETS, "target"),
-        (s.interval, INTERVALS, "interval"),
-        (s.mmse_sampling, MMSE_SAMPLINGS, "mmse_sampling"),
-    ):
-        if value not in allowed:
-            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
-    if not isinstance(s.p_fail, (bool, np.bool_)):
-        raise ConfigError(f"p_fail: must be True or False, got {s.p_fail!r}")
-    out["p_fail"] = bool(s.p_fail)
+    _check_choice(s.interval, INTERVALS, "interval")
+    _check_choice(s.mmse_sampling, MMSE_SAMPLINGS, "mmse_sampling")
+    out["p_fail"] = _check_bool(s.p_fail, "p_fail")
     mc_half_width = s.mc_half_width
     if mc_half_width is not None:
         mc_half_width = _check_positive(mc_half_width, "mc_half_width")
         if mc_half_width >= 0.5:
             raise ConfigError(f"mc_half_width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
     out["mc_half_width"] = mc_half_width
-    if s.overwrite and s.extend:
+    for name in ("show_progress", "overwrite", "extend", "merge", "download"):
+        out[name] = _check_bool(getattr(s, name), name)
+    if s.data_root is not None:
+        _check_path(s.data_root, "data_root")
+    for name in ("allow_pickle", "allow_version_change"):
+        out[name] = _check_bool(getattr(s, name), name)
+    if out["overwrite"] and out["extend"]:
         raise ConfigError("overwrite=True and extend=True exclude each other")
-    out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
-    device_type(s.device)
-    if s.split not in ("train", "test") and isinstance(s.data, (str, os.PathLike)):
-        raise ConfigError(f"split: expected train or test, got {s.split!r}")
-    if s.out is None:
-        raise ConfigError("out: give an output folder")
     return out
 
 
-def _check_sigmas(sigmas: float | Iterable[float]) -> tuple[float, ...]:
-    values = [sigmas] if isinstance(sigmas, (int, float, str)) else list(sigmas)
+def _check_data(data: Any) -> None:
+    if isinstance(data, (str, os.PathLike)):
+        return
+    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__") or isinstance(data, bytes):
+        raise ConfigError(
+            f"data: expected a data set name or a Dataset with ds[i] -> (x, label) and len(ds), got {data!r}"
+        )
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, (str, os.PathLike, nn.Module)):
+        raise ConfigError(f"model: expected a path to a model file or a torch.nn.Module, got {model!r}")
+
+
+def _check_path(value: Any, name: str) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"{name}: expected a folder (a str or a path), got {value!r}")
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}: must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_choice(value: Any, allowed: Sequence[str], name: str) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+def _items(values: Any, name: str, what: str) -> list[Any]:
+    """A scalar as a one-item list, or the items of a list, tuple, array, ...; anything else is refused."""
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = values.tolist()
+    if isinstance(values, (str, int, float, np.number)):
+        return [values]
+    if isinstance(values, (bytes, dict)) or not isinstance(values, Iterable):
+        raise ConfigError(f"{name}: expected {what} or a list of them, got {values!r}")
+    return list(values)
+
+
+def _check_sigmas(sigmas: Any) -> tuple[float, ...]:
+    values = _items(sigmas, "sigmas", "a noise level")
     if not values:
         raise ConfigError("sigmas: give at least one noise level")
     out = []
     for v in values:
-        try:
-            s = float(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"sigmas: {v!r} is not a number") from None
+        s = _check_number(v, "sigmas", f"{v!r} is not a number")
         if not np.isfinite(s) or s <= 0:
             raise ConfigError(f"sigmas: noise levels must be positive finite numbers, got {v}")
         out.append(s)
     return tuple(sorted(set(out)))
 
 
-def _check_methods(methods: str | Iterable[str]) -> tuple[str, ...]:
-    values = [methods] if isinstance(methods, str) else list(methods)
+def _check_methods(methods: Any) -> tuple[str, ...]:
+    values = _items(methods, "methods", "a method name")
     if not values:
         raise ConfigError("methods: give at least one method")
-    unknown = [m for m in values if m not in METHODS]
+    unknown = [m for m in values if not isinstance(m, str) or m not in METHODS]
     if unknown:
         raise ConfigError(f"methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     return tuple(m for m in METHODS if m in values)
 
 
-def _check_counts(values: int | Iterable[int], name: str) -> tuple[int, ...]:
-    values = [values] if isinstance(values, (int, str)) else list(values)
-    if not values:
+def _check_counts(values: Any, name: str) -> tuple[int, ...]:
+    items = _items(values, name, "a sample count")
+    if not items:
         raise ConfigError(f"{name}: give at least one sample count")
     out = []
-    for v in values:
+    for v in items:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, str, np.number)):
+            raise ConfigError(f"{name}: {v!r} is not an integer")
         try:
             n = int(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{name}: {v!r} is not an integer") from None
-        if isinstance(v, float) and v != n or n < 1:
+        if isinstance(v, (float, np.floating)) and v != n or n < 1:
             raise ConfigError(f"{name}: sample counts must be integers >= 1, got {v}")
         out.append(n)
     return tuple(sorted(set(out)))
 
 
-def _check_number(value: Any, name: str) -> float:
+def _check_number(value: Any, name: str, message: str = "") -> float:
+    """``value`` as a float: a number (not a bool) or a string holding one (as the CLI gives)."""
+    bad = message or f"{value!r} is not a number"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, str, np.number)):
+        raise ConfigError(f"{name}: {bad}")
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name}: {bad}") from None
 
 
 def _check_positive(value: float, name: str) -> float:

@@ -72,10 +72,16 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
     if not isinstance(data, (str, os.PathLike)):
         if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
             raise ConfigError(
-                f"data must be a data set name or a Dataset with ds[i] -> (x, label), got {type(data).__name__}"
+                f"data: must be a data set name or a Dataset with ds[i] -> (x, label), got {type(data).__name__}"
             )
         if len(data) == 0:
             raise ConfigError("data: the data set is empty")
+        try:
+            batch(data, np.arange(1, dtype=np.int64))
+        except Exception as exc:
+            raise ConfigError(
+                f"data: cannot read ds[0] as (x, label) ({type(exc).__name__}: {first_line(exc)})"
+            ) from None
         return data
     from probust import data as pdata
 
@@ -196,7 +202,7 @@ def load_model(
                 notes.append(f"the model was trained on {trained_on}, it is scored on {ds.name}")
         info = {"source": str(path.resolve()), "meta": config_value(meta), "sha256": sha256_file(path)}
     else:
-        raise ConfigError(f"model must be a path to a model file or a torch.nn.Module, got {type(model).__name__}")
+        raise ConfigError(f"model: must be a path to a model file or a torch.nn.Module, got {type(model).__name__}")
     _probe(module, ds, device, shape, classes)
     return module, info, notes
 
