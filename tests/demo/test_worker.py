@@ -33,3 +33,26 @@ def test_the_robust_loss_ramps_up_over_a_fraction_of_the_training_steps(tmp_path
         and loss.max_points == cfg.robust_max_points
     )
     assert loss.warmup_steps == round(0.5 * steps) and seen["grad_reg"] == 0
+
+
+def test_a_results_folder_another_probust_version_wrote_is_recomputed_not_extended(tmp_path):
+    """The runner refuses to extend a folder another version wrote into; the demo must then
+    recompute the folder (overwrite) rather than fail on its next run."""
+    import json
+
+    import probust
+    from probust.demo.worker import _written_by_this_version
+    from probust.run import FORMAT, FORMAT_VERSION
+
+    assert _written_by_this_version(tmp_path / "new")  # nothing scored yet: nothing to recompute
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "probust_version": probust.__version__,
+        "history": [{"probust_version": probust.__version__}],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _written_by_this_version(tmp_path)
+    config["history"].append({"probust_version": "0.0.1"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert not _written_by_this_version(tmp_path)

@@ -154,9 +154,9 @@ def test_a_history_entry_of_another_version_is_refused_too(tmp_path, tiny_data, 
     out = tmp_path / "r"
     execute(prepare(settings(out, tiny_data, tiny_model)))
     config = read_config(out)
-    config["history"][0]["probust_version"] = "0.2.0"
+    config["history"][0]["probust_version"] = "0.1.5"
     ResultStore(out).write_config(config)
-    with pytest.raises(ConfigMismatchError, match=r"written by probust 0\.2\.0, this is probust"):
+    with pytest.raises(ConfigMismatchError, match=r"written by probust 0\.1\.5, this is probust"):
         prepare(settings(out, tiny_data, tiny_model))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from probust._io import sha256_file
@@ -12,6 +13,21 @@ from probust.demo.settings import DemoConfig
 from probust.demo.specs import GRID_FILE, ModelSpec, grid_key
 
 __all__ = ["run_model"]
+
+
+def _written_by_this_version(results: Path) -> bool:
+    """Whether only this probust version wrote into ``results`` (the runner refuses to extend a
+    folder another version wrote into: the demo then recomputes it instead)."""
+    from probust import __version__
+    from probust.run import read_results_config
+
+    try:
+        config = read_results_config(results)
+    except (OSError, ValueError):
+        return False
+    if config is None:
+        return True  # nothing scored yet
+    return all(v == __version__ for v in (config.probust_version, *(h.probust_version for h in config.history)))
 
 
 def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str], None] | None) -> dict[str, Any]:
@@ -77,7 +93,7 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
     results = spec.results
     grid = grid_key(cfg, spec, sha256_file(ckpt), len(test_ds))
     grid_file = results / GRID_FILE
-    same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid
+    same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid and _written_by_this_version(results)
     if not same:  # written first, so that an interrupted demo resumes the same grid
         results.mkdir(parents=True, exist_ok=True)
         grid_file.write_text(json.dumps(grid, indent=1) + "\n")
