@@ -298,7 +298,7 @@ def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, 
     part.write_bytes(b"not parquet")  # only disk trouble does this: parts are renamed into place whole
     assert estimate(*args) == 1
     err = capsys.readouterr().err
-    assert part.name in err and "delete it and run again" in err and err.count("\n") == 1
+    assert part.name in err and "delete it) and run the same command again" in err and err.count("\n") == 1
 
 
 # -- interruption ---------------------------------------------------------------------------------

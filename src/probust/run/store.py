@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probust._io import atomic_write_bytes
+from probust._io import atomic_write_bytes, first_line
 from probust.run.files import (
     CONFIG_META_KEY,
     KEY,
@@ -59,6 +59,7 @@ __all__ = [
     "SCHEMA",
     "FolderLockedError",
     "ResultStore",
+    "ResultsWriteError",
     "make_table",
     "merge",
     "read_config",
@@ -77,6 +78,18 @@ _LOCK_NAME = ".lock"
 
 class FolderLockedError(RuntimeError):
     """Another process holds the results folder's lock."""
+
+
+class ResultsWriteError(OSError):
+    """A file of a results folder could not be written (a full disk, a quota, an I/O error).
+
+    The file was written whole or not at all, so the folder is as it was before the attempt:
+    every row already stored reads, and the same run started again computes the rest.
+    ``errno`` and ``strerror`` are the failure's.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ResultStore:
@@ -179,6 +192,23 @@ class ResultStore:
         finally:
             self.release_lock()
 
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Turn an OSError while writing ``path`` into a one-line :class:`ResultsWriteError`
+        naming the folder."""
+        try:
+            yield
+        except ResultsWriteError:
+            raise
+        except OSError as exc:
+            where = path.relative_to(self.path) if path.is_relative_to(self.path) else path
+            error = ResultsWriteError(
+                f"cannot write to {self.path} ({exc.strerror or first_line(exc)}, writing {where}); the rows "
+                "already there are kept: make room (or fix the disk) and run the same command again for the rest"
+            )
+            error.errno, error.strerror = exc.errno, exc.strerror
+            raise error from exc
+
     # -- configuration -----------------------------------------------------------------------
 
     def read_config(self) -> dict[str, Any] | None:
@@ -193,8 +223,13 @@ class ResultStore:
             raise ValueError(f"{self.config_path} is not valid JSON ({exc})") from None
 
     def write_config(self, config: dict[str, Any]) -> None:
-        """Write ``config.json`` atomically."""
-        atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
+        """Write ``config.json`` atomically.
+
+        Raises:
+            ResultsWriteError: it could not be written (the old one is then intact).
+        """
+        with self._writing(self.config_path):
+            atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -210,6 +245,9 @@ class ResultStore:
 
         Returns:
             The path of the part.
+
+        Raises:
+            ResultsWriteError: it could not be written (nothing is then left of it).
         """
         table = make_table(columns)
         if metadata is not None:
@@ -217,7 +255,8 @@ class ResultStore:
         path = self.parts_dir / f"{name}.parquet"
         if path.exists():  # never overwrite rows that are already there
             path = self.parts_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.parquet"
-        atomic_write_table(path, table)
+        with self._writing(path):
+            atomic_write_table(path, table)
         return path
 
     def _read(self, columns: Sequence[str] | None) -> pa.Table:
@@ -261,6 +300,9 @@ class ResultStore:
         Args:
             config: kept in the file's metadata; default ``config.json``.
             frame: every row, as :meth:`read` just gave it (saves reading the folder again).
+
+        Raises:
+            ResultsWriteError: ``results.parquet`` could not be written (the parts are then kept).
         """
         files = self.data_files()
         parts = [p for p in files if p != self.merged_path]
@@ -271,8 +313,9 @@ class ResultStore:
         config = config if config is not None else self.read_config()
         if config is not None:
             table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(config).encode()})
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_table(self.merged_path, table)
+        with self._writing(self.merged_path):
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write_table(self.merged_path, table)
         # Only now that every row is safely in results.parquet may the parts go; a kill in
         # between leaves duplicates, which readers drop.
         for p in parts:
