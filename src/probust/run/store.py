@@ -6,11 +6,15 @@ A results folder holds::
       config.json        the run's configuration (data, model hash, grid, seed, versions), once
       parts/*.parquet    one file per completed work unit, each appearing atomically
       results.parquet    all rows in one file, after :func:`merge` (parts are then removed)
-      .lock              held by the process writing into the folder
+      .lock              held by the process writing into the folder (released by the
+                         operating system when that process ends, even by SIGKILL)
 
 Every part is written to a hidden temporary name in ``parts/``, flushed to disk and then
 ``os.replace``d into place, so a reader (or a resumed run) sees a whole part or none of it,
-whatever kills the writer. :func:`read_results` reads either layout, or both at once.
+whatever kills the writer; a write that fails (a full disk) raises :class:`ResultsWriteError`
+naming the folder and leaves it as it was. Each data page carries a checksum, so a file
+damaged later is refused by name rather than read with other numbers. :func:`read_results`
+reads either layout, or both at once.
 
 The folder's ``config.json`` says which run made the rows; it is marked ``"format":``
 :data:`FORMAT` (version :data:`FORMAT_VERSION`). :func:`read_config` gives it as written (a
@@ -378,7 +382,10 @@ def read_results(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a results file is damaged.
+        ValueError: a results file is damaged (unreadable, truncated, a page whose checksum
+            does not match, a column of another type, a row without its key); the message names
+            it and says what to do (move it away and run the same command again, which
+            computes its rows again). No file is skipped: the table is whole or refused.
     """
     path = Path(path)
     if path.is_file():
