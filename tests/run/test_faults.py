@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from probust.data import ImageDataset
-from probust.run import run_estimate
-from probust.run.store import ResultStore, ResultsWriteError, read_results
+from probust.run import ConfigError, run_estimate
+from probust.run.store import ResultStore, ResultsWriteError, read_config, read_results
 
 # Every kind of row: Monte Carlo, the QMC mvn-cdf methods, the control variate, p_fail.
 METHODS = ["mc", "taylor", "mmse", "mc_cv", "softmax"]
@@ -153,6 +153,16 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_same_call_completes_the
     assert not list((out / "parts").iterdir()) and _temporaries(out) == []
 
 
+def test_a_full_disk_before_any_work_is_an_error_about_out(tmp_path, monkeypatch, uninterrupted):
+    out = tmp_path / "r"
+    _inject(monkeypatch, "replace", _Fault("config.json", 1))  # the history's start
+    with pytest.raises(ConfigError, match=rf"^out: cannot write {out}/config.json \(No space left on device\)$"):
+        run(out)
+    monkeypatch.undo()
+    assert _temporaries(out) == [] and len(read_results(out)) == 0
+    assert run(out).drop(columns="seconds").equals(uninterrupted)
+
+
 def test_a_failed_rename_keeps_the_old_file_and_the_parts(tmp_path, monkeypatch, uninterrupted):
     # The merge's results.parquet replaces an older one (an extended folder): a failure leaves
     # the old one and every part, so no row is lost in between.
@@ -192,6 +202,13 @@ def _index_as_float(path: Path) -> None:
     pq.write_table(table.set_column(i, "index", table.column("index").cast(pa.float64())), path)
 
 
+def _sigma_left_empty(path: Path) -> None:
+    table = pq.read_table(path)
+    i = table.column_names.index("sigma")
+    sigma = table.column("sigma").to_pylist()
+    pq.write_table(table.set_column(i, "sigma", pa.array([None, *sigma[1:]], pa.float64())), path)
+
+
 def _flip_a_byte_of_p(path: Path) -> None:
     # The last byte of the p column's chunk lies in its data page, which the page's CRC covers.
     # (Without page checksums many single-byte changes in a part read back as other numbers,
@@ -210,6 +227,7 @@ DAMAGE = {
     "garbage": (_garbage, "cannot read it"),
     "p as text": (_p_as_text, "p is string, not double"),
     "index as float": (_index_as_float, "index is double, not int64"),
+    "sigma left empty": (_sigma_left_empty, "rows without sigma"),
     "flipped byte": (_flip_a_byte_of_p, "cannot read it: .*(CRC|checksum)"),
 }
 
@@ -231,6 +249,8 @@ def test_a_damaged_part_is_refused_by_name_on_read_and_on_resume_and_nothing_els
         read_results(out)
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match=expected):
+        read_results(victim)  # the file alone too
+    with pytest.raises(ValueError, match=expected):
         run(out)  # the resume stops before computing anything
     assert {p: _digest(p) for p in others} == others  # the rest of the table is kept as it was
     assert sorted((out / "parts").glob("*.parquet")) == parts and _temporaries(out) == []
@@ -239,6 +259,18 @@ def test_a_damaged_part_is_refused_by_name_on_read_and_on_resume_and_nothing_els
     victim.rename(tmp_path / victim.name)
     assert len(read_results(out)) == len(uninterrupted) - 4
     assert run(out).drop(columns="seconds").equals(uninterrupted)
+
+
+def test_a_damaged_merged_file_is_named_by_read_config_and_read_results(tmp_path):
+    out = tmp_path / "r"
+    run(out, limit=4, methods=["softmax"])
+    merged = out / "results.parquet"
+    _garbage(merged)
+    for read in (read_config, read_results):
+        with pytest.raises(ValueError, match=rf"results file {merged} is damaged \(cannot read"):
+            read(merged)
+    with pytest.raises(ValueError, match=rf"results file {merged} is damaged"):
+        read_results(out)
 
 
 def test_files_from_other_parquet_writers_with_equivalent_types_are_read(tmp_path, uninterrupted):

@@ -46,6 +46,7 @@ from probust.run.files import (
     OPTIONAL_COLUMNS,
     SCHEMA,
     atomic_write_table,
+    damaged,
     is_data_file,
     make_table,
     read_table_file,
@@ -396,11 +397,18 @@ def read_results(path: str | os.PathLike) -> Any:
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The configuration of a results folder (``config.json``) or of a merged Parquet file."""
+    """The configuration of a results folder (``config.json``) or of a merged Parquet file.
+
+    Raises:
+        ValueError: the file is damaged (named in the message).
+    """
     path = Path(path)
     if path.is_file():
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
+        try:
+            meta = pq.read_schema(path).metadata or {}
+            return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
+        except Exception as exc:  # a damaged file: name it, as read_results does
+            raise damaged(path, f"cannot read its configuration: {first_line(exc)}") from None
     return ResultStore(path).read_config()
 
 
