@@ -351,21 +351,27 @@ def test_a_damaged_part_file_is_named_with_exit_status_1(checkpoints, tmp_path, 
     part.write_bytes(b"not parquet")  # only disk trouble does this: parts are renamed into place whole
     assert estimate(*args) == 1
     err = capsys.readouterr().err
-    assert part.name in err and "delete it and run again" in err and err.count("\n") == 1
+    assert part.name in err and "delete it) and run the same command again" in err and err.count("\n") == 1
 
 
 # -- interruption ---------------------------------------------------------------------------------
 
-# Long enough that the signal lands mid-run even when the test process is descheduled on a busy
-# machine: with 300 draws the 40 parts took 0.35 s after the first and a SIGINT once arrived too
-# late (exit 0); with 3,000 they take ~3 s.
+# Every kind of row: Monte Carlo, the QMC mvn-cdf methods (taylor, mmse), the control variate
+# (mc_cv) and --p-fail. The kill lands once the first mmse part is there, so rows of every kind
+# are computed both before and after it. Long enough that the signal lands mid-run even when the
+# test process is descheduled on a busy machine: with 3,000 draws the parts after the first mmse
+# one take ~3 s on the linear model (with 300 draws a SIGINT once arrived too late: exit 0).
 KILL_ARGS = [
     "--sigma",
     "0.1",
     "0.3",
     "--methods",
     "mc",
+    "taylor",
+    "mmse",
+    "mc_cv",
     "softmax",
+    "--p-fail",
     "--mc-samples",
     "3000",
     "--limit",
@@ -382,7 +388,7 @@ KILL_ARGS = [
 def _start(checkpoints, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "probust", "estimate", *base(checkpoints["cnn"], out, *KILL_ARGS)],
+        [sys.executable, "-m", "probust", "estimate", *base(checkpoints["linear"], out, *KILL_ARGS)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -393,9 +399,9 @@ def _start(checkpoints, out: Path) -> subprocess.Popen:
     )
 
 
-def _wait_for_parts(proc: subprocess.Popen, out: Path, count: int) -> None:
+def _wait_for_parts(proc: subprocess.Popen, out: Path, count: int, pattern: str = "*.parquet") -> None:
     deadline = time.monotonic() + 120
-    while len(list((out / "parts").glob("*.parquet"))) < count:
+    while len(list((out / "parts").glob(pattern))) < count:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no part files appeared"
         time.sleep(0.005)
@@ -404,7 +410,7 @@ def _wait_for_parts(proc: subprocess.Popen, out: Path, count: int) -> None:
 def _uninterrupted(checkpoints, tmp_path):
     torch.set_num_threads(1)  # as in the killed subprocess, so float rounding is the same
     try:
-        assert estimate(*base(checkpoints["cnn"], tmp_path / "reference", *KILL_ARGS)) == 0
+        assert estimate(*base(checkpoints["linear"], tmp_path / "reference", *KILL_ARGS)) == 0
     finally:
         torch.set_num_threads(os.cpu_count() or 1)
     return read_results(tmp_path / "reference").drop(columns="seconds")
@@ -416,7 +422,7 @@ def _uninterrupted(checkpoints, tmp_path):
 def test_a_killed_run_resumes_to_the_identical_table(checkpoints, tmp_path, sig):
     out = tmp_path / "killed"
     proc = _start(checkpoints, out)
-    _wait_for_parts(proc, out, 3)
+    _wait_for_parts(proc, out, 1, "mmse-*.parquet")
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
     if sig == signal.SIGINT:
@@ -424,13 +430,15 @@ def test_a_killed_run_resumes_to_the_identical_table(checkpoints, tmp_path, sig)
     else:
         assert proc.returncode == -signal.SIGKILL
     partial = read_results(out)  # readable as it was left
-    total = 40 * 2 * 2
+    total = 40 * 2 * 5
     assert 0 < len(partial) < total, "the run finished before it was killed: make it longer"
+    assert {"mc", "taylor", "mmse"} <= set(partial.method)
     assert not (out / "results.parquet").exists()
 
-    assert estimate(*base(checkpoints["cnn"], out, *KILL_ARGS)) == 0  # the same command again
+    assert estimate(*base(checkpoints["linear"], out, *KILL_ARGS)) == 0  # the same command again
     resumed = read_results(out).drop(columns="seconds")
     assert len(resumed) == total
+    assert resumed.p_fail.notna().sum() == 40 * 2 * 2 and resumed.cv_beta.notna().sum() == 40 * 2
     assert resumed.equals(_uninterrupted(checkpoints, tmp_path))
     assert [p for p in (out / "parts").iterdir()] == []  # merged; temporaries cleaned
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,9 +55,13 @@ ARGS = [
     "0.3",
     "--methods",
     "mc",
+    "taylor",
+    "mmse",
+    "mc_cv",
     "taylor_mvs",
     "mmse_mvs",
     "softmax",
+    "--p-fail",
     "--mc-samples",
     "50",
     "--mmse-samples",
@@ -70,11 +76,13 @@ ARGS = [
 ]
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
+def _torchrun_command(*args: str, script: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """torchrun with two CPU workers running ``probust estimate *args`` (or ``script *args``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    cmd = [
+    program = [str(script), "estimate"] if script is not None else ["-m", "probust", "estimate"]
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -88,32 +96,45 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
         "127.0.0.1:0",
         "--max-restarts",
         "0",
-        "-m",
-        "probust",
-        "estimate",
+        *program,
         *args,
-    ]
+    ], env
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    cmd, env = _torchrun_command(*args)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _checkpoint(folder: Path) -> Path:
+    torch.manual_seed(0)
+    return models.save_checkpoint(folder / "cnn.pt", models.build("cnn", 10, (1, 8, 8)), {"dataset": "digits"})
+
+
+def _one_process(model: Path, out: Path):
+    """The uninterrupted single-process table (one thread, as each torchrun worker)."""
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun worker, so float rounding is the same
+    try:
+        assert main(["estimate", *ARGS, "--model", str(model), "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(default)
+    return read_results(out).drop(columns="seconds")
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_give_the_single_process_table(tmp_path):
-    torch.manual_seed(0)
-    model = models.save_checkpoint(tmp_path / "cnn.pt", models.build("cnn", 10, (1, 8, 8)), {"dataset": "digits"})
+    model = _checkpoint(tmp_path)
     out = tmp_path / "two"
     done = _torchrun(*ARGS, "--model", str(model), "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_config(out)["history"][-1]["world_size"] == 2
     assert not list((out / "parts").glob("*.parquet"))  # rank 0 merged every rank's parts
 
-    torch.set_num_threads(1)  # as each torchrun worker, so float rounding is the same
-    try:
-        assert main(["estimate", *ARGS, "--model", str(model), "--out", str(tmp_path / "one")]) == 0
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
-    one = read_results(tmp_path / "one").drop(columns="seconds")
+    one = _one_process(model, tmp_path / "one")
     two = read_results(out).drop(columns="seconds")
-    assert len(two) == 20 * 2 * 4
+    assert len(two) == 20 * 2 * 7
+    assert two.p_fail.notna().sum() == 20 * 2 * 4 and two.cv_beta.notna().sum() == 20 * 2
     assert two.equals(one)
 
     # A configuration error found by rank 0 alone stops both ranks (nobody waits forever).
@@ -149,3 +170,57 @@ def test_a_tie_on_one_rank_stops_both_before_any_estimate(tmp_path):
         refused.stderr
     )
     assert not list((out / "parts").glob("*.parquet"))
+
+
+# probust estimate, with rank 1 stopped for good after its second part (it tells its pid), so the
+# test kills it mid-run however loaded the machine.
+_STALL_RANK_1 = """
+import os, sys, time
+import probust.run.store as store
+if os.environ["RANK"] == "1":
+    write_part, written = store.ResultStore.write_part, []
+    def stall_after_two(self, *args, **kwargs):
+        if len(written) == 2:
+            with open(os.environ["RANK_1_PID"], "w") as f:
+                f.write(str(os.getpid()))
+            while True:
+                time.sleep(1)
+        written.append(1)
+        return write_part(self, *args, **kwargs)
+    store.ResultStore.write_part = stall_after_two
+from probust.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_resumed_by_the_same_command_to_the_single_process_table(tmp_path):
+    model = _checkpoint(tmp_path)
+    out = tmp_path / "two"
+    script = tmp_path / "stall_rank_1.py"
+    script.write_text(_STALL_RANK_1)
+    pid_file = tmp_path / "rank1.pid"
+    cmd, env = _torchrun_command(*ARGS, "--model", str(model), "--out", str(out), script=script)
+    job = subprocess.Popen(
+        cmd, env={**env, "RANK_1_PID": str(pid_file)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not pid_file.exists() or not pid_file.read_text():
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "rank 1 never wrote its parts"
+            time.sleep(0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _, err = job.communicate(timeout=120)  # torchrun stops rank 0 and fails
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode != 0, err[-3000:]
+    partial = read_results(out)
+    assert 0 < len(partial) < 20 * 2 * 7 and not (out / "results.parquet").exists()
+
+    done = _torchrun(*ARGS, "--model", str(model), "--out", str(out))  # the same command again
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list((out / "parts").iterdir())  # merged; the dead rank's temporaries cleaned
+    assert read_results(out).drop(columns="seconds").equals(_one_process(model, tmp_path / "one"))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import io
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from probust import _io
 from probust.run import store
 from probust.run.store import KEY, SCHEMA, FolderLockedError, ResultStore, read_config, read_results
 
@@ -145,11 +146,48 @@ def test_clear_removes_only_what_probust_wrote(folder):
     assert folder.read_config() is None
 
 
-def test_config_is_written_atomically_and_is_world_readable(folder):
+def test_an_exception_mid_write_leaves_the_old_config_and_merged_file_intact(folder, monkeypatch):
+    import pyarrow.parquet as pq
+
     folder.write_config({"a": 1})
-    assert json.loads(folder.config_path.read_text()) == {"a": 1}
-    assert folder.config_path.stat().st_mode & 0o044
-    assert [p.name for p in folder.path.iterdir() if p.name.endswith(".tmp")] == []
+    folder.write_part("a", _columns([0, 1]))
+    folder.merge()
+    folder.write_part("b", _columns([2, 3]))
+    config_before, merged_before = folder.config_path.read_bytes(), folder.merged_path.read_bytes()
+    real_write_table = pq.write_table
+
+    class Boom(Exception):
+        pass
+
+    def half_then_fail(f, data: bytes):
+        f.write(data[: len(data) // 2])
+        f.flush()
+        raise Boom
+
+    # config.json: the new text is half written when the writer fails
+    monkeypatch.setattr(
+        store, "atomic_write_bytes", lambda path, data: _io.atomic_write(path, lambda f: half_then_fail(f, data))
+    )
+    with pytest.raises(Boom):
+        folder.write_config({"a": 2, "padding": "x" * 1000})
+
+    # results.parquet: the merge fails halfway through the new file
+    def write_table(table, f, **kwargs):
+        buffer = io.BytesIO()
+        real_write_table(table, buffer, **kwargs)
+        half_then_fail(f, buffer.getvalue())
+
+    monkeypatch.setattr(pq, "write_table", write_table)
+    with pytest.raises(Boom):
+        folder.merge()
+    monkeypatch.undo()
+
+    assert folder.config_path.read_bytes() == config_before and folder.read_config() == {"a": 1}
+    assert folder.merged_path.read_bytes() == merged_before
+    assert [p.name for p in folder.path.rglob("*.tmp")] == []
+    assert read_results(folder.path)["index"].tolist() == [0, 1, 2, 3]  # the part was kept too
+    folder.write_config({"a": 3})  # and the next write goes through, readable by everyone
+    assert folder.read_config() == {"a": 3} and folder.config_path.stat().st_mode & 0o044
 
 
 def _old_table(columns: dict):

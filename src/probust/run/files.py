@@ -22,6 +22,7 @@ __all__ = [
     "OPTIONAL_COLUMNS",
     "SCHEMA",
     "atomic_write_table",
+    "damaged",
     "is_data_file",
     "make_table",
     "read_table_file",
@@ -68,32 +69,81 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linear
 
 
 def atomic_write_table(path: Path, table: pa.Table) -> None:
-    """Write a Parquet file (zstd) whole or not at all (:func:`probust._io.atomic_write`)."""
-    atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
+    """Write a Parquet file (zstd) whole or not at all (:func:`probust._io.atomic_write`).
+
+    Every data page carries a CRC32 of its bytes, which :func:`read_table_file` checks: a file
+    damaged after it was written (a disk error, a byte changed by hand) is refused rather than
+    read with wrong numbers. Other Parquet readers ignore the checksums.
+    """
+    atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd", write_page_checksum=True))
 
 
 def is_data_file(path: Path) -> bool:
     return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
 
 
+def _type_fits(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether a column stored as ``found`` holds what :data:`SCHEMA` says, without conversion
+    of its kind: integers for an int64 column, floats for a float64 one, text for a string one
+    (in any width or encoding another Parquet writer may choose), or all nulls."""
+    if pa.types.is_null(found):
+        return True
+    if pa.types.is_dictionary(found):
+        found = found.value_type
+    if pa.types.is_integer(expected):
+        return pa.types.is_integer(found)
+    if pa.types.is_floating(expected):
+        return pa.types.is_floating(found)
+    return pa.types.is_string(found) or pa.types.is_large_string(found) or str(found) == "string_view"
+
+
+def damaged(path: Path, reason: str) -> ValueError:
+    """The error for a results file that cannot be trusted: it names the file and the remedy."""
+    return ValueError(
+        f"results file {path} is damaged ({reason}); move it out of the folder (or delete it) and run the same "
+        "command again to compute its rows again"
+    )
+
+
 def read_table_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    """One results file's rows in :data:`SCHEMA`'s columns (all, or ``columns``).
+
+    Raises:
+        FileNotFoundError: the file is gone (a merge removed it meanwhile).
+        ValueError: the file is damaged (unreadable, a page checksum that does not match, a
+            column of another type, a row without its key) or is not a probust results file;
+            the message names it.
+    """
     schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
     try:
-        with pq.ParquetFile(path) as parquet:
-            present = set(parquet.schema_arrow.names)
-            table = parquet.read(columns=[c for c in schema.names if c in present])
+        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+            stored = parquet.schema_arrow
+            table = parquet.read(columns=[c for c in schema.names if c in stored.names])
     except FileNotFoundError:
         raise
-    except Exception as exc:  # a damaged file (only possible after disk trouble): name it
-        raise ValueError(f"cannot read results file {path}: {first_line(exc)}; delete it and run again") from None
-    absent = [name for name in schema.names if name not in present]
+    except Exception as exc:  # disk trouble or a hand edit: name the file
+        raise damaged(path, f"cannot read it: {first_line(exc)}") from None
+    absent = [name for name in schema.names if name not in stored.names]
     required = [name for name in absent if name not in OPTIONAL_COLUMNS]
     if required:
         raise ValueError(f"results file {path} lacks the columns {required}; it was not written by probust")
+    wrong = [
+        f"{name} is {stored.field(name).type}, not {SCHEMA.field(name).type}"
+        for name in schema.names
+        if name in stored.names and not _type_fits(stored.field(name).type, SCHEMA.field(name).type)
+    ]
+    if wrong:
+        raise damaged(path, "; ".join(wrong))
+    nulls = [name for name in KEY if name in table.column_names and table.column(name).null_count]
+    if nulls:
+        raise damaged(path, f"rows without {', '.join(nulls)}")
     # A file written before the optional columns existed: they are null in its rows.
     for name in absent:
         table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
-    return table.select(schema.names).cast(schema).replace_schema_metadata(None)
+    try:
+        return table.select(schema.names).cast(schema).replace_schema_metadata(None)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise damaged(path, first_line(exc)) from None
 
 
 def make_table(columns: dict[str, Any]) -> pa.Table:

@@ -238,7 +238,8 @@ def claim_folder(
         store.create()
         probe = store.parts_dir / f".write-test-{os.getpid()}.tmp"
         probe.write_bytes(b"")
-        probe.unlink()
+        # missing_ok: a run holding the folder may clean temporaries meanwhile
+        probe.unlink(missing_ok=True)
     except OSError as exc:
         raise ConfigError(f"out: cannot write to {path} ({exc.strerror or first_line(exc)})") from None
     try:

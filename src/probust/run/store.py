@@ -6,11 +6,15 @@ A results folder holds::
       config.json        the run's configuration (data, model hash, grid, seed, versions), once
       parts/*.parquet    one file per completed work unit, each appearing atomically
       results.parquet    all rows in one file, after :func:`merge` (parts are then removed)
-      .lock              held by the process writing into the folder
+      .lock              held by the process writing into the folder (released by the
+                         operating system when that process ends, even by SIGKILL)
 
 Every part is written to a hidden temporary name in ``parts/``, flushed to disk and then
 ``os.replace``d into place, so a reader (or a resumed run) sees a whole part or none of it,
-whatever kills the writer. :func:`read_results` reads either layout, or both at once.
+whatever kills the writer; a write that fails (a full disk) raises :class:`ResultsWriteError`
+naming the folder and leaves it as it was. Each data page carries a checksum, so a file
+damaged later is refused by name rather than read with other numbers. :func:`read_results`
+reads either layout, or both at once.
 
 The folder's ``config.json`` says which run made the rows; it is marked ``"format":``
 :data:`FORMAT` (version :data:`FORMAT_VERSION`). :func:`read_config` gives it as written (a
@@ -35,13 +39,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probust._io import atomic_write_bytes
+from probust._io import atomic_write_bytes, first_line
 from probust.run.files import (
     CONFIG_META_KEY,
     KEY,
     OPTIONAL_COLUMNS,
     SCHEMA,
     atomic_write_table,
+    damaged,
     is_data_file,
     make_table,
     read_table_file,
@@ -59,6 +64,7 @@ __all__ = [
     "SCHEMA",
     "FolderLockedError",
     "ResultStore",
+    "ResultsWriteError",
     "make_table",
     "merge",
     "read_config",
@@ -77,6 +83,18 @@ _LOCK_NAME = ".lock"
 
 class FolderLockedError(RuntimeError):
     """Another process holds the results folder's lock."""
+
+
+class ResultsWriteError(OSError):
+    """A file of a results folder could not be written (a full disk, a quota, an I/O error).
+
+    The file was written whole or not at all, so the folder is as it was before the attempt:
+    every row already stored reads, and the same run started again computes the rest.
+    ``errno`` and ``strerror`` are the failure's.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ResultStore:
@@ -179,6 +197,23 @@ class ResultStore:
         finally:
             self.release_lock()
 
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Turn an OSError while writing ``path`` into a one-line :class:`ResultsWriteError`
+        naming the folder."""
+        try:
+            yield
+        except ResultsWriteError:
+            raise
+        except OSError as exc:
+            where = path.relative_to(self.path) if path.is_relative_to(self.path) else path
+            error = ResultsWriteError(
+                f"cannot write to {self.path} ({exc.strerror or first_line(exc)}, writing {where}); the rows "
+                "already there are kept: make room (or fix the disk) and run the same command again for the rest"
+            )
+            error.errno, error.strerror = exc.errno, exc.strerror
+            raise error from exc
+
     # -- configuration -----------------------------------------------------------------------
 
     def read_config(self) -> dict[str, Any] | None:
@@ -193,8 +228,13 @@ class ResultStore:
             raise ValueError(f"{self.config_path} is not valid JSON ({exc})") from None
 
     def write_config(self, config: dict[str, Any]) -> None:
-        """Write ``config.json`` atomically."""
-        atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
+        """Write ``config.json`` atomically.
+
+        Raises:
+            ResultsWriteError: it could not be written (the old one is then intact).
+        """
+        with self._writing(self.config_path):
+            atomic_write_bytes(self.config_path, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -210,6 +250,9 @@ class ResultStore:
 
         Returns:
             The path of the part.
+
+        Raises:
+            ResultsWriteError: it could not be written (nothing is then left of it).
         """
         table = make_table(columns)
         if metadata is not None:
@@ -217,7 +260,8 @@ class ResultStore:
         path = self.parts_dir / f"{name}.parquet"
         if path.exists():  # never overwrite rows that are already there
             path = self.parts_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.parquet"
-        atomic_write_table(path, table)
+        with self._writing(path):
+            atomic_write_table(path, table)
         return path
 
     def _read(self, columns: Sequence[str] | None) -> pa.Table:
@@ -261,6 +305,9 @@ class ResultStore:
         Args:
             config: kept in the file's metadata; default ``config.json``.
             frame: every row, as :meth:`read` just gave it (saves reading the folder again).
+
+        Raises:
+            ResultsWriteError: ``results.parquet`` could not be written (the parts are then kept).
         """
         files = self.data_files()
         parts = [p for p in files if p != self.merged_path]
@@ -271,8 +318,9 @@ class ResultStore:
         config = config if config is not None else self.read_config()
         if config is not None:
             table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(config).encode()})
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_table(self.merged_path, table)
+        with self._writing(self.merged_path):
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write_table(self.merged_path, table)
         # Only now that every row is safely in results.parquet may the parts go; a kill in
         # between leaves duplicates, which readers drop.
         for p in parts:
@@ -335,7 +383,10 @@ def read_results(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a results file is damaged.
+        ValueError: a results file is damaged (unreadable, truncated, a page whose checksum
+            does not match, a column of another type, a row without its key); the message names
+            it and says what to do (move it away and run the same command again, which
+            computes its rows again). No file is skipped: the table is whole or refused.
     """
     path = Path(path)
     if path.is_file():
@@ -346,11 +397,18 @@ def read_results(path: str | os.PathLike) -> Any:
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The configuration of a results folder (``config.json``) or of a merged Parquet file."""
+    """The configuration of a results folder (``config.json``) or of a merged Parquet file.
+
+    Raises:
+        ValueError: the file is damaged (named in the message).
+    """
     path = Path(path)
     if path.is_file():
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
+        try:
+            meta = pq.read_schema(path).metadata or {}
+            return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
+        except Exception as exc:  # a damaged file: name it, as read_results does
+            raise damaged(path, f"cannot read its configuration: {first_line(exc)}") from None
     return ResultStore(path).read_config()
 
 
