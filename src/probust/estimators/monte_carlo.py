@@ -104,7 +104,9 @@ class MonteCarlo(Estimator):
                 while start < self.n_samples and active.any():
                     n = min(self.check_every, self.n_samples - start)
                     rows = active.nonzero().flatten()
-                    successes[rows] += self._count(x[rows], target[rows], keys[rows], indices[rows], start, n, bar, plan)
+                    successes[rows] += self._count(
+                        x[rows], target[rows], keys[rows], indices[rows], start, n, bar, plan
+                    )
                     trials[rows] += n
                     start += n
                     low, high = binomial_interval(successes, trials, self.confidence, self.interval)
