@@ -63,9 +63,11 @@ def check_logits(logits: Tensor, batch: int) -> Tensor:
 def finite_rows(logits: Tensor, copies: int) -> Tensor:
     """Which noisy copies gave finite logits: logits [P * copies, C] -> bool [P, copies].
 
-    One elementwise pass and a row reduction, no device synchronisation: callers sum it per
-    point and check the sums once (:func:`check_noisy_logits`)."""
-    return torch.isfinite(logits).all(dim=1).view(-1, copies)
+    x * 0 is 0 for a finite x and NaN for NaN or +-inf, so a row's sum of them is finite exactly
+    when all its logits are (no overflow: the sum is of zeros). Several times cheaper than
+    ``isfinite(logits).all(1)`` for many classes, and no device synchronisation: callers sum it
+    per point and check the sums once (:func:`check_noisy_logits`)."""
+    return torch.isfinite((logits * 0).sum(dim=1)).view(-1, copies)
 
 
 def check_noisy_logits(nonfinite: Tensor, copies: int, indices: Tensor, noise: str) -> None:

@@ -170,7 +170,7 @@ def _check_equicorrelated(classes: int, rho: float, tol: float) -> None:
 
 @pytest.mark.parametrize("tol", [1e-4, 1e-5])
 @pytest.mark.parametrize("rho", RHOS)
-@pytest.mark.parametrize("classes", [3, 10])
+@pytest.mark.parametrize("classes", [3, 10, 30])
 def test_taylor_and_mmse_equal_the_equicorrelated_integral_within_tol(classes, rho, tol):
     _check_equicorrelated(classes, rho, tol)
 
@@ -178,7 +178,7 @@ def test_taylor_and_mmse_equal_the_equicorrelated_integral_within_tol(classes, r
 @pytest.mark.slow
 @pytest.mark.parametrize("tol", [1e-4, 1e-5])
 @pytest.mark.parametrize("rho", RHOS)
-@pytest.mark.parametrize("classes", [30, 100])
+@pytest.mark.parametrize("classes", [100])
 def test_taylor_and_mmse_equal_the_equicorrelated_integral_within_tol_for_many_classes(classes, rho, tol):
     _check_equicorrelated(classes, rho, tol)
 
