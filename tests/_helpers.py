@@ -41,6 +41,29 @@ def inside(p: torch.Tensor, mc: probust.Estimate, slack: float = 0.0) -> torch.T
     return (p >= mc.ci_low - slack) & (p <= mc.ci_high + slack)
 
 
+class NonFiniteAbove(nn.Module):
+    """``inner``'s logits, except that logit 1 is ``value`` (NaN, inf or -inf) on every row whose
+    coordinate 0 exceeds ``threshold``: only the noisy copies that cross it fail.
+
+    ``nonfinite`` counts the rows it made non-finite in passes without autograd (the noisy copies
+    of Monte Carlo; a linearisation's Jacobian passes run with autograd and are not counted)."""
+
+    def __init__(self, inner: nn.Module, threshold: float, value: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.threshold = threshold
+        self.value = value
+        self.nonfinite = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.inner(x)
+        over = x[:, 0] > self.threshold
+        if not torch.is_grad_enabled():
+            self.nonfinite += int(over.sum())
+        column = torch.arange(logits.shape[1], device=x.device) == 1
+        return torch.where(over[:, None] & column, self.value, logits)
+
+
 class TinyCNN(nn.Module):
     """A convolutional classifier on [B, 1, 8, 8] with a BatchNorm and a Dropout (train mode differs
     from eval mode), ``classes`` logits, and non-trivial BatchNorm running statistics."""

@@ -97,22 +97,16 @@ def test_intervals_contain_the_estimate_and_keep_the_counts_device(method):
     k, n = _counts()
     low, high = binomial_interval(k, n, 0.95, method)
     p = k.double() / n.double()
-    # 1e-15: Wilson's ends at k = 0 and k = n are off by rounding (the xfail below)
-    assert ((low <= p + 1e-15) & (p <= high + 1e-15)).all()
+    assert ((low <= p) & (p <= high)).all()
     assert low.device == k.device and low.shape == k.shape
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: _stats.binomial_interval('wilson') computes centre -/+ half in floats and only clamps "
-    "to [0, 1]: at k = 0 the lower end is ~1e-18 above 0 and at k = n the upper end is 1 - 1.1e-16, so the "
-    "interval excludes its own estimate p = 0 or p = 1",
-)
 def test_wilson_interval_reaches_0_and_1_exactly_at_the_edges():
     n = torch.tensor([10, 50, 1000])
-    low, _ = binomial_interval(torch.zeros_like(n), n, 0.95, "wilson")
-    _, high = binomial_interval(n, n, 0.95, "wilson")
-    assert (low == 0).all() and (high == 1).all(), (low, high)
+    for confidence in CONFIDENCES:
+        low, _ = binomial_interval(torch.zeros_like(n), n, confidence, "wilson")
+        _, high = binomial_interval(n, n, confidence, "wilson")
+        assert (low == 0).all() and (high == 1).all(), (confidence, low, high)
 
 
 def test_unknown_interval_is_refused_by_name():

@@ -18,7 +18,8 @@ def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, meth
         method: "wilson" (score interval) or "clopper-pearson" (exact, conservative).
 
     Returns:
-        (low, high) float64 [B] on the counts' device.
+        (low, high) float64 [B] on the counts' device; low is exactly 0 where k = 0 and high
+        exactly 1 where k = n (both methods), so the interval always holds k / n.
     """
     k = successes.double().cpu()
     n = trials.double().cpu()
@@ -30,6 +31,10 @@ def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, meth
         centre = (p + zq**2 / (2 * n)) / denom
         half = zq * torch.sqrt(p * (1 - p) / n + zq**2 / (4 * n**2)) / denom
         low, high = (centre - half).clamp(0, 1), (centre + half).clamp(0, 1)
+        # The score interval's ends at k = 0 and k = n are exactly 0 and 1; in floats centre - half
+        # is ~1e-18 and centre + half 1 - 1.1e-16, which would exclude the estimate p = 0 or 1.
+        low = torch.where(k == 0, 0.0, low)
+        high = torch.where(k == n, 1.0, high)
     elif method == "clopper-pearson":
         kn, nn = k.numpy(), n.numpy()
         low = torch.from_numpy(stats.beta.ppf(alpha / 2, kn, nn - kn + 1))

@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 import probust
+from tests._helpers import NonFiniteAbove, linear_model
 
 
 def test_model_mode_is_restored_and_computation_is_in_eval_mode():
@@ -73,3 +76,71 @@ def test_target_out_of_range_is_refused(small):
     model, x = small
     with pytest.raises(ValueError, match="target"):
         probust.Taylor(model, 0.1)(x, target=torch.full((5,), 7))
+
+
+# ---- NaN or inf logits on noisy copies ---------------------------------------------------------
+
+NOISY_ESTIMATORS = {
+    "mc": lambda m, s: probust.MonteCarlo(m, s, n_samples=400, batch_size=300),
+    "mc_adaptive": lambda m, s: probust.MonteCarlo(
+        m, s, n_samples=400, batch_size=300, target_half_width=1e-3, check_every=400
+    ),
+    "mc_cv": lambda m, s: probust.MonteCarloCV(
+        m, s, n_samples=400, linearisation="taylor", batch_size=300, jacobian_batch_size=16
+    ),
+    "mc_is": lambda m, s: probust.MonteCarloIS(
+        m, s, n_samples=400, linearisation="taylor", batch_size=300, jacobian_batch_size=16
+    ),
+}
+
+
+def _threshold_model(value: float) -> tuple[NonFiniteAbove, torch.Tensor, float]:
+    """A linear model that gives a non-finite logit where x_0 > 1, and 3 points of which only
+    row 1 (x_0 = 1 - sigma) has noisy copies beyond the threshold (about 16% of them)."""
+    sigma = 0.5
+    model = NonFiniteAbove(linear_model(6, 3, seed=4), threshold=1.0, value=value)
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2)) * 0.1
+    x[:, 0] = torch.tensor([1.0 - 40 * sigma, 1.0 - sigma, 1.0 - 40 * sigma])
+    return model, x, sigma
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("method", list(NOISY_ESTIMATORS))
+def test_non_finite_logits_on_noisy_copies_are_refused_naming_point_noise_and_count(method, value):
+    model, x, sigma = _threshold_model(value)
+    estimator = NOISY_ESTIMATORS[method](model, sigma)
+    with pytest.raises(ValueError, match="NaN or inf logits on noisy copies") as error:
+        estimator(x, index_offset=40)
+    message = str(error.value)
+    # Only row 1 (data-set index 40 + 1) has failing copies: the model's own tally is its count.
+    assert 0 < model.nonfinite < 400, model.nonfinite
+    assert f"point 41: {model.nonfinite} of 400 copies" in message, message
+    assert "point 40" not in message and "point 42" not in message
+    assert "gaussian sigma=0.5" in message
+
+
+@pytest.mark.parametrize("method", list(NOISY_ESTIMATORS))
+def test_finite_models_give_bitwise_the_same_estimates_through_the_check(method):
+    # The wrapper with a threshold no copy reaches is the plain model: every number must agree.
+    inner = linear_model(6, 3, seed=4)
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(2)) * 0.3
+    plain = NOISY_ESTIMATORS[method](inner, 0.5)(x, index_offset=40)
+    wrapped = NOISY_ESTIMATORS[method](NonFiniteAbove(inner, threshold=math.inf, value=math.nan), 0.5)(
+        x, index_offset=40
+    )
+    for field in ("p", "ci_low", "ci_high", "stderr", "n_samples", "p_fail"):
+        a, b = getattr(plain, field), getattr(wrapped, field)
+        assert (a is None and b is None) or torch.equal(a, b), field
+    assert ((plain.p > 0.02) & (plain.p < 0.98)).any(), "the points should not be trivially robust"
+
+
+def test_mmse_refuses_non_finite_logits_on_its_noisy_copies():
+    model, x, sigma = _threshold_model(float("nan"))
+    # 200 copies of a point with P(x_0 + eps_0 > 1) ~ 0.16: some copy fails (1 - 0.84^200 ~ 1).
+    for estimator in (
+        probust.MMSE(model, sigma, n_samples=200, batch_size=64),
+        probust.MonteCarloCV(model, sigma, n_samples=400, mmse_samples=200, batch_size=300, jacobian_batch_size=64),
+    ):
+        with pytest.raises(ValueError, match=r"noisy copies x \+ eps of MMSE's linearisation") as error:
+            estimator(x, index_offset=40)
+        assert "points [41]" in str(error.value) and "gaussian sigma=0.5" in str(error.value)

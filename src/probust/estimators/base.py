@@ -20,7 +20,14 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_logits, check_positive_int, check_x, eval_mode, model_device
+from probust._checks import (
+    check_logits,
+    check_noisy_logits,
+    check_positive_int,
+    check_x,
+    eval_mode,
+    model_device,
+)
 from probust.estimators.estimate import Estimate
 from probust.execution.budget import check_budget, resolve_budget
 from probust.execution.tuning import ForwardPlan, plan_forward, to_format
@@ -135,6 +142,19 @@ class Estimator(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
+
+
+def check_noisy_copies(noise: Noise, nonfinite: Tensor, copies: int, indices: Tensor) -> None:
+    """Refuse NaN or inf logits on noisy copies (:func:`probust._checks.check_noisy_logits`),
+    naming the noise in words (:func:`noise_words`)."""
+    check_noisy_logits(nonfinite, copies, indices, noise_words(noise))
+
+
+def noise_words(noise: Noise) -> str:
+    """The noise's description in words, e.g. ``gaussian sigma=0.5``, for error messages."""
+    description = noise.describe()
+    kind = str(description.get("noise", type(noise).__name__))
+    return " ".join([kind] + [f"{key}={value}" for key, value in description.items() if key != "noise"])
 
 
 def _parameter_dtype(model) -> torch.dtype | None:

@@ -19,10 +19,11 @@ from scipy import special
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_float, check_positive_int
+from probust._checks import check_positive_float, check_positive_int, finite_rows
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
+from probust.estimators.base import check_noisy_copies
 from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
 from probust.execution.tuning import to_format, weights_in_format
@@ -153,7 +154,9 @@ class MonteCarloCV(LinearisedMonteCarlo):
             while start < self.n_samples and active.any():
                 n = min(step, self.n_samples - start)
                 rows = active.nonzero().flatten()
-                counts[:, rows] += self._count(x[rows], target[rows], c_keep[rows], u[rows], keys[rows], start, n, bar)
+                counts[:, rows] += self._count(
+                    x[rows], target[rows], c_keep[rows], u[rows], keys[rows], indices[rows], start, n, bar
+                )
                 start += n
                 if self.target_half_width is not None:
                     s = cv_statistics(counts[0], counts[1], counts[2], counts[3], mu, mu_error, self.confidence)
@@ -178,17 +181,31 @@ class MonteCarloCV(LinearisedMonteCarlo):
         )
 
     def _count(
-        self, x: Tensor, target: Tensor, c: Tensor, u: Tensor, keys: Tensor, start: int, n: int, bar: Progress
+        self,
+        x: Tensor,
+        target: Tensor,
+        c: Tensor,
+        u: Tensor,
+        keys: Tensor,
+        indices: Tensor,
+        start: int,
+        n: int,
+        bar: Progress,
     ) -> Tensor:
-        """Counts (n, sum Y, sum X, sum XY) over draws start..start+n-1: int64 [4, B]."""
+        """Counts (n, sum Y, sum X, sum XY) over draws start..start+n-1: int64 [4, B].
+
+        Raises ValueError (naming the points) if any draw gave NaN or inf logits."""
         shape = x.shape[1:]
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
+        nonfinite = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         plan = self._forward_plan(x, x.shape[0] * n, self.noise)
         with weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
                 eps = self.noise.sample(keys[points], start + first, count, shape)
                 logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))
-                y = logits.argmax(dim=1).view(-1, count) == target[points, None]
+                finite = finite_rows(logits, count)
+                y = (logits.argmax(dim=1).view(-1, count) == target[points, None]) & finite
+                nonfinite[points] += count - finite.sum(1)
                 linear = c[points, None, :] + project(u[points], eps)
                 xk = (linear > 0).all(dim=2)
                 out[0, points] += count
@@ -196,4 +213,5 @@ class MonteCarloCV(LinearisedMonteCarlo):
                 out[2, points] += xk.sum(1)
                 out[3, points] += (y & xk).sum(1)
                 bar.update(y.numel())
+        check_noisy_copies(self.noise, nonfinite, n, indices)
         return out

@@ -18,10 +18,11 @@ from scipy import special
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_int
+from probust._checks import check_positive_int, finite_rows
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
+from probust.estimators.base import check_noisy_copies
 from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
 from probust.execution.tuning import to_format, weights_in_format
@@ -120,6 +121,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         sum_w = torch.zeros(batch, dtype=torch.float64, device=x.device)
         sum_w2 = torch.zeros_like(sum_w)
         failures = torch.zeros(batch, dtype=torch.int64, device=x.device)
+        nonfinite = torch.zeros_like(failures)
         cumulative = log_mix.exp().cumsum(1)
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
@@ -131,7 +133,9 @@ class MonteCarloIS(LinearisedMonteCarlo):
                 eps = self.noise.sample(noise_keys[points], first, count, shape)
                 eps = eps + shift.gather(1, which.view(*which.shape, *([1] * len(shape))).expand(-1, -1, *shape))
                 logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))
-                fail = logits.argmax(dim=1).view(-1, count) != target[points, None]
+                finite = finite_rows(logits, count)
+                fail = (logits.argmax(dim=1).view(-1, count) != target[points, None]) & finite
+                nonfinite[points] += count - finite.sum(1)
                 proj = project(u[points], eps).to(torch.float64)  # [P, n, C]
                 exponent = -ratio[points, None, :] * proj - half_z2[points, None, :]
                 log_g = torch.logsumexp(
@@ -145,6 +149,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
                 sum_w2[points] += (w * w).sum(1)
                 failures[points] += fail.sum(1)
                 bar.update(fail.numel())
+        check_noisy_copies(self.noise, nonfinite, self.n_samples, indices)
         n = float(self.n_samples)
         p_fail = sum_w / n
         var = ((sum_w2 / n - p_fail**2) * n / max(n - 1, 1)).clamp_min(0.0)

@@ -17,7 +17,7 @@ from probust import _rng
 from probust._checks import check_logits, check_positive_float, check_positive_int, check_target, check_target_shape
 from probust._progress import progress
 from probust.estimators import maps
-from probust.estimators.base import Estimator
+from probust.estimators.base import Estimator, noise_words
 from probust.estimators.estimate import Estimate
 from probust.execution.budget import row_cost, rows_within
 from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
@@ -283,5 +283,15 @@ class MMSE(Linearised):
                 differentiable=self.differentiable,
                 strategy=plan.strategy,
                 to_rows=lambda rows: to_format(rows, plan.channels_last),
+            )
+        # A NaN or inf logit on any copy leaves its margins non-finite, and so their average.
+        bad = ~torch.isfinite(c.detach()).all(dim=1)
+        if bool(bad.any()):
+            points = indices[bad].tolist()
+            raise ValueError(
+                f"the model returned NaN or inf logits on noisy copies x + eps of MMSE's linearisation under noise "
+                f"{noise_words(self.noise)} (points {points[:5]}{'...' if len(points) > 5 else ''}: data-set "
+                f"indices, index_offset + row; {self.n_samples} copies each): p_robust is undefined there; make "
+                "the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
             )
         return Linearisation(target, c, u)

@@ -6,10 +6,10 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_float, check_positive_int, check_target
+from probust._checks import check_positive_float, check_positive_int, check_target, finite_rows
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
-from probust.estimators.base import Estimator
+from probust.estimators.base import Estimator, check_noisy_copies
 from probust.estimators.estimate import Estimate
 from probust.execution.tuning import ForwardPlan, to_format, weights_in_format
 from probust.linearise import plan_blocks
@@ -60,18 +60,26 @@ class MonteCarlo(Estimator):
         )
         self.check_every = check_positive_int(check_every, "check_every")
 
-    def _count(self, x: Tensor, target: Tensor, keys: Tensor, start: int, n: int, bar, plan: ForwardPlan) -> Tensor:
-        """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B]."""
+    def _count(
+        self, x: Tensor, target: Tensor, keys: Tensor, indices: Tensor, start: int, n: int, bar, plan: ForwardPlan
+    ) -> Tensor:
+        """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B].
+
+        Raises ValueError (naming the points) if any copy gave NaN or inf logits."""
         shape = x.shape[1:]
         counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+        nonfinite = torch.zeros_like(counts)
         for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
             noisy = self.noise.sample(keys[points], start + first, count, shape)
             noisy += x[points, None]
             with torch.inference_mode():
                 logits = self.model(to_format(noisy.view(-1, *shape), plan.channels_last))
-            kept = logits.argmax(dim=1).view(-1, count) == target[points, None]
+            finite = finite_rows(logits, count)
+            kept = (logits.argmax(dim=1).view(-1, count) == target[points, None]) & finite
             counts[points] += kept.sum(dim=1)
+            nonfinite[points] += count - finite.sum(dim=1)
             bar.update(kept.numel())
+        check_noisy_copies(self.noise, nonfinite, n, indices)
         return counts
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
@@ -86,7 +94,7 @@ class MonteCarlo(Estimator):
             progress(batch * self.n_samples, "mc", self.show_progress) as bar,
         ):
             if self.target_half_width is None:
-                successes = self._count(x, target, keys, 0, self.n_samples, bar, plan)
+                successes = self._count(x, target, keys, indices, 0, self.n_samples, bar, plan)
                 trials = torch.full_like(successes, self.n_samples)
             else:
                 successes = torch.zeros(batch, dtype=torch.int64, device=x.device)
@@ -96,7 +104,9 @@ class MonteCarlo(Estimator):
                 while start < self.n_samples and active.any():
                     n = min(self.check_every, self.n_samples - start)
                     rows = active.nonzero().flatten()
-                    successes[rows] += self._count(x[rows], target[rows], keys[rows], start, n, bar, plan)
+                    successes[rows] += self._count(
+                        x[rows], target[rows], keys[rows], indices[rows], start, n, bar, plan
+                    )
                     trials[rows] += n
                     start += n
                     low, high = binomial_interval(successes, trials, self.confidence, self.interval)
