@@ -248,3 +248,20 @@ def test_unknown_cdf_is_refused(small):
     model, x = small
     with pytest.raises(ValueError, match="cdf must be one of"):
         probust.Taylor(model, 0.1, cdf="probit")
+
+
+@pytest.mark.parametrize("method", ["taylor", "taylor_mvs", "mmse", "mmse_mvs"])
+def test_a_jacobian_that_is_not_finite_is_refused_naming_the_point(method):
+    class SqrtModel(nn.Module):
+        """Finite logits everywhere, an infinite derivative where x_0 = 0 (sqrt at 0)."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([x[:, 0].abs().sqrt(), 0.5 * x[:, 1], -x[:, 1]], dim=1)
+
+    x = torch.tensor([[1.0, 3.0], [0.0, 1.0], [4.0, 0.5]])
+    est = probust.make_estimator(method, SqrtModel(), 0.1, **({"n_samples": 1} if "mmse" in method else {}))
+    if "mmse" in method:  # one copy at a noisy point: the derivative is finite there
+        assert torch.isfinite(est(x).p).all()
+        return
+    with pytest.raises(ValueError, match=r"NaN or inf at data-set index 11\b"):
+        est(x, index_offset=10)

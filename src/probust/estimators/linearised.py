@@ -42,6 +42,21 @@ class Linearisation(NamedTuple):
     normal: Tensor
 
 
+def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
+    """Refuse margins or margin gradients that are NaN or inf (a model whose Jacobian is not
+    finite somewhere, e.g. sqrt at 0): p could not be linearised there, naming the points."""
+    _, margin, normal = linearisation
+    finite = torch.isfinite(margin.detach()).all(1) & torch.isfinite(normal.detach().flatten(1)).all(1)
+    if bool(finite.all()):
+        return
+    bad = indices[~finite].tolist()
+    shown = ", ".join(str(i) for i in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    raise ValueError(
+        f"the margins or their input gradients are NaN or inf at data-set index {shown}: the model's "
+        "Jacobian is not finite there, so p_robust cannot be linearised (use method 'mc')"
+    )
+
+
 class Linearised(Estimator):
     """Shared by Taylor and MMSE: linearise the margins, then map z to a probability."""
 
@@ -105,7 +120,9 @@ class Linearised(Estimator):
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                parts.append(self._from_linearisation(*self.linearise(x[rows], chunk_target, indices[rows])))
+                linearisation = self.linearise(x[rows], chunk_target, indices[rows])
+                _check_finite(linearisation, indices[rows])
+                parts.append(self._from_linearisation(*linearisation))
                 bar.update(rows.stop - rows.start)
         return Estimate.cat(parts)
 
