@@ -30,7 +30,7 @@ __all__ = [
 
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
-SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None}
+SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None, "noise": {"kind": "gaussian"}}
 
 
 @dataclass(frozen=True)

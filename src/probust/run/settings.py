@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from probust._stats import INTERVALS
-from probust.estimators import MMSE
+from probust.estimators import MMSE, REGISTRY
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
 from probust.run.methods import DEFAULT_METHODS, METHODS
+from probust.run.noise_options import check_noise
 from probust.run.sources import device_type
 
 __all__ = ["MMSE_SAMPLINGS", "TARGETS", "RunSettings"]
@@ -98,6 +99,21 @@ class RunSettings:
         download: fetch a missing data set.
         data_root: folder holding the data sets.
         allow_pickle: accept model files that run code when loaded (pickled modules).
+        data_options: how to read ``data`` when it is a file or folder rather than a built-in
+            name: the fields of :class:`probust.data.FileOptions` (``x_key``, ``y_key``,
+            ``label_column``, ``feature_columns``, ``image_size``, ``channels``).
+        weights: a state_dict file loaded into the model built by a factory ``model`` given as
+            ``"package.module:function"``.
+        noise: "gaussian" (default), "uniform" or "laplace": the noise at each sigma, with
+            standard deviation sigma per coordinate (mc_cv and mc_is need "gaussian").
+        noise_std: a ``.npy`` file (or array) broadcastable to one input's shape: coordinate j
+            gets standard deviation ``sigma * noise_std[j]`` (a multiplier of each sigma).
+        noise_cov: a ``.npy`` file (or array) [d, d] over the flattened input: the noise has
+            covariance ``sigma**2 * noise_cov``.
+        noise_scale: "absolute" (default) or "std": sigma times each coordinate's standard
+            deviation over the whole data set (for tables: sigma in units of each feature's spread).
+        The noise is part of the folder's identity (``config.json`` "run" -> "noise"); see
+        :mod:`probust.run.noise_options`.
 
     Raises:
         ConfigError: a bad value (one line, starting with the argument's name).
@@ -135,6 +151,12 @@ class RunSettings:
     download: bool = False
     data_root: str | os.PathLike | None = None
     allow_pickle: bool = False
+    data_options: Any = None
+    weights: str | os.PathLike | None = None
+    noise: str = "gaussian"
+    noise_std: Any = None
+    noise_cov: Any = None
+    noise_scale: str = "absolute"
 
     def __post_init__(self) -> None:
         for name, value in _checked(self).items():
@@ -203,6 +225,9 @@ def _checked(s: RunSettings) -> dict[str, Any]:
         raise ConfigError(f"split: expected train or test, got {s.split!r}")
     if s.out is None:
         raise ConfigError("out: give an output folder")
+    check_noise(
+        s.noise, s.noise_std, s.noise_cov, s.noise_scale, [m for m in out["methods"] if REGISTRY[m].needs_gaussian]
+    )
     return out
 
 
