@@ -27,9 +27,9 @@ from probust.run.errors import ConfigError, agree
 from probust.run.execution import execute
 from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
+from probust.run.noise_options import noise_setting
 from probust.run.plan import RunPlan
 from probust.run.settings import RunSettings
-from probust.run.noise_options import noise_setting
 from probust.run.sources import (
     batch,
     data_name,
