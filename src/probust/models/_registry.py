@@ -73,7 +73,8 @@ def build(
         if not shape or min(shape) < 1:
             raise ValueError(f"input_shape must be a non-empty shape of positive sizes, got {tuple(input_shape)}")
     elif len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"input_shape must be (channels, height, width), got {tuple(input_shape)}")
+        flat = f"; {' or '.join(FLAT_ARCHS)} takes flat inputs such as table rows" if len(shape) != 3 else ""
+        raise ValueError(f"input_shape must be (channels, height, width) for {arch!r}, got {tuple(input_shape)}{flat}")
     model = ARCHS[arch](num_classes=int(num_classes), input_shape=shape, **kwargs)
     rebuild_of = getattr(model, "rebuild_kwargs", None)
     rebuild = rebuild_of() if callable(rebuild_of) else _jsonable(kwargs)
