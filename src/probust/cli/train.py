@@ -115,11 +115,9 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from probust.data import canonical_name
+    from probust.data import canonical_name, is_builtin
     from probust.models import check_arch
     from probust.training import SCHEDULES
-
-    from probust.data import is_builtin
 
     try:
         if is_builtin(args.data):
