@@ -242,7 +242,7 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
         "image_size": args.image_size,
         "channels": args.channels,
     }
-    read = []
+    read: list[Any] = []
     for flag, path in (("--data", args.data), ("--test-data", args.test_data)):
         if path is None:
             read.append(None)

@@ -70,8 +70,8 @@ class ImageFolderDataset(Dataset):
         from PIL import Image
 
         try:
-            with Image.open(path) as image:
-                image = image.convert("L" if self._channels == 1 else "RGB")
+            with Image.open(path) as opened:
+                image = opened.convert("L" if self._channels == 1 else "RGB")
                 if self._resize and image.size != (self._size[1], self._size[0]):
                     image = image.resize((self._size[1], self._size[0]), Image.Resampling.BILINEAR)
                 array = np.asarray(image, dtype=np.uint8)

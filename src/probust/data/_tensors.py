@@ -270,13 +270,13 @@ def read_table(path: Path, label_column: str | None, feature_columns: Sequence[s
         raise DataFormatError(f"{path}: the label column {label!r} cannot also be a feature column")
     if not features:
         raise DataFormatError(f"{path}: no feature columns besides the label column {label!r}")
-    text = [
+    non_numeric = [
         c for c in features if not (pd.api.types.is_numeric_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c]))
     ]
-    if text:
+    if non_numeric:
         raise DataFormatError(
-            f"{path}: feature columns must be numbers; {', '.join(repr(c) for c in text[:5])} "
-            f"{'is' if len(text) == 1 else 'are'} not (encode them, or leave them out with feature_columns / "
+            f"{path}: feature columns must be numbers; {', '.join(repr(c) for c in non_numeric[:5])} "
+            f"{'is' if len(non_numeric) == 1 else 'are'} not (encode them, or leave them out with feature_columns / "
             "--feature-columns)"
         )
     values = frame[features].to_numpy(dtype=np.float64)

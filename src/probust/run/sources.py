@@ -198,7 +198,7 @@ def load_model(
                 pmodels.load_weights(built, weights)
             except pmodels.CheckpointError as exc:
                 raise ConfigError(f"weights: {first_line(exc)}") from None
-        info = {
+        info: dict[str, Any] = {
             "source": f"factory:{os.fspath(model)}",
             "class": f"{type(built).__module__}.{type(built).__qualname__}",
             "weights": None if weights is None else str(Path(weights).resolve()),
