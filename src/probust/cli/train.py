@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from probust.cli import UsageError
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
 def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """The training and test data read from the user's files (``--data``, ``--test-data``)."""
     from probust.cli.estimate import cli_message
-    from probust.data import ProbustDataError, load_file
+    from probust.data import DATASETS, ProbustDataError, load_file
 
     options = {
         "x_key": args.x_key,
@@ -247,6 +248,11 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
         if path is None:
             read.append(None)
             continue
+        if not Path(path).exists():
+            raise UsageError(
+                f"{flag}: {path}: no such file or folder, and not a built-in data set (known data sets: "
+                f"{', '.join(DATASETS)})"
+            )
         try:
             read.append(load_file(path, options))
         except ProbustDataError as exc:

@@ -81,7 +81,7 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
         except pdata.ProbustDataError as exc:
             message = first_line(exc)
             if not Path(data).exists():
-                message += f" (and not a built-in data set: {', '.join(pdata.DATASETS)})"
+                message += f", and not a built-in data set (known data sets: {', '.join(pdata.DATASETS)})"
             raise ConfigError(f"data: {message}") from None
         except ValueError as exc:  # an option that does not apply, or a bad option value
             text = first_line(exc)
