@@ -61,19 +61,23 @@ ARGUMENT_FLAGS = {
     "download": "--download",
     "allow_pickle": "--allow-pickle",
     "data_options": "--data",
-    "x_key": "--x-key",
-    "y_key": "--y-key",
-    "label_column": "--label-column",
-    "feature_columns": "--feature-columns",
-    "image_size": "--image-size",
-    "channels": "--channels",
     "weights": "--weights",
     "noise": "--noise",
     "noise_std": "--noise-std",
     "noise_cov": "--noise-cov",
     "noise_scale": "--noise-scale",
 }
-_ASSIGNMENT = re.compile(r"\b(" + "|".join(ARGUMENT_FLAGS) + r")=(?:'([^']*)'|(\w+))")
+#: The options of ``data_options`` (:class:`probust.data.FileOptions`) and their flags.
+FILE_OPTION_FLAGS = {
+    "x_key": "--x-key",
+    "y_key": "--y-key",
+    "label_column": "--label-column",
+    "feature_columns": "--feature-columns",
+    "image_size": "--image-size",
+    "channels": "--channels",
+}
+_FLAGS = {**ARGUMENT_FLAGS, **FILE_OPTION_FLAGS}
+_ASSIGNMENT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?:'([^']*)'|(\w+))")
 
 
 def cli_message(message: str) -> str:
@@ -82,12 +86,12 @@ def cli_message(message: str) -> str:
     (a hint's own "(CLI: ...)" aside is then dropped)."""
     message = re.sub(r" \(CLI: [^)]*\)", "", message)
     name, colon, rest = message.partition(":")
-    if colon and name in ARGUMENT_FLAGS:
-        message = ARGUMENT_FLAGS[name] + colon + rest
+    if colon and name in _FLAGS:
+        message = _FLAGS[name] + colon + rest
 
     def flag(m: re.Match) -> str:
         value = m.group(2) if m.group(2) is not None else m.group(3)
-        return ARGUMENT_FLAGS[m.group(1)] + ("" if value == "True" else f" {value}")
+        return _FLAGS[m.group(1)] + ("" if value == "True" else f" {value}")
 
     return _ASSIGNMENT.sub(flag, message).replace("another out folder", "another --out")
 

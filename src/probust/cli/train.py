@@ -257,9 +257,8 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
             read.append(load_file(path, options))
         except ProbustDataError as exc:
             raise UsageError(cli_message(f"{flag}: {exc}")) from None
-        except ValueError as exc:
-            name, _, rest = str(exc).partition(":")
-            raise UsageError(f"--{name.replace('_', '-')}:{rest}" if rest else str(exc)) from None
+        except ValueError as exc:  # an option that does not apply to this kind of file
+            raise UsageError(cli_message(str(exc))) from None
     train_ds, test_ds = read
     if test_ds is not None and (test_ds.input_shape != train_ds.input_shape or test_ds.classes != train_ds.classes):
         raise UsageError(

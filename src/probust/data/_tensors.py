@@ -128,7 +128,7 @@ def labels_and_classes(
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise DataFormatError(
-                f"{path}: {what} must be whole numbers (class indices); point {first} has {values[first]!r} "
+                f"{path}: {what} must be whole numbers (class indices); point {first} has {float(values[first]):g} "
                 f"({int(bad.sum())} such points)"
             )
     labels = values.astype(np.int64)
@@ -194,7 +194,7 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
             y_path = Path(y_key) if Path(y_key).is_absolute() else path.parent / y_key
             if y_path.suffix.lower() != ".npy" or not y_path.is_file():
                 raise DataFormatError(
-                    f"{path}: the labels of a .npy file are another .npy file, named by y_key (CLI: --y-key), "
+                    f"{path}: the labels of a .npy file are another .npy file, named by y_key=FILE, "
                     f"relative to its folder; {y_path} is not one"
                 )
             x_raw, y_raw = np.load(path, allow_pickle=False), np.load(y_path, allow_pickle=False)
@@ -242,7 +242,7 @@ def _keys(contents: Any, path: Path, x_key: str, y_key: str) -> tuple[Any, Any]:
         have = ", ".join(repr(k) for k in contents) or "nothing"
         raise DataFormatError(
             f"{path}: has no {' or '.join(repr(k) for k in missing)} (it holds {have}); name the inputs and "
-            "labels with x_key and y_key (CLI: --x-key, --y-key)"
+            "labels with x_key=NAME and y_key=NAME"
         )
     return contents[x_key], contents[y_key]
 
@@ -260,7 +260,7 @@ def read_table(path: Path, label_column: str | None, feature_columns: Sequence[s
     frame.columns = columns
     label = label_column if label_column is not None else "label"
     if label not in columns:
-        hint = "" if label_column is not None else " (the default); name it with label_column (CLI: --label-column)"
+        hint = "" if label_column is not None else " (the default); name it with label_column=NAME"
         raise DataFormatError(f"{path}: has no label column {label!r}{hint}; its columns: {', '.join(columns)}")
     features = list(feature_columns) if feature_columns is not None else [c for c in columns if c != label]
     unknown = [c for c in features if c not in columns]
@@ -276,8 +276,8 @@ def read_table(path: Path, label_column: str | None, feature_columns: Sequence[s
     if non_numeric:
         raise DataFormatError(
             f"{path}: feature columns must be numbers; {', '.join(repr(c) for c in non_numeric[:5])} "
-            f"{'is' if len(non_numeric) == 1 else 'are'} not (encode them, or leave them out with feature_columns / "
-            "--feature-columns)"
+            f"{'is' if len(non_numeric) == 1 else 'are'} not (encode them, or choose the features with "
+            "feature_columns=NAMES)"
         )
     values = frame[features].to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values)
