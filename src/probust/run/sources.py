@@ -184,6 +184,7 @@ def load_model(
     ``model`` is an ``nn.Module``, a model file, or ``package.module:function`` (a factory called
     with no arguments), into which ``weights`` (a state_dict file) are then loaded."""
     shape, classes, notes = input_shape(ds), num_classes(ds), []
+    from probust import data as pdata
     from probust import models as pmodels
 
     if weights is not None and not (isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model)):
@@ -233,7 +234,8 @@ def load_model(
         except (pmodels.CheckpointError, OSError) as exc:
             raise ConfigError(f"model: {first_line(exc)}") from None
         trained_on = meta.get("dataset")
-        if trained_on is not None and hasattr(ds, "name"):
+        # Between built-in sets only: a user's files are named freely (train.csv, test.csv).
+        if trained_on is not None and hasattr(ds, "name") and pdata.is_builtin(str(trained_on)):
             from probust.data import canonical_name
 
             try:
