@@ -62,6 +62,8 @@ BAD = [
     ("device", "cuda:9" if torch.cuda.is_available() else "cuda"),
     ("split", "valid"),
     ("out", None),
+    ("noise", "cauchy"),
+    ("noise_scale", "relative"),
 ]
 
 
@@ -132,3 +134,19 @@ def test_run_estimate_takes_exactly_the_fields_of_run_settings_with_the_same_def
     base = dict(data="digits", model="model.pt", sigmas=[0.1])
     assert RunSettings(**base, **defaults) == RunSettings(**base)
     assert RunSettings(**base).methods == DEFAULT_METHODS
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"noise": "uniform", "methods": ["mc", "mc_is"]}, "^noise: mc_is needs Gaussian noise"),
+        ({"noise": "laplace", "methods": ["mc_cv", "mc_is"]}, "^noise: mc_cv, mc_is need Gaussian noise"),
+        ({"noise": "laplace", "noise_std": "m.npy"}, "^noise_std: applies to Gaussian noise only"),
+        ({"noise_std": "m.npy", "noise_cov": "c.npy"}, "^noise_cov: cannot be combined with noise_std"),
+        ({"noise_cov": "c.npy", "noise_scale": "std"}, "^noise_scale: cannot be combined with noise_cov"),
+    ],
+)
+def test_noise_settings_that_cannot_go_together_are_refused_before_any_file_is_read(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(**changes)
+    settings(noise="uniform", methods=["mc", "taylor", "mmse"])  # the analytic methods take its covariance
