@@ -342,3 +342,52 @@ def test_the_tabular_tutorial_runs_end_to_end_and_the_report_skips_image_only_ex
     assert list((tmp_path / "rep").rglob("class_bias*.csv"))  # the experiments that can, ran
     assert not list((tmp_path / "rep").rglob("vulnerable_points*.csv"))
     assert "class_0" in html
+
+
+def test_a_hugging_face_image_classifier_folder_is_scored_with_its_normalisation_inside(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="probust[hf] (transformers) is not installed")
+    import json
+
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    hf = transformers.ViTForImageClassification(config).eval()
+    hf.save_pretrained(tmp_path / "vit")
+    capsys.readouterr()
+    (tmp_path / "vit" / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5], "image_std": [0.25]}))
+    x = torch.rand(6, 1, 8, 8)
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=np.array([0, 1, 2, 0, 1, 2]))
+    out = tmp_path / "r"
+    args = ["--data", str(tmp_path / "d.npz"), "--model", f"hf:{tmp_path / 'vit'}", "--sigma", "0.05"]
+    assert estimate(*args, "--methods", "softmax", "taylor", "--out", str(out)) == 0
+    df = read_results(out)
+    with torch.no_grad():
+        logits = hf(pixel_values=(x - 0.5) / 0.25).logits.double()
+    softmax = df[df["method"] == "softmax"].sort_values("index")
+    np.testing.assert_array_equal(softmax["prediction"].to_numpy(), logits.argmax(1).numpy())
+    np.testing.assert_allclose(softmax["p"].to_numpy(), torch.softmax(logits, 1).max(1).values.numpy(), atol=1e-6)
+    assert read_config(out)["model"]["meta"]["model_type"] == "vit"
+    assert capsys.readouterr().err == ""  # --quiet: no progress bar from transformers either
+    assert (
+        estimate("--data", str(tmp_path / "d.npz"), "--model", f"hf:{tmp_path}", "--sigma", "0.1", "--out", str(out))
+        == 2
+    )
+    one_line_error(capsys, "--model: ", "not a Hugging Face model folder (no config.json")
+
+
+def test_a_hugging_face_datasets_folder_is_refused_with_what_to_do(tmp_path, capsys):
+    (tmp_path / "hfdata").mkdir()
+    for name in ("dataset_info.json", "state.json"):
+        (tmp_path / "hfdata" / name).write_text("{}")
+    model = models.save_checkpoint(tmp_path / "m.pt", models.build("mlp", 2, (3,)), {})
+    args = ["--data", str(tmp_path / "hfdata"), "--model", str(model), "--sigma", "0.1", "--out", str(tmp_path / "r")]
+    assert estimate(*args) == 2
+    one_line_error(capsys, "a Hugging Face datasets folder (save_to_disk) is not read", "to_parquet")

@@ -133,8 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         required=True,
         metavar="FILE",
-        help="probust checkpoint, TorchScript file or torch.export (.pt2) file, or package.module:function "
-        "returning an nn.Module (called with no arguments; the current folder is searched first)",
+        help="probust checkpoint, TorchScript file or torch.export (.pt2) file; package.module:function "
+        "returning an nn.Module (called with no arguments; the current folder is searched first); or hf:FOLDER, "
+        "a Hugging Face image classifier saved with save_pretrained (probust[hf])",
     )
     what.add_argument(
         "--weights", metavar="FILE", help="state_dict file loaded into the model of --model package.module:function"

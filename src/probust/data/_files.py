@@ -91,6 +91,12 @@ def load_file(
     if not p.exists():
         raise ProbustDataError(f"{p}: no such file or folder")
     _check_applicable(p, opts)
+    if p.is_dir() and (p / "dataset_info.json").is_file() and (p / "state.json").is_file():
+        # Reading these needs the `datasets` package, which this version does not use.
+        raise DataFormatError(
+            f"{p}: a Hugging Face datasets folder (save_to_disk) is not read by this version of probust; "
+            "export it to Parquet (ds.to_parquet('data.parquet')) for a table, or to a .npz of x and y"
+        )
     if p.is_dir():
         return read_image_folder(p, opts.image_size, opts.channels)
     suffix = p.suffix.lower()

@@ -12,7 +12,8 @@ Architectures (:data:`ARCHS`), each mapping float32 ``[B, *input_shape]`` in [0,
 
 Models from the user's code: :func:`build_from_factory` (``package.module:function``) and
 :func:`load_weights` (a state_dict file); :func:`output_problem` says what is wrong with an
-output that is not logits ``[B, C]``.
+output that is not logits ``[B, C]``. :func:`load_hf_classifier` reads a Hugging Face image
+classifier saved with ``save_pretrained`` (``pip install probust[hf]``), offline.
 
 Example:
     >>> model = probust.models.build("cnn", num_classes=10, input_shape=(1, 28, 28))
@@ -29,6 +30,7 @@ from probust.models._checkpoint import (
     save_checkpoint,
     sidecar_path,
 )
+from probust.models._hf import HF_PREFIX, HFImageClassifier, load_hf_classifier
 from probust.models._factory import build_from_factory, is_factory, load_weights, output_problem
 from probust.models._layers import Normalize
 from probust.models._mlp import MLP
@@ -40,6 +42,8 @@ from probust.models._small import LinearClassifier, SmallCNN, cnn_padding
 __all__ = [
     "ARCHS",
     "FLAT_ARCHS",
+    "HF_PREFIX",
+    "HFImageClassifier",
     "MLP",
     "CheckpointError",
     "CheckpointMismatchError",
@@ -56,6 +60,7 @@ __all__ = [
     "is_factory",
     "load_weights",
     "output_problem",
+    "load_hf_classifier",
     "load_model",
     "probust_version",
     "read_checkpoint",

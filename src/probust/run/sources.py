@@ -181,15 +181,28 @@ def load_model(
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """The model on ``device``, a JSON description (with its sha256), and warnings.
 
-    ``model`` is an ``nn.Module``, a model file, or ``package.module:function`` (a factory called
-    with no arguments), into which ``weights`` (a state_dict file) are then loaded."""
+    ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
+    saved with ``save_pretrained``), or ``package.module:function`` (a factory called with no
+    arguments), into which ``weights`` (a state_dict file) are then loaded."""
     shape, classes, notes = input_shape(ds), num_classes(ds), []
     from probust import data as pdata
     from probust import models as pmodels
 
     if weights is not None and not (isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model)):
         raise ConfigError("weights: apply to a model given as package.module:function only")
-    if isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model):
+    if isinstance(model, str) and model.startswith(pmodels.HF_PREFIX):
+        try:
+            module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :])
+        except pmodels.CheckpointError as exc:
+            raise ConfigError(f"model: {first_line(exc)}") from None
+        info: dict[str, Any] = {
+            "source": f"{pmodels.HF_PREFIX}{Path(model[len(pmodels.HF_PREFIX) :]).resolve()}",
+            "class": f"{type(module.model).__module__}.{type(module.model).__qualname__}",
+            "meta": config_value(meta),
+            "sha256": hash_state_dict(module),
+        }
+        module = module.to(device)
+    elif isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model):
         try:
             built = pmodels.build_from_factory(os.fspath(model))
         except pmodels.CheckpointError as exc:
@@ -199,7 +212,7 @@ def load_model(
                 pmodels.load_weights(built, weights)
             except pmodels.CheckpointError as exc:
                 raise ConfigError(f"weights: {first_line(exc)}") from None
-        info: dict[str, Any] = {
+        info = {
             "source": f"factory:{os.fspath(model)}",
             "class": f"{type(built).__module__}.{type(built).__qualname__}",
             "weights": None if weights is None else str(Path(weights).resolve()),
