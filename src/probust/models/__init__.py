@@ -30,8 +30,8 @@ from probust.models._checkpoint import (
     save_checkpoint,
     sidecar_path,
 )
-from probust.models._hf import HF_PREFIX, HFImageClassifier, load_hf_classifier
 from probust.models._factory import build_from_factory, is_factory, load_weights, output_problem
+from probust.models._hf import HF_PREFIX, HFImageClassifier, load_hf_classifier
 from probust.models._layers import Normalize
 from probust.models._mlp import MLP
 from probust.models._model_files import ExportedModel, load_model
