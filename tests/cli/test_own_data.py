@@ -341,7 +341,7 @@ def test_the_tabular_tutorial_runs_end_to_end_and_the_report_skips_image_only_ex
     assert reason in html and "are not images (input shape [13]" in html
     assert list((tmp_path / "rep").rglob("class_bias*.csv"))  # the experiments that can, ran
     assert not list((tmp_path / "rep").rglob("vulnerable_points*.csv"))
-    assert "class_0" in html
+    assert "class_0, class_1, class_2" in html and "gaussian, σ × each coordinate" in html  # the configuration
 
 
 def test_a_hugging_face_image_classifier_folder_is_scored_with_its_normalisation_inside(tmp_path, capsys):
