@@ -41,7 +41,9 @@ class RunSettings:
     ``indices``; ``methods`` in ``probust.METHODS`` order), numbers as int or float.
 
     Attributes:
-        data: a data set name (``probust.data.DATASETS``) or a Dataset with
+        data: a data set name (``probust.data.DATASETS``), a path to the user's own data (a
+            tensor file, a table or a folder of images; see ``data_options`` and
+            :func:`probust.data.load_file`), or a Dataset with
             ``ds[i] -> (x float32 [C, H, W], label)`` (``name``, ``classes``, ``subset`` and
             ``tensors`` are used when present).
         model: a model file (probust checkpoint, TorchScript, torch.export) or an ``nn.Module``
