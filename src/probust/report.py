@@ -155,6 +155,18 @@ def _rel(path: Path, start: Path) -> str:
         return str(path)
 
 
+def _noise_text(noise: dict[str, Any]) -> str:
+    """The run's noise in words (config.json "run" -> "noise")."""
+    kind = str(noise.get("kind", "gaussian"))
+    if noise.get("scale") == "std":
+        return f"{kind}, σ × each coordinate's std over the data"
+    for key, what in (("std", "σ × per-coordinate multipliers"), ("cov", "covariance σ² C")):
+        if isinstance(noise.get(key), dict):
+            source = noise[key].get("file") or "an array"
+            return f"{kind}, {what} from {Path(source).name if noise[key].get('file') else source}"
+    return f"{kind}, σ per coordinate"
+
+
 def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> str:
     rows = []
     for r in results:
@@ -174,6 +186,8 @@ def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> 
                 "results folder": _rel(r.path, root),
                 "data": f"{cfg.dataset} ({cfg.split}, {cfg.data_size} points)",
                 "checkpoint": _rel(Path(r.model_source), root) if r.model_source else "in-memory module",
+                "classes": ", ".join(config.classes[:12]) + (", ..." if len(config.classes) > 12 else ""),
+                "noise": _noise_text(cfg.noise),
                 "seed": cfg.seed,
                 "settings": f"target {cfg.target}, MC interval {cfg.interval} {cfg.ci_level}, "
                 f"mvn-cdf tol {cfg.tol}, MMSE sampling {cfg.mmse_sampling}, softmax T {cfg.temperature}",

@@ -171,7 +171,10 @@ def _one_line_error(capsys, match: str) -> str:
         (["--model", "three"], "num_classes is 3, expected 10"),
         (["--model", "mnist"], "input_shape is [1, 28, 28], expected [1, 8, 8]"),
         (["--model", "missing"], "no model file"),
-        (["--data", "imagenet"], "unknown data set 'imagenet'"),
+        (
+            ["--data", "imagenet"],
+            "--data: imagenet: no such file or folder, and not a built-in data set (known data sets",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(checkpoints, tmp_path, capsys, change, match):

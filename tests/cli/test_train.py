@@ -42,7 +42,7 @@ def test_cli_names_the_known_data_sets_and_architectures(tmp_path, capsys):
     assert main(["train", "--data", "svhn", "--arch", "cnn", "--out", str(tmp_path / "m.pt")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "known data sets: mnist, fashion-mnist, cifar10, cifar100, digits" in err
-    assert main(["train", "--data", "digits", "--arch", "mlp", "--out", str(tmp_path / "m.pt")]) == 2
+    assert main(["train", "--data", "digits", "--arch", "gru", "--out", str(tmp_path / "m.pt")]) == 2
     assert "known architectures: linear, cnn, resnet18, vit" in capsys.readouterr().err
     assert (
         main(["train", "--data", "digits", "--arch", "cnn", "--out", str(tmp_path / "m.pt"), "--grad-reg", "-1"]) == 2

@@ -46,3 +46,50 @@ def test_a_data_set_that_is_not_the_scored_one_skips_the_experiment(tmp_path, wr
         load_dataset(one(write_run(tmp_path, "missing", run={"dataset": "no-such-set"})))
     with pytest.raises(ExperimentSkipped, match="None \\(test\\) of the run cannot be loaded here"):
         load_dataset(one(write_run(tmp_path, "unnamed", run={"dataset": None})))
+
+
+def test_a_run_on_a_users_files_reopens_them_as_they_were_read_and_tables_are_not_images(tmp_path):
+    import pandas as pd
+    from PIL import Image
+
+    from probust import models
+    from probust.run import run_estimate
+
+    rng = np.random.default_rng(0)
+    for name in ("ant", "bee"):
+        (tmp_path / "pics" / name).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8), mode="RGB").save(
+                tmp_path / "pics" / name / f"{i}.png"
+            )
+    net = models.build("linear", 2, (1, 4, 4))
+    run_estimate(
+        str(tmp_path / "pics"),
+        net,
+        0.1,
+        "softmax",
+        tmp_path / "r",
+        data_options={"image_size": 4, "channels": 1},
+        device="cpu",
+        show_progress=False,
+    )
+    ds = load_dataset(one(tmp_path / "r"), images_only=True)
+    expected = data.load_file(tmp_path / "pics", {"image_size": 4, "channels": 1})
+    assert ds.input_shape == (1, 4, 4) and ds.classes == ["ant", "bee"]
+    np.testing.assert_array_equal(images(ds, [5, 0]), images(expected, [5, 0]))
+
+    pd.DataFrame({"a": [0.0, 1.0, 2.0], "b": [1.0, 0.0, 1.0], "label": [0, 1, 0]}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
+    run_estimate(
+        str(tmp_path / "t.csv"),
+        models.build("mlp", 2, (2,)),
+        0.1,
+        "softmax",
+        tmp_path / "t",
+        device="cpu",
+        show_progress=False,
+    )
+    assert len(load_dataset(one(tmp_path / "t"))) == 3
+    with pytest.raises(ExperimentSkipped, match=r"image-only experiment, .* not images \(input shape \[2\]"):
+        load_dataset(one(tmp_path / "t"), images_only=True)

@@ -50,6 +50,7 @@ PLAN = dict(
     p_fail=False,
     mc_half_width=None,
     model="MODEL",
+    noise=None,
 )
 BASE = {"seed": 3, "memory_budget": "1GB"}
 
@@ -107,3 +108,20 @@ def test_the_estimator_gets_the_settings_its_method_uses(monkeypatch, method, pl
     ((args, kwargs),) = calls
     assert args == (method, "MODEL", None if method == "softmax" else 0.25)
     assert kwargs == expected
+
+
+def test_a_run_noise_reaches_the_estimator_as_its_noise_object_and_the_default_as_the_number(monkeypatch):
+    import torch
+
+    from probust.noise import Gaussian, Laplace
+    from probust.run.noise_options import NoiseSetting
+
+    calls = []
+    monkeypatch.setattr(methods, "make_estimator", lambda *args, **kwargs: calls.append(args))
+    multiplier = torch.tensor([1.0, 2.0, 0.5])
+    for setting in (NoiseSetting(), NoiseSetting("laplace"), NoiseSetting(std=multiplier)):
+        make_task_estimator(SimpleNamespace(**{**PLAN, "noise": setting}), Task(0.25, "mc", 50))
+    default, laplace, diagonal = (args[2] for args in calls)
+    assert default == 0.25 and type(default) is float
+    assert isinstance(laplace, Laplace) and laplace.sigma == 0.25
+    assert isinstance(diagonal, Gaussian) and torch.equal(diagonal.std, 0.25 * multiplier)

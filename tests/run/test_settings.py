@@ -62,6 +62,8 @@ BAD = [
     ("device", "cuda:9" if torch.cuda.is_available() else "cuda"),
     ("split", "valid"),
     ("out", None),
+    ("noise", "cauchy"),
+    ("noise_scale", "relative"),
 ]
 
 
@@ -213,6 +215,15 @@ WRONG_TYPE = [
     ("data_root", 42),
     ("allow_pickle", "yes"),
     ("allow_version_change", "yes"),
+    ("data_options", 42),
+    ("data_options", ["x_key"]),
+    ("weights", 42),
+    ("noise", 3),
+    ("noise", None),
+    ("noise_std", object()),
+    ("noise_std", 3),
+    ("noise_cov", object()),
+    ("noise_scale", None),
 ]
 
 
@@ -242,3 +253,19 @@ def test_numbers_given_as_numpy_or_torch_values_are_accepted():
         sigmas=torch.tensor([0.2, 0.1], dtype=torch.float64), mc_samples=np.array([10, 20]), indices=np.arange(3)
     )
     assert s.sigmas == (0.1, 0.2) and s.mc_samples == (10, 20) and s.indices == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"noise": "uniform", "methods": ["mc", "mc_is"]}, "^noise: mc_is needs Gaussian noise"),
+        ({"noise": "laplace", "methods": ["mc_cv", "mc_is"]}, "^noise: mc_cv, mc_is need Gaussian noise"),
+        ({"noise": "laplace", "noise_std": "m.npy"}, "^noise_std: applies to Gaussian noise only"),
+        ({"noise_std": "m.npy", "noise_cov": "c.npy"}, "^noise_cov: cannot be combined with noise_std"),
+        ({"noise_cov": "c.npy", "noise_scale": "std"}, "^noise_scale: cannot be combined with noise_cov"),
+    ],
+)
+def test_noise_settings_that_cannot_go_together_are_refused_before_any_file_is_read(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(**changes)
+    settings(noise="uniform", methods=["mc", "taylor", "mmse"])  # the analytic methods take its covariance

@@ -48,8 +48,8 @@ def test_default_config_is_valid_and_its_unset_fields_take_each_architectures_va
         assert {k: getattr(resolved, k) for k in DEFAULTS[arch]} == DEFAULTS[arch]
     given = TrainConfig(lr=0.2, epochs=2).for_arch("cnn")
     assert (given.lr, given.epochs, given.batch_size, given.weight_decay) == (0.2, 2, 128, 5e-4)
-    with pytest.raises(ValueError, match="unknown architecture 'mlp'; known architectures: linear, cnn"):
-        TrainConfig().for_arch("mlp")
+    with pytest.raises(ValueError, match="unknown architecture 'gru'; known architectures: linear, cnn"):
+        TrainConfig().for_arch("gru")
 
 
 def test_numbers_are_stored_as_floats_and_arch_kwargs_as_a_copy():

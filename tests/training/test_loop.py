@@ -78,8 +78,8 @@ def test_bad_hyper_parameters_are_refused_before_any_work():
         train("digits", "linear", lr=-1.0)
     with pytest.raises(ValueError, match="unknown schedule 'warm'; known schedules: cosine, step, constant"):
         train("digits", "linear", schedule="warm")
-    with pytest.raises(ValueError, match="unknown architecture 'mlp'"):
-        train("digits", "mlp")
+    with pytest.raises(ValueError, match="unknown architecture 'gru'"):
+        train("digits", "gru")
     with pytest.raises(ValueError, match="unknown data set 'imagenet'"):
         train("imagenet", "linear")
 

@@ -15,6 +15,11 @@ examples:
   probust estimate --data digits --model m.pt --sigma 0.1 --methods mc --mc-samples 100 1000 10000 \\
       --indices 0-99 --out convergence/
   probust estimate --data digits --model m.pt --sigma 0.02 --methods taylor mc_is --p-fail --out tails/
+  probust estimate --data photos/ --image-size 32 --model net.ts --sigma 0.05 --methods mc taylor --out r/
+  probust estimate --data wine.parquet --label-column target --model mlp.pt --sigma 0.1 \
+      --noise-scale std --out wine_results/
+  probust estimate --data x.npz --model mypkg.nets:make_net --weights w.pt --sigma 0.1 --noise laplace \
+      --methods mc taylor --out r/
   torchrun --standalone --nproc-per-node 4 -m probust estimate ... --device cuda --out results/
 
 Run the same command again to resume an interrupted run: only missing rows are computed
@@ -58,8 +63,24 @@ ARGUMENT_FLAGS = {
     "download": "--download",
     "allow_pickle": "--allow-pickle",
     "allow_version_change": "--allow-version-change",
+    "data_options": "--data",
+    "weights": "--weights",
+    "noise": "--noise",
+    "noise_std": "--noise-std",
+    "noise_cov": "--noise-cov",
+    "noise_scale": "--noise-scale",
 }
-_ASSIGNMENT = re.compile(r"\b(" + "|".join(ARGUMENT_FLAGS) + r")=(?:'([^']*)'|(\w+))")
+#: The options of ``data_options`` (:class:`probust.data.FileOptions`) and their flags.
+FILE_OPTION_FLAGS = {
+    "x_key": "--x-key",
+    "y_key": "--y-key",
+    "label_column": "--label-column",
+    "feature_columns": "--feature-columns",
+    "image_size": "--image-size",
+    "channels": "--channels",
+}
+_FLAGS = {**ARGUMENT_FLAGS, **FILE_OPTION_FLAGS}
+_ASSIGNMENT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?:'([^']*)'|(\w+))")
 
 
 def cli_message(message: str) -> str:
@@ -68,12 +89,12 @@ def cli_message(message: str) -> str:
     (a hint's own "(CLI: ...)" aside is then dropped)."""
     message = re.sub(r" \(CLI: [^)]*\)", "", message)
     name, colon, rest = message.partition(":")
-    if colon and name in ARGUMENT_FLAGS:
-        message = ARGUMENT_FLAGS[name] + colon + rest
+    if colon and name in _FLAGS:
+        message = _FLAGS[name] + colon + rest
 
     def flag(m: re.Match) -> str:
         value = m.group(2) if m.group(2) is not None else m.group(3)
-        return ARGUMENT_FLAGS[m.group(1)] + ("" if value == "True" else f" {value}")
+        return _FLAGS[m.group(1)] + ("" if value == "True" else f" {value}")
 
     return _ASSIGNMENT.sub(flag, message).replace("another out folder", "another --out")
 
@@ -93,8 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "estimate",
         help="score a data set's points with estimators of p_robust into a results table",
         description="Estimate p_robust, the probability that a prediction survives Gaussian noise of\n"
-        "standard deviation sigma per input coordinate, for every selected point, noise level, method\n"
-        "and sample count, into a Parquet results folder that survives interruption.",
+        "standard deviation sigma per input coordinate (or the noise of --noise), for every selected point,\n"
+        "noise level, method and sample count, into a Parquet results folder that survives interruption.\n"
+        "The data may be a built-in data set, a tensor file, a table or a folder of images (docs/estimate.md).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -102,14 +124,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # one-line message (exit status 2) from the CLI and from Python.
     what = p.add_argument_group("what to score")
     what.add_argument(
-        "--data", required=True, metavar="NAME", help="data set: mnist, fashion-mnist, cifar10, cifar100, digits"
+        "--data",
+        required=True,
+        metavar="NAME|PATH",
+        help="a built-in data set (mnist, fashion-mnist, cifar10, cifar100, digits), or your own: a tensor file "
+        "(.npz, .pt, .npy: inputs [N, ...] and integer labels [N]), a table (.parquet, .csv: one row per point) "
+        "or a folder of images in one subfolder per class",
     )
     what.add_argument("--split", default="test", choices=("train", "test"), help="data set split (default: test)")
     what.add_argument(
         "--model",
         required=True,
         metavar="FILE",
-        help="probust checkpoint, TorchScript file or torch.export (.pt2) file",
+        help="probust checkpoint, TorchScript file or torch.export (.pt2) file; package.module:function "
+        "returning an nn.Module (called with no arguments; the current folder is searched first); or hf:FOLDER, "
+        "a Hugging Face image classifier saved with save_pretrained (probust[hf])",
+    )
+    what.add_argument(
+        "--weights", metavar="FILE", help="state_dict file loaded into the model of --model package.module:function"
     )
     what.add_argument(
         "--sigma",
@@ -153,6 +185,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="prediction",
         choices=("prediction", "label"),
         help="class whose survival is measured (default: the clean prediction)",
+    )
+
+    own = p.add_argument_group("your own data (a file or folder as --data)")
+    own.add_argument("--x-key", metavar="KEY", help="tensor files: name of the inputs in .npz/.pt (default: x)")
+    own.add_argument(
+        "--y-key",
+        metavar="KEY",
+        help="tensor files: name of the labels in .npz/.pt (default: y); for .npy, the labels' .npy file, "
+        "relative to the inputs' folder (default: y.npy)",
+    )
+    own.add_argument(
+        "--label-column", metavar="COL", help="tables: the label column (default: label); names or integers"
+    )
+    own.add_argument(
+        "--feature-columns", nargs="+", metavar="COL", help="tables: the feature columns (default: all others)"
+    )
+    own.add_argument(
+        "--image-size",
+        nargs="+",
+        metavar="N",
+        help="image folders: resize to N x N (or H W) (default: the images' size, which must then agree)",
+    )
+    own.add_argument(
+        "--channels", choices=("1", "3"), help="image folders: 1 (grey) or 3 (RGB) (default: 3 if any is in colour)"
+    )
+
+    noise = p.add_argument_group("noise (default: Gaussian, standard deviation sigma per coordinate)")
+    noise.add_argument(
+        "--noise",
+        default="gaussian",
+        choices=("gaussian", "uniform", "laplace"),
+        help="the noise at each sigma, with standard deviation sigma per coordinate (default: gaussian; mc_cv and "
+        "mc_is need gaussian)",
+    )
+    noise.add_argument(
+        "--noise-std",
+        metavar="FILE.npy",
+        help="per-coordinate multipliers m (broadcast to one input's shape): coordinate j gets standard deviation "
+        "sigma * m[j] (Gaussian)",
+    )
+    noise.add_argument(
+        "--noise-cov",
+        metavar="FILE.npy",
+        help="covariance C [d, d] over the flattened input: the noise is N(0, sigma^2 C)",
+    )
+    noise.add_argument(
+        "--noise-scale",
+        default="absolute",
+        choices=("absolute", "std"),
+        help="std: sigma times each coordinate's standard deviation over the data set (for tables: sigma in "
+        "units of each feature's spread; Gaussian, diagonal); default absolute",
     )
 
     how = p.add_argument_group("how")
@@ -310,6 +393,19 @@ def run(args: argparse.Namespace) -> int:
             data_root=args.data_root,
             allow_pickle=args.allow_pickle,
             allow_version_change=args.allow_version_change,
+            data_options={
+                "x_key": args.x_key,
+                "y_key": args.y_key,
+                "label_column": args.label_column,
+                "feature_columns": args.feature_columns,
+                "image_size": None if args.image_size is None else _ints(args.image_size, "--image-size"),
+                "channels": _int(args.channels, "--channels"),
+            },
+            weights=args.weights,
+            noise=args.noise,
+            noise_std=args.noise_std,
+            noise_cov=args.noise_cov,
+            noise_scale=args.noise_scale,
         )
         plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
     except ConfigError as exc:

@@ -3,6 +3,7 @@
 Example::
 
     probust train --data fashion-mnist --arch cnn --epochs 10 --grad-reg 0 --out models/fmnist_cnn.pt
+    probust train --data train.parquet --test-data test.parquet --label-column target --arch mlp --out mlp.pt
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from probust.cli import UsageError
@@ -33,7 +35,21 @@ def register(subparsers: Any) -> None:
         "epoch. Running the same command again resumes an interrupted run.",
         epilog=f"Defaults per architecture: {defaults}.",
     )
-    p.add_argument("--data", required=True, metavar="NAME", help=f"data set: {', '.join(DATASETS)}")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="NAME|PATH",
+        help=f"data set: {', '.join(DATASETS)}; or your own training data, a tensor file, a table or a folder of "
+        "images (as for probust estimate; e.g. --arch mlp for a table)",
+    )
+    own = p.add_argument_group("your own data (a file or folder as --data)")
+    own.add_argument("--test-data", metavar="PATH", help="the test split, read like --data (default: none)")
+    own.add_argument("--x-key", metavar="KEY", help="tensor files: name of the inputs (default: x)")
+    own.add_argument("--y-key", metavar="KEY", help="tensor files: name of the labels (default: y; .npy: y.npy)")
+    own.add_argument("--label-column", metavar="COL", help="tables: the label column (default: label)")
+    own.add_argument("--feature-columns", nargs="+", metavar="COL", help="tables: the features (default: all others)")
+    own.add_argument("--image-size", nargs="+", type=int, metavar="N", help="image folders: resize to N x N (or H W)")
+    own.add_argument("--channels", type=int, choices=(1, 3), help="image folders: 1 (grey) or 3 (RGB)")
     p.add_argument("--arch", required=True, metavar="ARCH", help=f"architecture: {', '.join(ARCHS)}")
     p.add_argument("--out", required=True, metavar="PATH", help="checkpoint to write, e.g. models/fmnist_cnn.pt")
     p.add_argument("--epochs", type=int, help="number of epochs (default per architecture)")
@@ -100,12 +116,15 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from probust.data import canonical_name
+    from probust.data import canonical_name, is_builtin
     from probust.models import check_arch
     from probust.training import SCHEDULES
 
     try:
-        args.data = canonical_name(args.data)
+        if is_builtin(args.data):
+            args.data = canonical_name(args.data)
+            if args.test_data is not None:
+                raise ValueError("--test-data applies to your own data; a built-in data set brings its test split")
         check_arch(args.arch)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -152,7 +171,7 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs ``probust train``; returns the exit status."""
     _check(args)
-    from probust.data import ProbustDataError
+    from probust.data import ProbustDataError, is_builtin
     from probust.models import CheckpointError
     from probust.training import train
 
@@ -166,9 +185,13 @@ def run(args: argparse.Namespace) -> int:
         extra_loss = RobustLoss(
             args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup
         )
+    dataset, test_dataset = args.data, None
+    if not is_builtin(args.data):
+        dataset, test_dataset = _own_data(args)
     try:
         result = train(
-            dataset=args.data,
+            dataset=dataset,
+            test_dataset=test_dataset,
             arch=args.arch,
             epochs=args.epochs,
             lr=args.lr,
@@ -205,3 +228,41 @@ def run(args: argparse.Namespace) -> int:
             + (f", extra loss {meta['extra_loss']}" if meta.get("extra_loss") else "")
         )
     return 0
+
+
+def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The training and test data read from the user's files (``--data``, ``--test-data``)."""
+    from probust.cli.estimate import cli_message
+    from probust.data import DATASETS, ProbustDataError, load_file
+
+    options = {
+        "x_key": args.x_key,
+        "y_key": args.y_key,
+        "label_column": args.label_column,
+        "feature_columns": args.feature_columns,
+        "image_size": args.image_size,
+        "channels": args.channels,
+    }
+    read: list[Any] = []
+    for flag, path in (("--data", args.data), ("--test-data", args.test_data)):
+        if path is None:
+            read.append(None)
+            continue
+        if not Path(path).exists():
+            raise UsageError(
+                f"{flag}: {path}: no such file or folder, and not a built-in data set (known data sets: "
+                f"{', '.join(DATASETS)})"
+            )
+        try:
+            read.append(load_file(path, options))
+        except ProbustDataError as exc:
+            raise UsageError(cli_message(f"{flag}: {exc}")) from None
+        except ValueError as exc:  # an option that does not apply to this kind of file
+            raise UsageError(cli_message(str(exc))) from None
+    train_ds, test_ds = read
+    if test_ds is not None and (test_ds.input_shape != train_ds.input_shape or test_ds.classes != train_ds.classes):
+        raise UsageError(
+            f"--test-data: {args.test_data} has input shape {list(test_ds.input_shape)} and classes "
+            f"{test_ds.classes}, --data {list(train_ds.input_shape)} and {train_ds.classes}"
+        )
+    return train_ds, test_ds

@@ -11,6 +11,9 @@ Files are looked for offline first, in this order:
 2. Folders where system packages put them (Debian's ``dataset-fashion-mnist``:
    ``/usr/share/datasets/fashion-mnist``).
 
+A user's own data (:func:`load_file`, :class:`FileOptions`): a tensor file (``.npz``, ``.pt``,
+``.npy``), a table (Parquet, CSV) or a folder of images in class subfolders.
+
 Only with ``download=True`` is anything fetched (by torchvision, into the first folder). Every
 file is checked (IDX magic number and size; CIFAR pickle structure) before it is used.
 
@@ -27,20 +30,33 @@ import os
 from probust.data._cifar import load_cifar_dataset
 from probust.data._dataset import ImageDataset
 from probust.data._digits import load_digits_dataset
-from probust.data._errors import DataCorruptError, ProbustDataError
+from probust.data._errors import DataCorruptError, DataFormatError, ProbustDataError
+from probust.data._files import TABLE_SUFFIXES, TENSOR_SUFFIXES, FileOptions, load_file
+from probust.data._folder import IMAGE_EXTENSIONS, ImageFolderDataset, read_image_folder
 from probust.data._locate import DATA_DIR_ENV, SYSTEM_DIRS, data_home
 from probust.data._mnist import load_idx_dataset
+from probust.data._tensors import TensorDataset
 
 __all__ = [
     "DATASETS",
     "DATA_DIR_ENV",
     "SYSTEM_DIRS",
+    "IMAGE_EXTENSIONS",
+    "TABLE_SUFFIXES",
+    "TENSOR_SUFFIXES",
     "DataCorruptError",
+    "DataFormatError",
+    "FileOptions",
     "ImageDataset",
+    "ImageFolderDataset",
     "ProbustDataError",
+    "TensorDataset",
     "canonical_name",
     "data_home",
+    "is_builtin",
     "load",
+    "load_file",
+    "read_image_folder",
 ]
 
 #: The data set names :func:`load` knows.
@@ -69,6 +85,19 @@ def canonical_name(name: str) -> str:
     if key not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; known data sets: {', '.join(DATASETS)}")
     return key
+
+
+def is_builtin(data: str | os.PathLike) -> bool:
+    """Whether ``data`` names a built-in data set (:data:`DATASETS`, spellings forgiven) rather
+    than a file or folder: a name with a path separator (``./digits``) is always a path."""
+    text = os.fspath(data)
+    if "/" in text or os.sep in text:
+        return False
+    try:
+        canonical_name(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load(

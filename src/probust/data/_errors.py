@@ -13,3 +13,8 @@ class ProbustDataError(FileNotFoundError):
 
 class DataCorruptError(ProbustDataError):
     """A data file was found but fails a format check (magic number, size, structure)."""
+
+
+class DataFormatError(ProbustDataError):
+    """A user's data file or folder is not usable: the message names the file and what is wrong
+    (mixed shapes, labels out of range or not whole numbers, non-numeric columns, NaN, ...)."""

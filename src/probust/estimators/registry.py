@@ -46,6 +46,8 @@ class MethodSpec:
         default_samples: the estimator's default ``n_samples`` (None: no sample count).
         run_options: which run settings (of :data:`RUN_OPTIONS`) the runner passes to it.
         uses_noise: False for methods that ignore the noise (softmax: ``sigma`` may be None).
+        needs_gaussian: the method refuses non-Gaussian noise (its correction is a Gaussian
+            integral or density ratio).
         paper: one of the paper's six methods (run by default).
         label: the name in figures (matplotlib mathtext).
         colour: its colour in figures (the mvn-cdf estimators solid, their mv-sigmoid variants
@@ -64,6 +66,7 @@ class MethodSpec:
     default_samples: int | None = None
     run_options: frozenset[str] = frozenset()
     uses_noise: bool = True
+    needs_gaussian: bool = False
     paper: bool = False
 
     def __post_init__(self) -> None:
@@ -176,6 +179,7 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
                 samples="mc",
                 default_samples=10_000,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples", "target_half_width"}),
+                needs_gaussian=True,
             ),
             MethodSpec(
                 "mc_is",
@@ -187,6 +191,7 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
                 samples="mc",
                 default_samples=10_000,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples"}),
+                needs_gaussian=True,
             ),
         )
     }

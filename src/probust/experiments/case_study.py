@@ -193,7 +193,7 @@ class CaseStudy(Experiment):
         points = pool(target, chosen)
         if points["label"].value_counts().min() < 4 if len(points) else True:
             raise ExperimentSkipped(f"too few scored points per class at σ={chosen:g} (need at least 4 per class)")
-        ds = load_dataset(target)
+        ds = load_dataset(target, images_only=True)
         base = target.seed if seed is None else int(seed)
         mean = list(getattr(ds, "mean", [0.0]))
         std = list(getattr(ds, "std", [1.0]))

@@ -1,4 +1,5 @@
-"""The data set a run scored, loaded here and checked against the run, and images of its points."""
+"""The data set a run scored (built-in, or the user's own file or folder), loaded here and checked
+against the run, and images of its points."""
 
 from __future__ import annotations
 
@@ -6,25 +7,58 @@ import numpy as np
 
 from probust.experiments.run_info import Run
 
-__all__ = ["images", "load_dataset", "torch_index"]
+__all__ = ["images", "load_dataset", "open_dataset", "torch_index"]
 
 
-def load_dataset(run: Run):
-    """The data set a run scored (``probust.data.load`` of its name and split), checked against
-    the run: same size, and the labels of the scored points match.
+def _file_options(details: dict) -> dict:
+    """The :class:`probust.data.FileOptions` a user's file was read with, from config.json's
+    "data" -> "details"."""
+    kind = details.get("format")
+    if kind == "table":
+        return {"label_column": details.get("label_column"), "feature_columns": details.get("features")}
+    if kind == "image-folder":
+        return {"image_size": details.get("image_size"), "channels": details.get("channels")}
+    return {"x_key": details.get("x_key"), "y_key": details.get("y_key")}
+
+
+def open_dataset(run: Run):
+    """The data set a run scored: ``probust.data.load`` of a built-in name and split, or
+    ``probust.data.load_file`` of the user's file or folder it was read from, as it was read."""
+    from probust import data as pdata
+
+    config = run.results_config
+    details = config.raw.get("data", {}).get("details")
+    if isinstance(details, dict) and config.data.source:
+        return pdata.load_file(config.data.source, _file_options(details))
+    name, split = config.settings.dataset, config.settings.split
+    if name is None or split is None:
+        raise ValueError("its name and split are not recorded")
+    return pdata.load(name, split)
+
+
+def load_dataset(run: Run, images_only: bool = False):
+    """The data set a run scored (:func:`open_dataset`), checked against the run: same size, and
+    the labels of the scored points match.
+
+    Args:
+        images_only: refuse data whose points are not images [C, H, W] (a table, say).
 
     Raises:
-        ExperimentSkipped: the data set cannot be loaded here or is not the one scored.
+        ExperimentSkipped: the data set cannot be loaded here, is not the one scored, or (with
+            ``images_only``) is not images.
     """
-    from probust import data as pdata
     from probust.experiments.base import ExperimentSkipped
 
     recorded = run.results_config.settings
     name, split = recorded.dataset, recorded.split
+    shape = run.results_config.data.input_shape
+    if images_only and shape is not None and len(shape) != 3:
+        raise ExperimentSkipped(
+            f"an image-only experiment, and the points of {name!r} scored by {run.label} are not images "
+            f"(input shape {list(shape)}, not [channels, height, width])"
+        )
     try:
-        if name is None or split is None:
-            raise ValueError("its name and split are not recorded")
-        ds = pdata.load(name, split)
+        ds = open_dataset(run)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExperimentSkipped(

@@ -29,6 +29,7 @@ from probust.execution.budget import peak_memory
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
+from probust.experiments.datasets import open_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
 
@@ -289,13 +290,11 @@ class Runtime(Experiment):
         target: Run | None = results.by_label(model) if model else results.primary()
         if target is None or target.model_source is None or not Path(target.model_source).is_file():
             raise ExperimentSkipped("the model file of the results is not on this machine, so nothing can be timed")
-        from probust import data as pdata
         from probust import models as pmodels
 
         net, _ = pmodels.load_model(target.model_source, map_location=device)
         try:
-            settings = target.results_config.settings
-            ds = pdata.load(str(settings.dataset), settings.split or "test")  # None: fails as "not found"
+            ds = open_dataset(target)  # a name or file that is gone fails as "not found"
         except Exception as exc:  # the data set is gone: say so rather than fail the report
             raise ExperimentSkipped(
                 f"the data set of the results cannot be loaded ({str(exc).splitlines()[0]})"

@@ -246,7 +246,7 @@ class VulnerablePoints(Experiment):
         points = pool(target, chosen)
         if points.empty:
             raise ExperimentSkipped(f"{target.label} has no mmse rows at σ={chosen:g}")
-        ds = load_dataset(target)
+        ds = load_dataset(target, images_only=True)
         sel = selection(points, k)
         sel.insert(0, "model", target.label)
         sel.insert(1, "sigma", chosen)

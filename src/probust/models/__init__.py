@@ -8,6 +8,12 @@ Architectures (:data:`ARCHS`), each mapping float32 ``[B, *input_shape]`` in [0,
   for inputs of at least 16x16, "same" (2) below that, e.g. for 8x8 digits.
 * ``resnet18``: torchvision's ResNet18 with a CIFAR stem (3x3 stride-1 conv, no max-pool).
 * ``vit``: a Hugging Face ViT (``pip install probust[vit]``), pretrained or from a small config.
+* ``mlp``: a multilayer perceptron on flat inputs of any shape (tables), standardising each feature.
+
+Models from the user's code: :func:`build_from_factory` (``package.module:function``) and
+:func:`load_weights` (a state_dict file); :func:`output_problem` says what is wrong with an
+output that is not logits ``[B, C]``. :func:`load_hf_classifier` reads a Hugging Face image
+classifier saved with ``save_pretrained`` (``pip install probust[hf]``), offline.
 
 Example:
     >>> model = probust.models.build("cnn", num_classes=10, input_shape=(1, 28, 28))
@@ -24,14 +30,21 @@ from probust.models._checkpoint import (
     save_checkpoint,
     sidecar_path,
 )
+from probust.models._factory import build_from_factory, is_factory, load_weights, output_problem
+from probust.models._hf import HF_PREFIX, HFImageClassifier, load_hf_classifier
 from probust.models._layers import Normalize
+from probust.models._mlp import MLP
 from probust.models._model_files import ExportedModel, load_model
-from probust.models._registry import ARCHS, build, check_arch, spec_of
+from probust.models._registry import ARCHS, FLAT_ARCHS, build, check_arch, spec_of
 from probust.models._resnet import ResNet18
 from probust.models._small import LinearClassifier, SmallCNN, cnn_padding
 
 __all__ = [
     "ARCHS",
+    "FLAT_ARCHS",
+    "HF_PREFIX",
+    "HFImageClassifier",
+    "MLP",
     "CheckpointError",
     "CheckpointMismatchError",
     "ExportedModel",
@@ -40,9 +53,14 @@ __all__ = [
     "ResNet18",
     "SmallCNN",
     "build",
+    "build_from_factory",
     "check_arch",
     "check_compatible",
     "cnn_padding",
+    "is_factory",
+    "load_weights",
+    "output_problem",
+    "load_hf_classifier",
     "load_model",
     "probust_version",
     "read_checkpoint",

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from probust.models._mlp import MLP
 from probust.models._resnet import ResNet18
 from probust.models._small import LinearClassifier, SmallCNN
 
@@ -23,7 +24,11 @@ ARCHS: dict[str, Callable[..., nn.Module]] = {
     "cnn": SmallCNN,
     "resnet18": ResNet18,
     "vit": _vit,
+    "mlp": MLP,
 }
+
+#: Architectures that take inputs of any shape (flattened); the others need (channels, height, width).
+FLAT_ARCHS = ("mlp",)
 
 _SPEC_ATTR = "probust_spec"
 
@@ -44,11 +49,13 @@ def build(
     """Builds a freshly initialised model.
 
     Args:
-        arch: one of :data:`ARCHS`: ``"linear"``, ``"cnn"``, ``"resnet18"``, ``"vit"``.
+        arch: one of :data:`ARCHS`: ``"linear"``, ``"cnn"``, ``"resnet18"``, ``"vit"``, ``"mlp"``.
         num_classes: number of logits C.
-        input_shape: ``(C_in, H, W)`` of one input.
+        input_shape: ``(C_in, H, W)`` of one input; any shape for ``"mlp"`` (e.g. ``(13,)``
+            for 13 table features).
         **kwargs: architecture options: ``mean``/``std`` (per-channel input normalisation, a
-            layer inside the model, pixel units) for all; ``pretrained`` and ``config`` for ``vit``.
+            layer inside the model, pixel units) for all (per feature for ``mlp``); ``pretrained``
+            and ``config`` for ``vit``; ``hidden`` (layer widths) for ``mlp``.
 
     Returns:
         A module mapping float32 ``[B, *input_shape]`` in [0, 1] to logits ``[B, num_classes]``.
@@ -62,8 +69,12 @@ def build(
     if int(num_classes) < 1:
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     shape = tuple(int(s) for s in input_shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"input_shape must be (channels, height, width), got {tuple(input_shape)}")
+    if arch in FLAT_ARCHS:
+        if not shape or min(shape) < 1:
+            raise ValueError(f"input_shape must be a non-empty shape of positive sizes, got {tuple(input_shape)}")
+    elif len(shape) != 3 or min(shape) < 1:
+        flat = f"; {' or '.join(FLAT_ARCHS)} takes flat inputs such as table rows" if len(shape) != 3 else ""
+        raise ValueError(f"input_shape must be (channels, height, width) for {arch!r}, got {tuple(input_shape)}{flat}")
     model = ARCHS[arch](num_classes=int(num_classes), input_shape=shape, **kwargs)
     rebuild_of = getattr(model, "rebuild_kwargs", None)
     rebuild = rebuild_of() if callable(rebuild_of) else _jsonable(kwargs)

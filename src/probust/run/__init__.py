@@ -8,6 +8,7 @@ or all at once: ``df = probust.run_estimate(...)``. Modules: :mod:`~probust.run.
 arguments and their checks), :mod:`~probust.run.indices`, :mod:`~probust.run.sources` (data,
 model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a folder),
 :mod:`~probust.run.execution`, :mod:`~probust.run.methods` (what each method needs),
+:mod:`~probust.run.noise_options` (the noise beyond isotropic Gaussian),
 :mod:`~probust.run.store` (the results folder and its format), :mod:`~probust.run.results_config`
 (``config.json`` read typed), :mod:`~probust.run.distributed` (torchrun).
 """

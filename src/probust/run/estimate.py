@@ -27,9 +27,19 @@ from probust.run.errors import ConfigError, agree
 from probust.run.execution import execute
 from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
+from probust.run.noise_options import noise_setting
 from probust.run.plan import RunPlan
 from probust.run.settings import RunSettings
-from probust.run.sources import data_name, data_split, device_type, load_data, load_model, resolve_device
+from probust.run.sources import (
+    batch,
+    data_name,
+    data_split,
+    device_type,
+    input_shape,
+    load_data,
+    load_model,
+    resolve_device,
+)
 from probust.run.store import ResultStore, read_results
 
 __all__ = ["prepare", "run_estimate"]
@@ -58,7 +68,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
         error: BaseException | None = None
         try:
             dev = resolve_device(s.device, device_type(s.device), world)
-            ds = load_data(s.data, s.split, s.data_root, s.download)
+            ds = load_data(s.data, s.split, s.data_root, s.download, s.data_options)
             selected = s.selected
             if selected is None:
                 selected = np.arange(len(ds) if s.limit is None else min(s.limit, len(ds)), dtype=np.int64)
@@ -69,7 +79,15 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                         f"{data_split(ds, s.split)} ({len(ds)} points)"
                     )
                 selected = selected[: s.limit] if s.limit is not None else selected
-            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle)
+            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights)
+            noise = noise_setting(
+                s.noise,
+                s.noise_std,
+                s.noise_cov,
+                s.noise_scale,
+                input_shape(ds),
+                batch(ds, np.arange(len(ds), dtype=np.int64))[0] if s.noise_scale == "std" else None,
+            )
             recorded: dict[str, Any] = {
                 "seed": s.seed,
                 "target": s.target,
@@ -80,6 +98,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 "mmse_sampling": s.mmse_sampling,
                 "p_fail": s.p_fail,
                 "mc_half_width": s.mc_half_width,
+                "noise": noise.description,
             }
             grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
             config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
@@ -103,7 +122,8 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 merge=s.merge,
                 linearisation_samples=s.mmse_samples[0],
                 warnings=notes,
-                **recorded,
+                noise=noise,
+                **{k: v for k, v in recorded.items() if k != "noise"},
             )
         except ConfigError as exc:
             error = exc
@@ -158,6 +178,12 @@ def run_estimate(
     data_root: str | os.PathLike | None = None,
     allow_pickle: bool = False,
     allow_version_change: bool = False,
+    data_options: Any = None,
+    weights: str | os.PathLike | None = None,
+    noise: str = "gaussian",
+    noise_std: Any = None,
+    noise_cov: Any = None,
+    noise_scale: str = "absolute",
 ) -> Any:
     """Score a data set with estimators of p_robust at several noise levels, into ``out``.
 

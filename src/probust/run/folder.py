@@ -214,6 +214,8 @@ def new_config(
             "num_classes": num_classes(ds),
             "classes": config_value(list(getattr(ds, "classes", []) or [])),
             "source": str(getattr(ds, "source", "")),
+            # A user's file: its format and options (a table's feature columns, an image size).
+            **({"details": config_value(ds.details)} if getattr(ds, "details", None) else {}),
         },
         "created": now(),
         **_versions(),

@@ -78,4 +78,5 @@ def make_task_estimator(plan: RunPlan, task: Task) -> Estimator:
         kwargs["n_samples"] = task.n_samples
     values = _run_options(plan)
     kwargs.update({name: values[name] for name in sorted(spec.run_options) if values[name] is not None})
-    return make_estimator(task.method, plan.model, task.sigma if spec.uses_noise else None, **kwargs)
+    noise = task.sigma if plan.noise is None else plan.noise.at(task.sigma)
+    return make_estimator(task.method, plan.model, noise if spec.uses_noise else None, **kwargs)

@@ -47,6 +47,8 @@ class RunPlan:
         world: the processes sharing the run.
         linearisation_samples: copies of the MMSE linearisation of mc_cv and mc_is (the
             smallest ``mmse_samples``).
+        noise: the run's noise (:class:`~probust.run.noise_options.NoiseSetting`); None:
+            Gaussian with standard deviation sigma per coordinate.
 
     The other attributes are the :class:`~probust.run.RunSettings` of the same names.
     """
@@ -77,6 +79,7 @@ class RunPlan:
     mc_half_width: float | None = None
     linearisation_samples: int = 5
     warnings: list[str] = field(default_factory=list)
+    noise: Any = None
 
     def blocks(self) -> list[np.ndarray]:
         """The selected indices cut into consecutive blocks of ``batch_size``."""

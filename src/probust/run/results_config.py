@@ -30,13 +30,14 @@ __all__ = [
 
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
-SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None}
+SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None, "noise": {"kind": "gaussian"}}
 
 
 @dataclass(frozen=True)
 class RecordedSettings:
     """The "run" section: the data, the model and the estimator settings the rows were computed
-    with (a folder takes only rows of one such run). None: not recorded."""
+    with (a folder takes only rows of one such run). None: not recorded. ``noise``: its "kind"
+    ("gaussian", "uniform", "laplace") and any shape (see :mod:`probust.run.noise_options`)."""
 
     dataset: str | None
     split: str | None
@@ -52,6 +53,7 @@ class RecordedSettings:
     mmse_sampling: str | None
     p_fail: bool
     mc_half_width: float | None
+    noise: dict[str, Any] = field(default_factory=lambda: dict(SETTING_DEFAULTS["noise"]))
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ class ResultsConfig:
                 mmse_sampling=_str(run, "mmse_sampling"),
                 p_fail=bool(run.get("p_fail", SETTING_DEFAULTS["p_fail"])),
                 mc_half_width=_float(run, "mc_half_width", SETTING_DEFAULTS["mc_half_width"]),
+                noise=dict(run["noise"]) if isinstance(run.get("noise"), dict) else dict(SETTING_DEFAULTS["noise"]),
             ),
             requests=tuple(r for r in requests if isinstance(r, dict)) if isinstance(requests, list) else (),
             model=ModelInfo(

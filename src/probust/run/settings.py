@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from probust._stats import INTERVALS
-from probust.estimators import MMSE
+from probust.estimators import MMSE, REGISTRY
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
 from probust.run.methods import DEFAULT_METHODS, METHODS
+from probust.run.noise_options import check_noise
 from probust.run.sources import device_type
 
 __all__ = ["MMSE_SAMPLINGS", "TARGETS", "RunSettings"]
@@ -40,7 +41,9 @@ class RunSettings:
     ``indices``; ``methods`` in ``probust.METHODS`` order), numbers as int or float.
 
     Attributes:
-        data: a data set name (``probust.data.DATASETS``) or a Dataset with
+        data: a data set name (``probust.data.DATASETS``), a path to the user's own data (a
+            tensor file, a table or a folder of images; see ``data_options`` and
+            :func:`probust.data.load_file`), or a Dataset with
             ``ds[i] -> (x float32 [C, H, W], label)`` (``name``, ``classes``, ``subset`` and
             ``tensors`` are used when present).
         model: a model file (probust checkpoint, TorchScript, torch.export) or an ``nn.Module``
@@ -104,6 +107,21 @@ class RunSettings:
         allow_version_change: resume or extend ``out`` although another probust version wrote
             its rows (refused by default: the two versions' rows could differ; recorded in the
             folder's history). A folder in another results format is always refused.
+        data_options: how to read ``data`` when it is a file or folder rather than a built-in
+            name: the fields of :class:`probust.data.FileOptions` (``x_key``, ``y_key``,
+            ``label_column``, ``feature_columns``, ``image_size``, ``channels``).
+        weights: a state_dict file loaded into the model built by a factory ``model`` given as
+            ``"package.module:function"``.
+        noise: "gaussian" (default), "uniform" or "laplace": the noise at each sigma, with
+            standard deviation sigma per coordinate (mc_cv and mc_is need "gaussian").
+        noise_std: a ``.npy`` file (or array) broadcastable to one input's shape: coordinate j
+            gets standard deviation ``sigma * noise_std[j]`` (a multiplier of each sigma).
+        noise_cov: a ``.npy`` file (or array) [d, d] over the flattened input: the noise has
+            covariance ``sigma**2 * noise_cov``.
+        noise_scale: "absolute" (default) or "std": sigma times each coordinate's standard
+            deviation over the whole data set (for tables: sigma in units of each feature's spread).
+        The noise is part of the folder's identity (``config.json`` "run" -> "noise"); see
+        :mod:`probust.run.noise_options`.
 
     Raises:
         ConfigError: a bad value (one line, starting with the argument's name).
@@ -142,6 +160,12 @@ class RunSettings:
     data_root: str | os.PathLike | None = None
     allow_pickle: bool = False
     allow_version_change: bool = False
+    data_options: Any = None
+    weights: str | os.PathLike | None = None
+    noise: str = "gaussian"
+    noise_std: Any = None
+    noise_cov: Any = None
+    noise_scale: str = "absolute"
 
     def __post_init__(self) -> None:
         for name, value in _checked(self).items():
@@ -217,6 +241,17 @@ def _checked(s: RunSettings) -> dict[str, Any]:
         out[name] = _check_bool(getattr(s, name), name)
     if out["overwrite"] and out["extend"]:
         raise ConfigError("overwrite=True and extend=True exclude each other")
+    if s.data_options is not None and not isinstance(s.data_options, Mapping):
+        raise ConfigError(f"data_options: expected a dict of file reading options, got {s.data_options!r}")
+    if s.weights is not None:
+        _check_path(s.weights, "weights")
+    for name in ("noise_std", "noise_cov"):
+        value = getattr(s, name)
+        if value is not None and not isinstance(value, (str, os.PathLike, np.ndarray, torch.Tensor, list, tuple)):
+            raise ConfigError(f"{name}: expected a .npy file or an array, got {value!r}")
+    check_noise(
+        s.noise, s.noise_std, s.noise_cov, s.noise_scale, [m for m in out["methods"] if REGISTRY[m].needs_gaussian]
+    )
     return out
 
 

@@ -21,6 +21,9 @@ from probust._json import jsonable
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, first_line
 
+#: The options of :class:`probust.data.FileOptions`: run settings of the same names.
+_FILE_OPTIONS = ("x_key", "y_key", "label_column", "feature_columns", "image_size", "channels")
+
 __all__ = [
     "batch",
     "config_value",
@@ -67,8 +70,27 @@ def resolve_device(device: str | torch.device, device_type: str, world: World) -
     return dev
 
 
-def load_data(data: Any, split: str, root: str | os.PathLike | None, download: bool) -> Any:
-    """The data set: ``data`` itself when it is one, else ``probust.data.load`` of the name."""
+def load_data(data: Any, split: str, root: str | os.PathLike | None, download: bool, options: Any = None) -> Any:
+    """The data set: ``data`` itself when it is one, ``probust.data.load`` of a built-in name, else
+    ``probust.data.load_file`` of a file or folder with ``options`` (:class:`probust.data.FileOptions`)."""
+    from probust import data as pdata
+
+    if isinstance(data, (str, os.PathLike)) and not pdata.is_builtin(data):
+        try:
+            return pdata.load_file(data, options)
+        except pdata.ProbustDataError as exc:
+            message = first_line(exc)
+            if not Path(data).exists():
+                message += f", and not a built-in data set (known data sets: {', '.join(pdata.DATASETS)})"
+            raise ConfigError(f"data: {message}") from None
+        except ValueError as exc:  # an option that does not apply, or a bad option value
+            text = first_line(exc)
+            name = text.partition(":")[0]
+            raise ConfigError(text if name in _FILE_OPTIONS else f"data_options: {text}") from None
+    if options:
+        given = pdata.FileOptions.of(options).given()
+        if given:
+            raise ConfigError(f"{next(iter(given))}: applies to data files and folders, not to built-in data sets")
     if not isinstance(data, (str, os.PathLike)):
         if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
             raise ConfigError(
@@ -83,8 +105,6 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
                 f"data: cannot read ds[0] as (x, label) ({type(exc).__name__}: {first_line(exc)})"
             ) from None
         return data
-    from probust import data as pdata
-
     try:
         return pdata.load(str(data), split, root=root, download=download)
     except (pdata.ProbustDataError, FileNotFoundError) as exc:
@@ -134,9 +154,14 @@ def num_classes(ds: Any) -> int | None:
 
 def hash_data(ds: Any, chunk: int = 4096) -> str:
     """sha256 over every point's float32 values and label (so a changed file is noticed)."""
+    from probust.data import ProbustDataError
+
     h = hashlib.sha256()
     for first in range(0, len(ds), chunk):
-        x, y = batch(ds, np.arange(first, min(first + chunk, len(ds)), dtype=np.int64))
+        try:
+            x, y = batch(ds, np.arange(first, min(first + chunk, len(ds)), dtype=np.int64))
+        except ProbustDataError as exc:  # an image of a folder that fails to decode
+            raise ConfigError(f"data: {first_line(exc)}") from None
         h.update(x.contiguous().numpy().tobytes())
         h.update(y.numpy().astype("<i8").tobytes())
     return h.hexdigest()
@@ -158,11 +183,50 @@ def config_value(value: Any) -> Any:
 
 
 def load_model(
-    model: Any, device: torch.device, ds: Any, allow_pickle: bool
+    model: Any, device: torch.device, ds: Any, allow_pickle: bool, weights: str | os.PathLike | None = None
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
-    """The model on ``device``, a JSON description (with its sha256), and warnings."""
+    """The model on ``device``, a JSON description (with its sha256), and warnings.
+
+    ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
+    saved with ``save_pretrained``), or ``package.module:function`` (a factory called with no
+    arguments), into which ``weights`` (a state_dict file) are then loaded."""
     shape, classes, notes = input_shape(ds), num_classes(ds), []
-    if isinstance(model, nn.Module):
+    from probust import data as pdata
+    from probust import models as pmodels
+
+    if weights is not None and not (isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model)):
+        raise ConfigError("weights: apply to a model given as package.module:function only")
+    if isinstance(model, str) and model.startswith(pmodels.HF_PREFIX):
+        try:
+            module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :])
+        except pmodels.CheckpointError as exc:
+            raise ConfigError(f"model: {first_line(exc)}") from None
+        info: dict[str, Any] = {
+            "source": f"{pmodels.HF_PREFIX}{Path(model[len(pmodels.HF_PREFIX) :]).resolve()}",
+            "class": f"{type(module.model).__module__}.{type(module.model).__qualname__}",
+            "meta": config_value(meta),
+            "sha256": hash_state_dict(module),
+        }
+        module = module.to(device)
+    elif isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model):
+        try:
+            built = pmodels.build_from_factory(os.fspath(model))
+        except pmodels.CheckpointError as exc:
+            raise ConfigError(f"model: {first_line(exc)}") from None
+        if weights is not None:
+            try:
+                pmodels.load_weights(built, weights)
+            except pmodels.CheckpointError as exc:
+                raise ConfigError(f"weights: {first_line(exc)}") from None
+        info = {
+            "source": f"factory:{os.fspath(model)}",
+            "class": f"{type(built).__module__}.{type(built).__qualname__}",
+            "weights": None if weights is None else str(Path(weights).resolve()),
+            "meta": {},
+            "sha256": hash_state_dict(built),
+        }
+        module = built.to(device)
+    elif isinstance(model, nn.Module):
         info = {
             "source": "nn.Module",
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
@@ -173,9 +237,7 @@ def load_model(
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
-            raise ConfigError(f"model: no model file at {path}")
-        from probust import models as pmodels
-
+            raise ConfigError(f"model: no model file at {path} (nor a factory package.module:function)")
         try:
             module, meta = pmodels.load_model(
                 path,
@@ -191,7 +253,8 @@ def load_model(
         except (pmodels.CheckpointError, OSError) as exc:
             raise ConfigError(f"model: {first_line(exc)}") from None
         trained_on = meta.get("dataset")
-        if trained_on is not None and hasattr(ds, "name"):
+        # Between built-in sets only: a user's files are named freely (train.csv, test.csv).
+        if trained_on is not None and hasattr(ds, "name") and pdata.is_builtin(str(trained_on)):
             from probust.data import canonical_name
 
             try:
@@ -218,8 +281,11 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             f"model: does not accept inputs of shape {list(shape)} from {data_name(ds)} "
             f"({type(exc).__name__}: {first_line(exc)})"
         ) from None
-    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != x.shape[0]:
-        desc = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ConfigError(f"model: returns {desc} for a batch of {x.shape[0]}, expected logits [batch, classes]")
+    from probust.models import output_problem
+
+    problem = output_problem(out, x.shape[0])
+    if problem is not None:
+        raise ConfigError(f"model: {problem}")
+    assert isinstance(out, Tensor)
     if classes is not None and out.shape[1] != classes:
         raise ConfigError(f"model: has {out.shape[1]} classes, the data set {data_name(ds)} has {classes}")

@@ -132,6 +132,8 @@ _RECIPES: dict[str, TrainConfig] = {
     "cnn": TrainConfig(epochs=10, lr=0.05, batch_size=128, weight_decay=5e-4),
     "resnet18": TrainConfig(epochs=200, lr=0.1, batch_size=128, weight_decay=5e-4),
     "vit": TrainConfig(epochs=10, lr=0.01, batch_size=64, weight_decay=0.0),
+    # Small tables (hundreds of rows): many short epochs; the MLP standardises its features.
+    "mlp": TrainConfig(epochs=100, lr=0.01, batch_size=32, weight_decay=1e-4),
 }
 
 #: Per-architecture values of the :data:`ARCH_DEFAULTED` fields, for a :class:`TrainConfig` that

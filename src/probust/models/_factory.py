@@ -1,0 +1,116 @@
+"""Models from the user's own code: a factory ``package.module:function`` and a state_dict file,
+and the check that a model's output is logits."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probust._io import first_line
+from probust.models._checkpoint import CheckpointError
+
+#: ``package.module:function`` (dotted names on both sides).
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def is_factory(spec: str | os.PathLike) -> bool:
+    """Whether ``spec`` reads as ``package.module:function`` rather than a file."""
+    text = os.fspath(spec)
+    return bool(FACTORY_PATTERN.match(text)) and not Path(text).exists()
+
+
+def build_from_factory(spec: str) -> nn.Module:
+    """Import ``package.module`` and call ``function()`` with no arguments; it must return an
+    ``nn.Module``. The current folder is searched first for the module (as ``python -m`` does).
+
+    Raises:
+        CheckpointError: the module or function cannot be found, the call fails or returns
+            something else than an ``nn.Module`` (the message says which).
+    """
+    module_name, _, attr = spec.partition(":")
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{spec}: cannot import {module_name} ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise CheckpointError(f"{spec}: {module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise CheckpointError(f"{spec}: {attr} is a {type(target).__name__}, not a function")
+    try:
+        model = target()
+    except Exception as exc:
+        raise CheckpointError(f"{spec}: calling {attr}() failed ({type(exc).__name__}: {first_line(exc)})") from None
+    if not isinstance(model, nn.Module):
+        raise CheckpointError(f"{spec}: {attr}() returned a {type(model).__name__}, expected a torch.nn.Module")
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load a state_dict file (``torch.save(model.state_dict(), path)``) into ``model`` (strict).
+
+    A probust checkpoint's weights are accepted too.
+
+    Raises:
+        CheckpointError: no such file, not a state_dict, or keys/shapes that do not fit the model.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{p}: no weights file there")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{p}: not a state_dict file ({type(exc).__name__}: {first_line(exc)})") from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{p}: holds a {type(obj).__name__}, expected a state_dict (names -> tensors)")
+    try:
+        model.load_state_dict(obj)
+    except RuntimeError as exc:
+        text = " ".join(str(exc).split())
+        raise CheckpointError(f"{p}: the weights do not fit the model: {text[:300]}") from None
+
+
+def output_problem(out: Any, batch: int) -> str | None:
+    """What is wrong with a model's output for a batch of ``batch`` inputs, and how to wrap the
+    model; None when it is logits ``[batch, C]``."""
+    wrap = "wrap the model in an nn.Module whose forward returns the logits tensor [batch, classes]"
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        keys = ", ".join(repr(k) for k in list(out.keys())[:6])
+        return f"returns a {type(out).__name__} (keys {keys}), expected logits [batch, classes]; {wrap}, e.g. out['logits']"
+    if isinstance(out, (tuple, list)):
+        kinds = ", ".join(str(list(v.shape)) if isinstance(v, Tensor) else type(v).__name__ for v in list(out)[:4])
+        return f"returns a {type(out).__name__} ({kinds}), expected logits [batch, classes]; {wrap}, e.g. out[0]"
+    if not isinstance(out, Tensor):
+        return f"returns a {type(out).__name__}, expected logits [batch, classes]; {wrap}"
+    if out.ndim != 2 or out.shape[0] != batch:
+        return f"returns {list(out.shape)} for a batch of {batch}, expected logits [batch, classes]"
+    values = out.detach().to(torch.float64)
+    if (
+        values.shape[1] >= 2
+        and bool((values >= 0).all())
+        and bool(torch.allclose(values.sum(1), torch.ones(batch, dtype=torch.float64), atol=1e-5))
+    ):
+        return (
+            "returns probabilities (rows of non-negative values summing to 1), expected logits: remove the final "
+            "softmax, or wrap it as forward(x) = torch.log(model(x).clamp_min(1e-12))"
+        )
+    return None

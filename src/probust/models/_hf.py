@@ -1,0 +1,90 @@
+"""Hugging Face image classifiers saved with ``save_pretrained`` (``--model hf:DIR``), offline.
+
+Needs ``transformers`` (``pip install probust[hf]``). The folder is read with
+``local_files_only=True``: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probust._io import first_line
+from probust.models._checkpoint import CheckpointError
+
+#: The prefix that marks a Hugging Face folder as ``--model``.
+HF_PREFIX = "hf:"
+
+
+class HFImageClassifier(nn.Module):
+    """A ``transformers`` image classifier as a logits model: ``[B, C, H, W]`` in [0, 1] -> logits.
+
+    The processor's normalisation (``image_mean``, ``image_std`` of ``preprocessor_config.json``,
+    when ``do_normalize`` is not false) is applied inside, so inputs and noise stay in [0, 1] pixel
+    units; images are not resized (give the data the model's size, e.g. with ``--image-size``).
+    """
+
+    def __init__(self, model: nn.Module, mean: list[float] | None = None, std: list[float] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        shape = (1, -1, 1, 1)
+        self.register_buffer("mean", None if mean is None else torch.tensor(mean, dtype=torch.float32).view(shape))
+        self.register_buffer("std", None if std is None else torch.tensor(std, dtype=torch.float32).view(shape))
+
+    mean: Tensor | None
+    std: Tensor | None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.mean is not None and self.std is not None:
+            x = (x - self.mean) / self.std
+        return self.model(pixel_values=x).logits
+
+
+def load_hf_classifier(folder: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+    """The image classifier saved in ``folder`` (``save_pretrained``), in eval mode, and its meta
+    (``format``, ``model_type``, ``labels`` from the config's ``id2label``).
+
+    Raises:
+        CheckpointError: ``transformers`` is missing, or the folder holds no image classifier.
+    """
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: not a Hugging Face model folder (no config.json; save it with save_pretrained)")
+    try:
+        from transformers import AutoModelForImageClassification
+    except ImportError:
+        raise CheckpointError(
+            f"{path}: a Hugging Face model needs the transformers package: pip install probust[hf]"
+        ) from None
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a local folder loads in a moment; keep stderr for probust
+    try:
+        model = AutoModelForImageClassification.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path}: cannot load an image classifier from it ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    mean = std = None
+    processor = path / "preprocessor_config.json"
+    if processor.is_file():
+        settings = json.loads(processor.read_text())
+        if settings.get("do_normalize", True) and "image_mean" in settings and "image_std" in settings:
+            mean, std = [float(v) for v in settings["image_mean"]], [float(v) for v in settings["image_std"]]
+    config = model.config
+    meta = {
+        "format": "huggingface",
+        "model_type": getattr(config, "model_type", None),
+        "labels": [str(config.id2label[i]) for i in sorted(config.id2label)] if config.id2label else [],
+        "normalize": mean is not None,
+    }
+    return HFImageClassifier(model, mean, std).eval(), meta
