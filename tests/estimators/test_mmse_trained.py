@@ -13,8 +13,8 @@ and 0.2. Monte Carlo's own share of that mean, sqrt(2/pi) * mean sqrt(p(1-p)/n) 
 doubled MMSE error (a regression of the estimator) would exceed the bound at every sigma. The
 margin allows for the CNN a different CPU trains (its kernels round differently: test accuracy
 0.8988 here, 0.905 on another machine).
-Cost: Monte Carlo 136-151 CPU-s per sigma, MMSE ~2 s, on one thread; the training is shared with
-the accuracy test through the session fixture.
+Cost, measured once on one thread: 302 s (Monte Carlo ~100 s per sigma, MMSE ~2 s), plus the
+training (87 s), which the accuracy test shares through the session fixture.
 """
 
 from __future__ import annotations
