@@ -1,6 +1,9 @@
-"""Shared fixtures: small models whose exact p_robust is known."""
+"""Shared fixtures: small models whose exact p_robust is known, and the paper's Fashion-MNIST CNN
+(session-scoped, for the slow tests)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,3 +30,21 @@ def no_plan_cache_on_disk(monkeypatch):
 @pytest.fixture
 def make_linear():
     return linear_model
+
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_cnn(tmp_path_factory):
+    """probust's CNN trained on Fashion-MNIST with the paper's recipe (10 epochs, SGD lr 0.05,
+    batch 128, seed 0, one thread): the TrainResult, trained once per session for the slow tests
+    that need it (minutes); skipped where the data set is not installed."""
+    if not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"Fashion-MNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
+    from probust.training import train
+
+    out = tmp_path_factory.mktemp("fashion_mnist") / "cnn.pt"
+    return train(
+        "fashion-mnist", "cnn", epochs=10, lr=0.05, batch_size=128, out=out, show_progress=False, num_threads=1
+    )

@@ -32,7 +32,21 @@ def test_case_study_trains_and_tests_both_classifiers_over_seeds(results, out_di
     s = out.table
     assert list(s["score"]) == ["mmse", "softmax"] and (s["seeds"] == 2).all()
     seeds = out.tables["seeds"]
-    assert len(seeds) == 4 and seeds["test_accuracy"].between(0, 1).all()
+    assert len(seeds) == 4
+    # Oracle for the accuracies: seed 0 of p^mmse recomputed from the public pieces (the pool of
+    # scored points, the top/bottom-k groups, the seeded split, the training), not just a number in [0, 1].
+    from probust.experiments.case_study import groups, split, train_and_test
+    from probust.experiments.common import case_sigma, pool
+    from probust.experiments.datasets import images, load_dataset
+
+    run = results.primary()
+    g = groups(pool(run, case_sigma(run)), "mmse", 5)
+    ds = load_dataset(run)
+    x, y = images(ds, g["index"].to_numpy()).astype(np.float32), g["target"].to_numpy().astype(np.int64)
+    tr, te = split(y, 0.1, np.random.default_rng([run.seed, 0]))
+    expect = train_and_test(x, y, tr, te, seed=run.seed * 1000, epochs=2, mean=list(ds.mean), std=list(ds.std))
+    first = seeds[(seeds.score == "mmse") & (seeds.seed == 0)].iloc[0]
+    assert first["test_accuracy"] == expect["test_accuracy"] and first["n_test"] == len(te)
     assert (seeds["images"] == 10 * 2 * 5).all() and (seeds["n_test"] == 10).all()
     np.testing.assert_allclose(
         s.set_index("score")["mean_accuracy"], seeds.groupby("score")["test_accuracy"].mean().loc[["mmse", "softmax"]]

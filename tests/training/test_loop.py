@@ -142,7 +142,9 @@ def test_vit_trains_a_step_on_a_small_data_set(digits):
     )
 
     assert result.meta["arch_kwargs"]["config"]["hidden_size"] == 16
-    assert 0.0 <= result.meta["test_accuracy"] <= 1.0 and math.isfinite(result.meta["history"][0]["train_loss"])
+    # the recorded accuracy is the trained model's on the test split (oracle: evaluate), not just a number in [0, 1]
+    assert result.meta["test_accuracy"] == evaluate(result.model, digits[1].subset(range(16)))
+    assert math.isfinite(result.meta["history"][0]["train_loss"])
 
 
 def test_keyword_call_and_config_call_give_bitwise_identical_weights(digits):
@@ -191,12 +193,9 @@ def test_settings_both_in_config_and_as_keywords_are_refused_naming_them():
     "arch, arch_kwargs, lr, floor",
     [
         ("linear", {}, 0.01, 0.835),  # measured 0.844 (paper: 84%)
-        # measured 0.905 on one build machine, 0.8988 on another with the same code, seed and
-        # one thread (each CPU's kernels round differently; ten epochs of SGD amplify it); paper: 91%
-        ("cnn", {}, 0.05, 0.895),
         ("cnn", {"pool": False}, 0.02, 0.905),  # measured 0.909
     ],
-    ids=["linear", "cnn", "cnn-no-pool"],
+    ids=["linear", "cnn-no-pool"],
 )
 def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwargs, lr, floor):
     # selected by its marker alone (`make test-all`, `pytest -m slow`), like every slow test
@@ -214,3 +213,14 @@ def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwa
         num_threads=1,
     )
     assert result.meta["test_accuracy"] >= floor
+
+
+@pytest.mark.slow
+def test_fashion_mnist_cnn_reaches_the_papers_accuracy(fashion_mnist_cnn):
+    # the same recipe as above (lr 0.05), trained once per session by the fixture in tests/conftest.py,
+    # which the MMSE-against-Monte-Carlo test (tests/estimators/test_mmse_trained.py) reuses.
+    # Measured 0.905 on one build machine, 0.8988 on another with the same code, seed and one
+    # thread (each CPU's kernels round differently; ten epochs of SGD amplify it); paper: 91%.
+    meta = fashion_mnist_cnn.meta
+    assert (meta["arch"], meta["epochs"], meta["lr"], meta["batch_size"]) == ("cnn", 10, 0.05, 128)
+    assert meta["test_accuracy"] >= 0.895
