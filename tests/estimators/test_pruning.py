@@ -174,4 +174,4 @@ def test_a_model_forward_mode_cannot_run_falls_back_to_every_gradient_with_one_w
     forward_mode = [w for w in caught if "forward mode" in str(w.message)]
     assert len(forward_mode) == 1
     assert (first.boundaries_kept == 59).all() and (second.boundaries_kept == 59).all()
-    torch.testing.assert_close(torch.cat([first.p, second.p]), full.p, rtol=0, atol=1e-9)
+    torch.testing.assert_close(torch.cat([first.p, second.p]), full.p, rtol=0, atol=1e-6)
