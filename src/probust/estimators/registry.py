@@ -30,6 +30,7 @@ RUN_OPTIONS = (
     "mmse_samples",
     "p_fail",
     "target_half_width",
+    "prune",
 )
 
 
@@ -88,7 +89,7 @@ class MethodSpec:
         return "mmse_samples" in self.run_options
 
 
-_ANALYTIC = frozenset({"tol", "jacobian", "p_fail"})
+_ANALYTIC = frozenset({"tol", "jacobian", "p_fail", "prune"})
 
 #: Every method, in the order tables and figures show them: the paper's six, then those beyond it.
 REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(

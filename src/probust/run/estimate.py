@@ -79,6 +79,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 "mmse_sampling": s.mmse_sampling,
                 "p_fail": s.p_fail,
                 "mc_half_width": s.mc_half_width,
+                "prune": s.prune,
             }
             grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
             config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
@@ -149,6 +150,7 @@ def run_estimate(
     mmse_sampling: str = "centred",
     p_fail: bool = False,
     mc_half_width: float | None = None,
+    prune: str = "auto",
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,

@@ -30,7 +30,9 @@ __all__ = [
 
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
-SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None}
+#: A folder from before ``prune`` computed every boundary; it counts as "auto", which computes
+#: every boundary below 50 classes (the same rows, bitwise) and above stays within ``tol``.
+SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None, "prune": "auto"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class RecordedSettings:
     mmse_sampling: str | None
     p_fail: bool
     mc_half_width: float | None
+    prune: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class ResultsConfig:
                 mmse_sampling=_str(run, "mmse_sampling"),
                 p_fail=bool(run.get("p_fail", SETTING_DEFAULTS["p_fail"])),
                 mc_half_width=_float(run, "mc_half_width", SETTING_DEFAULTS["mc_half_width"]),
+                prune=_str(run, "prune", SETTING_DEFAULTS["prune"]) or SETTING_DEFAULTS["prune"],
             ),
             requests=tuple(r for r in requests if isinstance(r, dict)) if isinstance(requests, list) else (),
             model=ModelInfo(

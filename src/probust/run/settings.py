@@ -19,6 +19,7 @@ from torch import nn
 
 from probust._stats import INTERVALS
 from probust.estimators import MMSE
+from probust.estimators.pruning import PRUNE_CHOICES
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
@@ -86,6 +87,12 @@ class RunSettings:
             mv-sigmoid; for the mvn-cdf up to C - 1 extra QMC integrals per point, so off by
             default. ``mc_is`` always fills these columns. A run setting: a folder computed
             without it cannot be extended with it (use another ``out``, or ``overwrite``).
+        prune: decision boundaries the analytic mvn-cdf methods (taylor, mmse) may skip: "auto"
+            (default: skip those that cannot matter from 50 classes on, see
+            :class:`probust.Taylor`), "on" or "off" (every boundary's gradient, as before). The
+            error of the skipped ones is added to ``cdf_error``; the column
+            ``boundaries_kept`` records how many each point kept. A run setting, part of the
+            folder's identity.
         mc_half_width: adaptive Monte Carlo ("mc", "mc_cv"): stop drawing for a point once its
             interval's half-width is at most this (checked every 1,000 draws for "mc", 500 for
             "mc_cv"; at most ``mc_samples`` draws). The column ``n_drawn`` records the draws
@@ -128,6 +135,7 @@ class RunSettings:
     mmse_sampling: str = "centred"
     p_fail: bool = False
     mc_half_width: float | None = None
+    prune: str = "auto"
     show_progress: bool = True
     overwrite: bool = False
     extend: bool = False
@@ -195,6 +203,8 @@ def _checked(s: RunSettings) -> dict[str, Any]:
         if mc_half_width >= 0.5:
             raise ConfigError(f"mc_half_width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
     out["mc_half_width"] = mc_half_width
+    if s.prune not in PRUNE_CHOICES:
+        raise ConfigError(f"prune: expected one of {', '.join(PRUNE_CHOICES)}, got {s.prune!r}")
     if s.overwrite and s.extend:
         raise ConfigError("overwrite=True and extend=True exclude each other")
     out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
