@@ -205,6 +205,8 @@ def _checked(s: RunSettings) -> dict[str, Any]:
     out["mc_half_width"] = mc_half_width
     if s.prune not in PRUNE_CHOICES:
         raise ConfigError(f"prune: expected one of {', '.join(PRUNE_CHOICES)}, got {s.prune!r}")
+    if s.prune == "on" and s.p_fail:
+        raise ConfigError("prune: 'on' cannot be combined with p_fail=True (use 'auto', which keeps every boundary then)")
     if s.overwrite and s.extend:
         raise ConfigError("overwrite=True and extend=True exclude each other")
     out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
