@@ -244,8 +244,8 @@ def margin_jacobian(
     t = holder["target"]
     if limit is None and wanted is None:
         # Class c sits at position 0 (zeros) if it is the target, else at 1 + its rank among the others.
-        classes = logits.shape[1]
-        c = torch.arange(classes, device=t.device)
+        n_classes = logits.shape[1]
+        c = torch.arange(n_classes, device=t.device)
         position = torch.where(c == t[:, None], 0, torch.where(c < t[:, None], c + 1, c))
         padded = torch.cat([torch.zeros_like(grads[:, :1]), grads], dim=1)
         grads = padded.gather(1, _expand_index(position, padded))
@@ -367,8 +367,9 @@ def margin_sketch(
         x: inputs [B, N, *S]: N copies of each point (MMSE's noisy copies; N = 1 for Taylor).
         target: long [B], the class whose margins are taken (the same for every copy).
         probes: [B, m, *S], the m probe directions of each point (shared by its copies).
-        batch_size: the most rows (copies) per pass; each pass carries all m probes.
-        probe_chunk_size: probes per vectorised pass (None: all at once).
+        batch_size: the most rows (copies) per pass; each pass carries up to
+            ``probe_chunk_size`` probes of each (the pass then holds batch_size x probe_chunk_size rows).
+        probe_chunk_size: probes per pass (None: all m at once).
         to_rows: applied to each block of rows and of probes (e.g. a memory format).
 
     Returns:
@@ -380,23 +381,29 @@ def margin_sketch(
     rows = x.reshape(points * copies, *shape)
     row_probes = probes.to(rows.dtype).repeat_interleave(copies, dim=0)  # [B N, m, *S]
     row_target = target.repeat_interleave(copies)
+    probes_per_pass = probes.shape[1] if probe_chunk_size is None else min(probe_chunk_size, probes.shape[1])
     g_parts, d_parts = [], []
     with torch.no_grad():
         for first in range(0, len(rows), batch_size):
             block = slice(first, first + batch_size)
-            xb = rows[block] if to_rows is None else to_rows(rows[block])
-            tangents_in = row_probes[block].transpose(0, 1)
-            if to_rows is not None:
-                tangents_in = torch.stack([to_rows(v) for v in tangents_in])
-
-            def along(tangent: Tensor, xb: Tensor = xb) -> tuple[Tensor, Tensor]:
-                jvp = torch.func.jvp(model, (xb,), (tangent,))  # (output, tangent out)
-                return jvp[0], jvp[1]
-
-            logits, tangents = torch.func.vmap(along, chunk_size=probe_chunk_size)(tangents_in)
             t = row_target[block]
-            g_parts.append(margins(logits[0], t))
-            d_parts.append((tangents.gather(2, t.view(1, -1, 1).expand(tangents.shape[0], -1, 1)) - tangents).transpose(0, 1))
+            n = len(t)
+            pieces = []
+            for start in range(0, probes.shape[1], probes_per_pass):
+                tangent = row_probes[block, start : start + probes_per_pass]
+                k = tangent.shape[1]
+                # The block's rows, each repeated for its k probes: one forward-mode pass
+                # (stacking rows beats vmapping the probes, which torch.func runs slowly).
+                primal = rows[block, None].expand(-1, k, *shape).reshape(n * k, *shape)
+                tangent = tangent.reshape(n * k, *shape)
+                if to_rows is not None:
+                    primal, tangent = to_rows(primal), to_rows(tangent)
+                jvp = torch.func.jvp(model, (primal,), (tangent,))  # (output, tangent out)
+                out = jvp[1].view(n, k, -1)
+                if start == 0:
+                    g_parts.append(margins(jvp[0].view(n, k, -1)[:, 0], t))
+                pieces.append(out.gather(2, t.view(-1, 1, 1).expand(-1, k, 1)) - out)
+            d_parts.append(torch.cat(pieces, dim=1))
     g = torch.cat(g_parts).view(points, copies, -1).mean(dim=1)
     d = torch.cat(d_parts).view(points, copies, *d_parts[0].shape[1:]).mean(dim=1)
     return g, d

@@ -175,3 +175,41 @@ def test_a_model_forward_mode_cannot_run_falls_back_to_every_gradient_with_one_w
     assert len(forward_mode) == 1
     assert (first.boundaries_kept == 59).all() and (second.boundaries_kept == 59).all()
     torch.testing.assert_close(torch.cat([first.p, second.p]), full.p, rtol=0, atol=1e-6)
+
+
+def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor]:
+    """A tiny CNN trained briefly on noisy copies of random class prototypes ([1, 8, 8]), and
+    test inputs: prototypes and midpoints between two of them (p spread over (0, 1))."""
+    gen = torch.Generator().manual_seed(0)
+    prototypes = torch.rand(classes, 1, 8, 8, generator=gen)
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 64), nn.ReLU(), nn.Linear(64, classes)
+    )
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        y = torch.randint(classes, (256,), generator=gen)
+        x = prototypes[y] + 0.15 * torch.randn(256, 1, 8, 8, generator=gen)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    mids = 0.5 * (prototypes[:8] + prototypes[8:16])
+    return model, torch.cat([prototypes[:8], mids])
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make):
+    model, x = _trained_many_class_cnn()
+    middling = dropped = 0
+    for sigma in (0.02, 0.05, 0.1):
+        full = make(model, sigma, prune="off", tol=1e-3)(x)
+        pruned = make(model, sigma, prune="on", tol=1e-3)(x)
+        assert torch.equal(full.target, pruned.target)
+        gap = (pruned.p - full.p).abs()
+        assert (gap <= pruned.cdf_error + full.cdf_error).all(), (sigma, gap, pruned.cdf_error)
+        dropped += int((pruned.boundaries_kept < 119).sum())
+        middling += int(((full.p > 0.2) & (full.p < 0.8)).sum())
+    assert middling >= 2, "some points should have p near 0.5"
+    assert dropped > 0, "the test should exercise pruning"

@@ -381,3 +381,14 @@ def test_the_linearisation_copies_are_part_of_a_folders_identity(tmp_path):
     # more copies for mmse, or mc_cv with the same smallest count, extend the folder
     df = run(out, mmse_samples=[3, 5], extend=True, methods=["mc_cv", "mmse_mvs"], sigmas=[0.3], limit=3)
     assert sorted(set(zip(df.method, df.n_samples))) == [("mc_cv", 200), ("mmse_mvs", 3), ("mmse_mvs", 5)]
+
+
+def test_prune_is_part_of_the_folders_identity(tmp_path):
+    out = tmp_path / "r"
+    df = run(out, methods=["taylor"], limit=4, prune="off")
+    assert (df.boundaries_kept == 2).all()  # 3 classes: both other boundaries
+    assert read_config(out)["run"]["prune"] == "off"
+    with pytest.raises(ConfigMismatchError, match="prune"):
+        run(out, methods=["taylor"], limit=4, prune="on")
+    with pytest.raises(ConfigError, match="prune"):
+        run(tmp_path / "bad", methods=["taylor"], limit=4, prune="sometimes")

@@ -225,7 +225,9 @@ class Linearised(Estimator):
         """The estimate of a chunk from its kept boundaries only; None where the model cannot be
         sketched in forward mode (one warning; the caller computes every gradient instead)."""
         target = check_target(target, self._clean_logits(x)) if target is None else target
-        probes = self.noise.sample(_rng.point_keys(self.seed, indices, _rng.STREAM_PRUNE), 0, pruning.PROBES, x.shape[1:])
+        probes = self.noise.sample(
+            _rng.point_keys(self.seed, indices, _rng.STREAM_PRUNE), 0, pruning.PROBES, x.shape[1:]
+        )
         plan = self._jacobian_plan(x, x.shape[0] * self.copies)
         try:
             with weights_in_format(self.model, plan.channels_last):

@@ -37,7 +37,7 @@ PRUNE_CHOICES = ("auto", "on", "off")
 #: lower quantile over m grows towards 1) at a linear cost.
 PROBES = 32
 #: "auto" prunes from this many classes on (measured: benchmarks/bench_prune.py).
-AUTO_MIN_CLASSES = 50
+AUTO_MIN_CLASSES = 100
 #: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
 DROP_SHARE = 0.05
 FAILURE_SHARE = 0.01

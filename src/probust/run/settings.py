@@ -88,7 +88,7 @@ class RunSettings:
             default. ``mc_is`` always fills these columns. A run setting: a folder computed
             without it cannot be extended with it (use another ``out``, or ``overwrite``).
         prune: decision boundaries the analytic mvn-cdf methods (taylor, mmse) may skip: "auto"
-            (default: skip those that cannot matter from 50 classes on, see
+            (default: skip those that cannot matter from 100 classes on, see
             :class:`probust.Taylor`), "on" or "off" (every boundary's gradient, as before). The
             error of the skipped ones is added to ``cdf_error``; the column
             ``boundaries_kept`` records how many each point kept. A run setting, part of the
@@ -206,7 +206,9 @@ def _checked(s: RunSettings) -> dict[str, Any]:
     if s.prune not in PRUNE_CHOICES:
         raise ConfigError(f"prune: expected one of {', '.join(PRUNE_CHOICES)}, got {s.prune!r}")
     if s.prune == "on" and s.p_fail:
-        raise ConfigError("prune: 'on' cannot be combined with p_fail=True (use 'auto', which keeps every boundary then)")
+        raise ConfigError(
+            "prune: 'on' cannot be combined with p_fail=True (use 'auto', which keeps every boundary then)"
+        )
     if s.overwrite and s.extend:
         raise ConfigError("overwrite=True and extend=True exclude each other")
     out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
