@@ -302,6 +302,18 @@ class Taylor(Linearised):
             relative error ``r.p_fail_error`` (:func:`probust.mvn.mvn_sf`; the mv-sigmoid's
             is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
         fail_rtol: target relative error of ``r.p_fail``.
+        prune: skip the decision boundaries that cannot matter (:mod:`probust.estimators.pruning`):
+            32 forward-mode products against probes drawn from the noise bound every
+            boundary's z from below at once; exact gradients are computed only for the
+            boundaries still within reach, and what the others could cost (their tails' sum
+            plus the sketch's failure probability, at most 6% of ``tol``) is added to
+            ``r.cdf_error``; ``r.boundaries_kept`` counts the kept ones, ``r.z`` holds the
+            lower bound and ``r.grad_norm`` NaN for the others. "auto" (default): from
+            :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, for the mvn-cdf
+            under Gaussian noise without ``differentiable`` or ``p_fail`` (and not when the
+            Jacobian is taken in forward mode); "on" / True: always (an error where it cannot
+            apply); "off" / False: every boundary, bitwise as before. A model forward mode
+            cannot run through falls back to every boundary with one warning.
     """
 
     base_method = "taylor"
@@ -355,7 +367,9 @@ class MMSE(Linearised):
 
     Args:
         model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
-            p_fail, fail_rtol: see :class:`Taylor`. Differentiable MMSE differentiates through the
+            p_fail, fail_rtol, prune: see :class:`Taylor`. Pruning sketches the averaged
+            linearisation (the probes' derivatives averaged over the N copies, exactly the
+            smoothed boundary's), so it keeps the same guarantee. Differentiable MMSE differentiates through the
             N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
         n_samples: N, noisy copies per point (the paper uses 5 to 500).
         sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to
