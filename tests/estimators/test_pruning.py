@@ -115,9 +115,11 @@ def test_prune_off_and_auto_below_the_threshold_are_bitwise_the_unpruned_path(ma
 
 
 def test_auto_prunes_from_the_measured_class_count_on():
-    many = linear_model(20, pruning.AUTO_MIN_CLASSES, seed=0)
-    few = linear_model(20, pruning.AUTO_MIN_CLASSES - 1, seed=0)
-    x = torch.zeros(2, 20)
+    # More input coordinates than classes: forward mode (one pass per coordinate) is not cheaper.
+    d = pruning.AUTO_MIN_CLASSES + 200
+    many = linear_model(d, pruning.AUTO_MIN_CLASSES, seed=0)
+    few = linear_model(d, pruning.AUTO_MIN_CLASSES - 1, seed=0)
+    x = torch.zeros(2, d)
     assert probust.Taylor(many, 0.1).prunes(x)
     assert not probust.Taylor(few, 0.1).prunes(x)
     assert not probust.Taylor(many, 0.1, cdf="mv-sigmoid").prunes(x)

@@ -198,7 +198,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         choices=("auto", "on", "off"),
         help="taylor/mmse: skip the decision boundaries that cannot matter (a forward-mode sketch bounds their "
-        "distance; what they could cost is added to cdf_error; column boundaries_kept): from 100 classes on "
+        "distance; what they could cost is added to cdf_error; column boundaries_kept): from 1,000 classes on "
         "(auto, default), always (on) or never (off: every boundary's gradient)",
     )
     how.add_argument(
