@@ -16,6 +16,7 @@ from probust.linearise import (
     logit_jacobian,
     margin_gradients,
     margin_jacobian,
+    margin_sketch,
     margins,
     other_classes,
     plan_blocks,
@@ -212,3 +213,34 @@ def test_project_is_the_dot_product_of_each_normal_with_each_draw():
     got64 = project(u.double(), eps)
     assert got64.dtype == F64
     torch.testing.assert_close(got64, torch.einsum("bcd,bnd->bnc", u.double().flatten(2), eps.double().flatten(2)))
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
+def test_margin_jacobian_of_chosen_classes_equals_those_rows_of_the_full_one(strategy):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 7))
+    x = torch.randn(5, 6)
+    _, target, full = margin_jacobian(model, x, strategy="vmap")
+    gen = torch.Generator().manual_seed(1)
+    classes = torch.randint(7, (5, 3), generator=gen)
+    classes[:, -1] = target  # padding: the target itself gives a zero row
+    _, t, chosen = margin_jacobian(model, x, strategy=strategy, classes=classes)
+    assert torch.equal(t, target)
+    expected = full.gather(1, classes[:, :, None].expand(-1, -1, 6))
+    torch.testing.assert_close(chosen, expected, rtol=1e-5, atol=1e-6)
+    assert (chosen[:, -1] == 0).all()
+
+
+def test_margin_sketch_gives_each_margins_derivative_along_each_probe():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 7))
+    x = torch.randn(4, 3, 6)  # 4 points, 3 copies each
+    target = torch.tensor([0, 3, 6, 2])
+    probes = torch.randn(4, 5, 6)
+    g, d = margin_sketch(model, x, target, probes, batch_size=5, probe_chunk_size=2)
+    rows = x.reshape(12, 6)
+    logits, _, u = margin_jacobian(model, rows, target.repeat_interleave(3))
+    expected_g = margins(logits, target.repeat_interleave(3)).view(4, 3, 7).mean(1)
+    expected_d = torch.einsum("bnci,bki->bkc", u.view(4, 3, 7, 6).double(), probes.double()) / 3
+    torch.testing.assert_close(g, expected_g, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(d.double(), expected_d, rtol=1e-4, atol=1e-5)

@@ -29,6 +29,7 @@ _MIX2 = _s64(0x94D049BB133111EB)
 STREAM_MC = 1
 STREAM_MMSE = 2
 STREAM_CONTROL = 3
+STREAM_PRUNE = 4
 
 
 def _shift_right(x: Tensor, bits: int) -> Tensor:

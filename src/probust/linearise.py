@@ -184,6 +184,7 @@ def margin_jacobian(
     strategy: str = "vmap",
     fallback: bool = True,
     limit: int | None = None,
+    classes: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Logits [B, C], targets [B] and the margin gradients u [B, C, *S] at x.
 
@@ -198,26 +199,36 @@ def margin_jacobian(
             there is an error).
         limit: compute only the first ``limit`` margins and return them as [B, limit, *S] in
             the order of the other classes (for timing strategies).
+        classes: int64 [B, K], compute only these margins of each point, returned as
+            [B, K, *S] in this order: K backward passes instead of C - 1. An entry equal to
+            the point's target gives a zero row (padding for points that need fewer).
     """
     holder: dict[str, Tensor] = {}
+    wanted = None if classes is None else classes.to(device=x.device, dtype=torch.int64)
+    if wanted is not None and (wanted.ndim != 2 or wanted.shape[0] != x.shape[0]):
+        raise ValueError(f"classes must be int64 [B, K] with B = {x.shape[0]}, got shape {tuple(wanted.shape)}")
 
     def margin_cotangents(logits: Tensor) -> Tensor:
         t = check_target(target, logits)
         holder["target"] = t
         classes = logits.shape[1]
-        others = other_classes(t, classes)
+        others = other_classes(t, classes) if wanted is None else wanted
         if limit is not None:
             others = others[:, :limit]
         cot = torch.zeros(others.shape[1], logits.shape[0], classes, dtype=logits.dtype, device=logits.device)
         cot.scatter_(2, t.view(1, -1, 1).expand(others.shape[1], -1, 1), 1.0)
         cot.scatter_(2, others.T.unsqueeze(2), -1.0)
+        if wanted is not None:  # padding (the target itself): a zero cotangent, a zero gradient
+            cot = cot * (others.T != t).unsqueeze(2)
         return cot
 
     if strategy == "forward":
         logits, jacobian = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)
         t = check_target(target, logits.detach())
         u = margin_gradients(jacobian, t)
-        if limit is not None:
+        if wanted is not None:
+            u = u.gather(1, _expand_index(wanted, u))
+        elif limit is not None:
             u = u.gather(1, _expand_index(other_classes(t, logits.shape[1])[:, :limit], u))
         logits, u = _finish(logits, u, differentiable)
         return logits, t, u
@@ -231,10 +242,10 @@ def margin_jacobian(
         fallback=fallback,
     )
     t = holder["target"]
-    if limit is None:
+    if limit is None and wanted is None:
         # Class c sits at position 0 (zeros) if it is the target, else at 1 + its rank among the others.
-        classes = logits.shape[1]
-        c = torch.arange(classes, device=t.device)
+        n_classes = logits.shape[1]
+        c = torch.arange(n_classes, device=t.device)
         position = torch.where(c == t[:, None], 0, torch.where(c < t[:, None], c + 1, c))
         padded = torch.cat([torch.zeros_like(grads[:, :1]), grads], dim=1)
         grads = padded.gather(1, _expand_index(position, padded))
@@ -283,6 +294,7 @@ def smoothed_margin_jacobian(
     differentiable: bool = False,
     strategy: str = "vmap",
     to_rows: Callable[[Tensor], Tensor] | None = None,
+    classes: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The MMSE (SmoothGrad) linearisation: mean of g and of grad g over noisy copies.
 
@@ -293,6 +305,8 @@ def smoothed_margin_jacobian(
         target: long [B], the class whose boundaries are measured (fixed for all copies).
         eps: noise [B, N, *S]; copy j of point b is x[b] + eps[b, j].
         batch_size: the most rows in one forward/backward pass.
+        classes: int64 [B, K]: only these margins' gradients (as in :func:`margin_jacobian`),
+            the same for all copies of a point; u_mean is then [B, K, *S].
 
     Returns:
         (g_mean [B, C], u_mean [B, C, *S]), averaged over the N copies.
@@ -302,6 +316,7 @@ def smoothed_margin_jacobian(
     rows = (x[:, None] + eps).reshape(points * copies, *shape)
     row_target = target.repeat_interleave(copies)
     row_point = torch.arange(points, device=x.device).repeat_interleave(copies)
+    row_classes = None if classes is None else classes.repeat_interleave(copies, dim=0)
     g_sum = u_sum = None
     for first in range(0, len(rows), batch_size):
         block = slice(first, first + batch_size)
@@ -313,6 +328,7 @@ def smoothed_margin_jacobian(
             class_chunk_size=class_chunk_size,
             differentiable=differentiable,
             strategy=strategy,
+            classes=None if row_classes is None else row_classes[block],
         )
         g = margins(logits, row_target[block])
         if g_sum is None:
@@ -327,6 +343,70 @@ def smoothed_margin_jacobian(
             u_sum.index_add_(0, row_point[block], u)
     assert g_sum is not None and u_sum is not None  # points >= 1: the loop ran
     return g_sum / copies, u_sum / copies
+
+
+def margin_sketch(
+    model: nn.Module,
+    x: Tensor,
+    target: Tensor,
+    probes: Tensor,
+    *,
+    batch_size: int,
+    probe_chunk_size: int | None = None,
+    to_rows: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Margins and their directional derivatives along random probes, for every class at once.
+
+    One forward-mode Jacobian-vector product per probe gives grad g_i . v for all C classes:
+    with probes v ~ N(0, S), each is N(0, u_i S u_i^T), which bounds every boundary's
+    variance without its gradient (see :mod:`probust.estimators.pruning`).
+
+    Args:
+        model: maps [B, *S] to logits [B, C]; torch.func must run forward mode through it
+            (otherwise torch.func's error propagates: the caller falls back).
+        x: inputs [B, N, *S]: N copies of each point (MMSE's noisy copies; N = 1 for Taylor).
+        target: long [B], the class whose margins are taken (the same for every copy).
+        probes: [B, m, *S], the m probe directions of each point (shared by its copies).
+        batch_size: the most rows (copies) per pass; each pass carries up to
+            ``probe_chunk_size`` probes of each (the pass then holds batch_size x probe_chunk_size rows).
+        probe_chunk_size: probes per pass (None: all m at once).
+        to_rows: applied to each block of rows and of probes (e.g. a memory format).
+
+    Returns:
+        (g_mean [B, C], d_mean [B, m, C]): the margins and their derivatives along each
+        probe, averaged over the copies (the derivative of the averaged margin: linear).
+    """
+    points, copies = x.shape[:2]
+    shape = x.shape[2:]
+    rows = x.reshape(points * copies, *shape)
+    row_probes = probes.to(rows.dtype).repeat_interleave(copies, dim=0)  # [B N, m, *S]
+    row_target = target.repeat_interleave(copies)
+    probes_per_pass = probes.shape[1] if probe_chunk_size is None else min(probe_chunk_size, probes.shape[1])
+    g_parts, d_parts = [], []
+    with torch.no_grad():
+        for first in range(0, len(rows), batch_size):
+            block = slice(first, first + batch_size)
+            t = row_target[block]
+            n = len(t)
+            pieces = []
+            for start in range(0, probes.shape[1], probes_per_pass):
+                tangent = row_probes[block, start : start + probes_per_pass]
+                k = tangent.shape[1]
+                # The block's rows, each repeated for its k probes: one forward-mode pass
+                # (stacking rows beats vmapping the probes, which torch.func runs slowly).
+                primal = rows[block, None].expand(-1, k, *shape).reshape(n * k, *shape)
+                tangent = tangent.reshape(n * k, *shape)
+                if to_rows is not None:
+                    primal, tangent = to_rows(primal), to_rows(tangent)
+                jvp = torch.func.jvp(model, (primal,), (tangent,))  # (output, tangent out)
+                out = jvp[1].view(n, k, -1)
+                if start == 0:
+                    g_parts.append(margins(jvp[0].view(n, k, -1)[:, 0], t))
+                pieces.append(out.gather(2, t.view(-1, 1, 1).expand(-1, k, 1)) - out)
+            d_parts.append(torch.cat(pieces, dim=1))
+    g = torch.cat(g_parts).view(points, copies, -1).mean(dim=1)
+    d = torch.cat(d_parts).view(points, copies, *d_parts[0].shape[1:]).mean(dim=1)
+    return g, d
 
 
 def project(u: Tensor, eps: Tensor) -> Tensor:

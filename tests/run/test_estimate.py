@@ -327,8 +327,9 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
     )
     assert summary.rows_computed == lost
     resumed = no_time(read_results(out))
-    # n_drawn is newer than the folder: its old rows have none, the rows computed now do.
-    assert resumed.drop(columns="n_drawn").equals(no_time(full).drop(columns="n_drawn"))
+    # n_drawn and boundaries_kept are newer than the folder: its old rows have none, the rows computed now do.
+    newer = ["n_drawn", "boundaries_kept"]
+    assert resumed.drop(columns=newer).equals(no_time(full).drop(columns=newer))
     new_mc = resumed[(resumed.method == "mc") & resumed.n_drawn.notna()]
     assert len(new_mc) and (new_mc.n_drawn == 200).all()
     # extend with mc_is: its rows carry p_fail, the old rows stay null
@@ -456,3 +457,14 @@ def _settings(out, **kwargs) -> dict:
         show_progress=False,
     )
     return {**args, **kwargs}
+
+
+def test_prune_is_part_of_the_folders_identity(tmp_path):
+    out = tmp_path / "r"
+    df = run(out, methods=["taylor"], limit=4, prune="off")
+    assert (df.boundaries_kept == 2).all()  # 3 classes: both other boundaries
+    assert read_config(out)["run"]["prune"] == "off"
+    with pytest.raises(ConfigMismatchError, match="prune"):
+        run(out, methods=["taylor"], limit=4, prune="on")
+    with pytest.raises(ConfigError, match="prune"):
+        run(tmp_path / "bad", methods=["taylor"], limit=4, prune="sometimes")

@@ -49,6 +49,7 @@ PLAN = dict(
     mmse_sampling="iid",
     p_fail=False,
     mc_half_width=None,
+    prune="off",
     model="MODEL",
     noise=None,
 )
@@ -82,9 +83,13 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
             {"mc_half_width": 0.01},
             {**BASE, "jacobian": "vmap", "n_samples": 50, "confidence": 0.9, "tol": 1e-3, "mmse_samples": 4},
         ),
-        ("taylor", {"p_fail": True}, {**BASE, "jacobian": "vmap", "tol": 1e-3, "p_fail": True}),
+        ("taylor", {"p_fail": True}, {**BASE, "jacobian": "vmap", "tol": 1e-3, "p_fail": True, "prune": "off"}),
         ("taylor_mvs", {}, {**BASE, "jacobian": "vmap", "tol": 1e-3}),
-        ("mmse", {}, {**BASE, "jacobian": "vmap", "n_samples": 50, "tol": 1e-3, "sampling": "iid"}),
+        (
+            "mmse",
+            {"prune": "on"},
+            {**BASE, "jacobian": "vmap", "n_samples": 50, "tol": 1e-3, "sampling": "iid", "prune": "on"},
+        ),
         (
             "mmse_mvs",
             {"eval_batch_size": 8, "channels_last": False},

@@ -81,7 +81,14 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
     s = cfg.settings
     assert (s.dataset, s.split, s.seed, s.ci_level, s.data_size) == ("fashion-mnist", "test", 2, 0.9, None)
     assert s.p_fail is SETTING_DEFAULTS["p_fail"] is False and s.mc_half_width is None
-    assert cfg.run_values == {**old["run"], "p_fail": False, "mc_half_width": None, "noise": {"kind": "gaussian"}}
+    assert cfg.run_values == {
+        **old["run"],
+        "p_fail": False,
+        "mc_half_width": None,
+        "noise": {"kind": "gaussian"},
+        "prune": "auto",
+    }
+    assert s.prune == "auto"
     assert cfg.model.file == "/models/cnn.pt" and cfg.model.class_name is None
     assert cfg.model_meta == {"dataset": "fashion-mnist", "arch": "cnn"}
     assert cfg.data.input_shape is None and cfg.data.num_classes is None and cfg.classes == ()

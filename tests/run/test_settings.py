@@ -224,6 +224,8 @@ WRONG_TYPE = [
     ("noise_std", 3),
     ("noise_cov", object()),
     ("noise_scale", None),
+    ("prune", 3),
+    ("prune", None),
 ]
 
 

@@ -56,6 +56,7 @@ ARGUMENT_FLAGS = {
     "interval": "--interval",
     "mmse_sampling": "--mmse-sampling",
     "p_fail": "--p-fail",
+    "prune": "--prune",
     "out": "--out",
     "overwrite": "--overwrite",
     "extend": "--extend",
@@ -279,6 +280,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
     )
     how.add_argument(
+        "--prune",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="taylor/mmse: skip the decision boundaries that cannot matter (a forward-mode sketch bounds their "
+        "distance; what they could cost is added to cdf_error; column boundaries_kept): from 1,000 classes on "
+        "(auto, default), always (on) or never (off: every boundary's gradient)",
+    )
+    how.add_argument(
         "--temperature", default="1.0", metavar="T", help="softmax temperature of method softmax (default: 1)"
     )
     how.add_argument(
@@ -385,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             mmse_sampling=args.mmse_sampling,
             p_fail=args.p_fail,
+            prune=args.prune,
             show_progress=not args.quiet,
             overwrite=args.overwrite,
             extend=args.extend,

@@ -38,6 +38,9 @@ class Estimate:
         p_linearised: float64 [B], "mc_cv": the control variate's exact mean, the linearised
             model's p_robust (mvn-cdf).
         cv_beta: float64 [B], "mc_cv": the fitted control-variate coefficient.
+        boundaries_kept: int64 [B], Taylor and MMSE: how many of the C - 1 decision boundaries
+            entered the mvn-cdf (fewer than C - 1 where ``prune`` dropped those that cannot
+            matter; their ``z`` is then a lower bound and their ``grad_norm`` NaN).
     """
 
     p: Tensor
@@ -57,6 +60,7 @@ class Estimate:
     p_mc: Tensor | None = None
     p_linearised: Tensor | None = None
     cv_beta: Tensor | None = None
+    boundaries_kept: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.p)

@@ -7,6 +7,7 @@ p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 
 from __future__ import annotations
 
+import warnings
 from abc import abstractmethod
 from typing import NamedTuple
 
@@ -16,12 +17,12 @@ from torch import Tensor, nn
 from probust import _rng
 from probust._checks import check_logits, check_positive_float, check_positive_int, check_target, check_target_shape
 from probust._progress import progress
-from probust.estimators import maps
+from probust.estimators import maps, pruning
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.estimate import Estimate
 from probust.execution.budget import row_cost, rows_within
 from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
-from probust.linearise import margin_jacobian, margins, smoothed_margin_jacobian
+from probust.linearise import margin_jacobian, margin_sketch, margins, smoothed_margin_jacobian
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
@@ -57,6 +58,10 @@ def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
     )
 
 
+_SKETCH_ERRORS = (RuntimeError, NotImplementedError, AttributeError, TypeError)
+_SKETCH_WARNED: set[type] = set()
+
+
 class Linearised(Estimator):
     """Shared by Taylor and MMSE: linearise the margins, then map z to a probability."""
 
@@ -74,6 +79,7 @@ class Linearised(Estimator):
         differentiable: bool = False,
         p_fail: bool = False,
         fail_rtol: float = 1e-2,
+        prune: str | bool | None = "auto",
         **kwargs,
     ) -> None:
         super().__init__(model, **kwargs)
@@ -95,6 +101,18 @@ class Linearised(Estimator):
         self.fail_rtol = check_positive_float(fail_rtol, "fail_rtol")
         if self.fail_rtol >= 1:
             raise ValueError(f"fail_rtol must be in (0, 1), got {fail_rtol!r}")
+        self.prune = pruning.as_prune(prune)
+        if self.prune == "on":
+            unsupported = {
+                "cdf='mv-sigmoid'": cdf != "mvn",
+                "differentiable=True": differentiable,
+                "p_fail=True": p_fail,
+                "non-Gaussian noise": not self.noise.is_gaussian,
+            }
+            reasons = [name for name, bad in unsupported.items() if bad]
+            if reasons:
+                raise ValueError(f"prune='on' cannot be combined with {', '.join(reasons)}; use prune='auto' or 'off'")
+        self._sketch_failed = False
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -116,15 +134,37 @@ class Linearised(Estimator):
         parts = []
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
+        prune = self.prunes(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                linearisation = self.linearise(x[rows], chunk_target, indices[rows])
-                _check_finite(linearisation, indices[rows])
-                parts.append(self._from_linearisation(*linearisation))
+                part = self._pruned(x[rows], chunk_target, indices[rows]) if prune else None
+                if part is None:
+                    linearisation = self.linearise(x[rows], chunk_target, indices[rows])
+                    _check_finite(linearisation, indices[rows])
+                    part = self._from_linearisation(*linearisation)
+                parts.append(part)
                 bar.update(rows.stop - rows.start)
         return Estimate.cat(parts)
+
+    def prunes(self, x: Tensor) -> bool:
+        """Whether the boundaries of points like ``x`` are pruned (:mod:`probust.estimators.pruning`).
+
+        "auto": from :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, for the
+        mvn-cdf under Gaussian noise without ``differentiable`` or ``p_fail``, and unless the
+        Jacobian plan is forward mode (which builds every gradient at once anyway).
+        """
+        if self.prune == "off" or self._sketch_failed:
+            return False
+        if self.prune == "on":
+            return True
+        if self.cdf != "mvn" or self.differentiable or self.p_fail or not self.noise.is_gaussian:
+            return False
+        classes = row_cost(self.model, x).classes
+        if classes < pruning.AUTO_MIN_CLASSES:
+            return False
+        return self._jacobian_plan(x, x.shape[0] * self.copies).strategy != "forward"
 
     #: noisy copies linearised per point (MMSE's N)
     copies = 1
@@ -187,6 +227,74 @@ class Linearised(Estimator):
             cdf_error=err,
             p_fail=p_fail,
             p_fail_error=fail_error,
+            boundaries_kept=torch.full_like(target, c.shape[1] - 1),
+        )
+
+    def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
+        """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""
+        return x[:, None]
+
+    @abstractmethod
+    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
+        """(c [B, C], u [B, K, *S]): every margin, and the gradients of the boundaries ``classes`` [B, K]."""
+
+    def _pruned(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate | None:
+        """The estimate of a chunk from its kept boundaries only; None where the model cannot be
+        sketched in forward mode (one warning; the caller computes every gradient instead)."""
+        target = check_target(target, self._clean_logits(x)) if target is None else target
+        probes = self.noise.sample(
+            _rng.point_keys(self.seed, indices, _rng.STREAM_PRUNE), 0, pruning.PROBES, x.shape[1:]
+        )
+        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
+        try:
+            with weights_in_format(self.model, plan.channels_last):
+                margin, derivatives = margin_sketch(
+                    self.model,
+                    self._copies(x, indices),
+                    target,
+                    probes.to(x.device),
+                    batch_size=plan.rows,
+                    probe_chunk_size=plan.class_chunk,
+                    to_rows=lambda rows: to_format(rows, plan.channels_last),
+                )
+        except _SKETCH_ERRORS as exc:
+            self._sketch_failed = True
+            if type(self.model) not in _SKETCH_WARNED:
+                _SKETCH_WARNED.add(type(self.model))
+                warnings.warn(
+                    f"torch.func cannot run forward mode through {type(self.model).__name__} "
+                    f"({exc.__class__.__name__}: {str(exc)[:120]}); computing every boundary's gradient (no pruning)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return None
+        kept = pruning.select(margin, derivatives, target, tol=self.tol)
+        c, u = self._refine(x, target, indices, kept.classes)
+        return self._from_kept(target, c, u, kept)
+
+    def _from_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> Estimate:
+        """Like :meth:`_from_linearisation`, on the reduced problem of the kept boundaries."""
+        points = c.shape[0]
+        pad = kept.classes == target[:, None]
+        # Column 0 is the target; padding columns get a positive margin and a zero gradient (z = +inf).
+        reduced_c = torch.cat([c.new_zeros(points, 1), torch.where(pad, 1.0, c.gather(1, kept.classes))], dim=1)
+        reduced_u = torch.cat([torch.zeros_like(u[:, :1]), u], dim=1)
+        std = maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
+        budget, delta = pruning.shares(self.tol)
+        p, err = maps.mvn_probability(std, tol=self.tol - budget - delta, seed=self.seed)
+        z = kept.z_lower.scatter(1, kept.classes, std.z[:, 1:])
+        norms = u.flatten(2).norm(dim=2)
+        # Padding scatters its zero norm onto the target, where it belongs.
+        grad_norm = torch.full_like(c, torch.nan).scatter(1, target[:, None], 0.0).scatter(1, kept.classes, norms)
+        return Estimate(
+            p=p,
+            target=target,
+            method=self.method,
+            margin=c,
+            grad_norm=grad_norm,
+            z=z,
+            cdf_error=err + kept.bound,
+            boundaries_kept=kept.kept,
         )
 
 
@@ -211,6 +319,18 @@ class Taylor(Linearised):
             relative error ``r.p_fail_error`` (:func:`probust.mvn.mvn_sf`; the mv-sigmoid's
             is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
         fail_rtol: target relative error of ``r.p_fail``.
+        prune: skip the decision boundaries that cannot matter (:mod:`probust.estimators.pruning`):
+            32 forward-mode products against probes drawn from the noise bound every
+            boundary's z from below at once; exact gradients are computed only for the
+            boundaries still within reach, and what the others could cost (their tails' sum
+            plus the sketch's failure probability, at most 6% of ``tol``) is added to
+            ``r.cdf_error``; ``r.boundaries_kept`` counts the kept ones, ``r.z`` holds the
+            lower bound and ``r.grad_norm`` NaN for the others. "auto" (default): from
+            :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, for the mvn-cdf
+            under Gaussian noise without ``differentiable`` or ``p_fail`` (and not when the
+            Jacobian is taken in forward mode); "on" / True: always (an error where it cannot
+            apply); "off" / False: every boundary, bitwise as before. A model forward mode
+            cannot run through falls back to every boundary with one warning.
     """
 
     base_method = "taylor"
@@ -238,6 +358,25 @@ class Taylor(Linearised):
             target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]
         )
 
+    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
+        plan = self._jacobian_plan(x, x.shape[0])
+        logits, normals = [], []
+        with weights_in_format(self.model, plan.channels_last):
+            for first in range(0, x.shape[0], plan.rows):
+                rows = slice(first, first + plan.rows)
+                block_logits, _, u = margin_jacobian(
+                    self.model,
+                    to_format(x[rows], plan.channels_last),
+                    target[rows],
+                    class_chunk_size=plan.class_chunk,
+                    strategy=plan.strategy,
+                    classes=classes[rows],
+                )
+                check_logits(block_logits, u.shape[0])
+                logits.append(block_logits)
+                normals.append(u)
+        return margins(torch.cat(logits), target), torch.cat(normals)
+
 
 class MMSE(Linearised):
     """p_robust from the MMSE (SmoothGrad) linearisation: margins and gradients averaged
@@ -245,7 +384,9 @@ class MMSE(Linearised):
 
     Args:
         model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
-            p_fail, fail_rtol: see :class:`Taylor`. Differentiable MMSE differentiates through the
+            p_fail, fail_rtol, prune: see :class:`Taylor`. Pruning sketches the averaged
+            linearisation (the probes' derivatives averaged over the N copies, exactly the
+            smoothed boundary's), so it keeps the same guarantee. Differentiable MMSE differentiates through the
             N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
         n_samples: N, noisy copies per point (the paper uses 5 to 500).
         sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to
@@ -312,3 +453,22 @@ class MMSE(Linearised):
                 "the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
             )
         return Linearisation(target, c, u)
+
+    def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
+        return x[:, None] + self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
+
+    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
+        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
+        plan = self._jacobian_plan(x, x.shape[0] * self.n_samples)
+        with weights_in_format(self.model, plan.channels_last):
+            return smoothed_margin_jacobian(
+                self.model,
+                x,
+                target,
+                self._draws(keys, x.shape[1:]),
+                batch_size=plan.rows,
+                class_chunk_size=plan.class_chunk,
+                strategy=plan.strategy,
+                to_rows=lambda rows: to_format(rows, plan.channels_last),
+                classes=classes,
+            )

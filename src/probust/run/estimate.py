@@ -99,6 +99,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 "p_fail": s.p_fail,
                 "mc_half_width": s.mc_half_width,
                 "noise": noise.description,
+                "prune": s.prune,
             }
             grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
             config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
@@ -170,6 +171,7 @@ def run_estimate(
     mmse_sampling: str = "centred",
     p_fail: bool = False,
     mc_half_width: float | None = None,
+    prune: str = "auto",
     show_progress: bool = True,
     overwrite: bool = False,
     extend: bool = False,

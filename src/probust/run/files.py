@@ -57,6 +57,7 @@ SCHEMA = pa.schema(
         ("p_linearised", pa.float64()),
         ("cv_beta", pa.float64()),
         ("n_drawn", pa.float64()),
+        ("boundaries_kept", pa.int64()),
         ("seconds", pa.float64()),
         ("seed", pa.int64()),
     ]
@@ -65,7 +66,15 @@ SCHEMA = pa.schema(
 #: Columns added after the first results format (the Estimate fields of "mc_cv", "mc_is" and
 #: ``p_fail``): a writer may leave them out and files written before them still read, both
 #: giving nulls.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("p_fail", "p_fail_error", "p_mc", "p_linearised", "cv_beta", "n_drawn")
+OPTIONAL_COLUMNS: tuple[str, ...] = (
+    "p_fail",
+    "p_fail_error",
+    "p_mc",
+    "p_linearised",
+    "cv_beta",
+    "n_drawn",
+    "boundaries_kept",
+)
 
 
 def atomic_write_table(path: Path, table: pa.Table) -> None:

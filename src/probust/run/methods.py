@@ -63,6 +63,7 @@ def _run_options(plan: RunPlan) -> dict[str, Any]:
         "mmse_samples": plan.linearisation_samples,
         "p_fail": True if plan.p_fail else None,
         "target_half_width": plan.mc_half_width,
+        "prune": plan.prune,
     }
 
 

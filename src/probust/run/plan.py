@@ -77,6 +77,7 @@ class RunPlan:
     merge: bool
     p_fail: bool = False
     mc_half_width: float | None = None
+    prune: str = "auto"
     linearisation_samples: int = 5
     warnings: list[str] = field(default_factory=list)
     noise: Any = None

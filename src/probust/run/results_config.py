@@ -30,7 +30,14 @@ __all__ = [
 
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
-SETTING_DEFAULTS: dict[str, Any] = {"p_fail": False, "mc_half_width": None, "noise": {"kind": "gaussian"}}
+#: A folder from before ``prune`` computed every boundary; it counts as "auto", which computes
+#: every boundary below 1,000 classes (the same rows, bitwise) and above stays within ``tol``.
+SETTING_DEFAULTS: dict[str, Any] = {
+    "p_fail": False,
+    "mc_half_width": None,
+    "noise": {"kind": "gaussian"},
+    "prune": "auto",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class RecordedSettings:
     p_fail: bool
     mc_half_width: float | None
     noise: dict[str, Any] = field(default_factory=lambda: dict(SETTING_DEFAULTS["noise"]))
+    prune: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,7 @@ class ResultsConfig:
                 p_fail=bool(run.get("p_fail", SETTING_DEFAULTS["p_fail"])),
                 mc_half_width=_float(run, "mc_half_width", SETTING_DEFAULTS["mc_half_width"]),
                 noise=dict(run["noise"]) if isinstance(run.get("noise"), dict) else dict(SETTING_DEFAULTS["noise"]),
+                prune=_str(run, "prune", SETTING_DEFAULTS["prune"]) or SETTING_DEFAULTS["prune"],
             ),
             requests=tuple(r for r in requests if isinstance(r, dict)) if isinstance(requests, list) else (),
             model=ModelInfo(

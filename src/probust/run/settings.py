@@ -19,6 +19,7 @@ from torch import nn
 
 from probust._stats import INTERVALS
 from probust.estimators import MMSE, REGISTRY
+from probust.estimators.pruning import PRUNE_CHOICES
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
@@ -92,6 +93,12 @@ class RunSettings:
             mv-sigmoid; for the mvn-cdf up to C - 1 extra QMC integrals per point, so off by
             default. ``mc_is`` always fills these columns. A run setting: a folder computed
             without it cannot be extended with it (use another ``out``, or ``overwrite``).
+        prune: decision boundaries the analytic mvn-cdf methods (taylor, mmse) may skip: "auto"
+            (default: skip those that cannot matter from 1,000 classes on, see
+            :class:`probust.Taylor`), "on" or "off" (every boundary's gradient, as before). The
+            error of the skipped ones is added to ``cdf_error``; the column
+            ``boundaries_kept`` records how many each point kept. A run setting, part of the
+            folder's identity.
         mc_half_width: adaptive Monte Carlo ("mc", "mc_cv"): stop drawing for a point once its
             interval's half-width is at most this (checked every 1,000 draws for "mc", 500 for
             "mc_cv"; at most ``mc_samples`` draws). The column ``n_drawn`` records the draws
@@ -152,6 +159,7 @@ class RunSettings:
     mmse_sampling: str = "centred"
     p_fail: bool = False
     mc_half_width: float | None = None
+    prune: str = "auto"
     show_progress: bool = True
     overwrite: bool = False
     extend: bool = False
@@ -239,6 +247,12 @@ def _checked(s: RunSettings) -> dict[str, Any]:
         _check_path(s.data_root, "data_root")
     for name in ("allow_pickle", "allow_version_change"):
         out[name] = _check_bool(getattr(s, name), name)
+    if s.prune not in PRUNE_CHOICES:
+        raise ConfigError(f"prune: expected one of {', '.join(PRUNE_CHOICES)}, got {s.prune!r}")
+    if s.prune == "on" and s.p_fail:
+        raise ConfigError(
+            "prune: 'on' cannot be combined with p_fail=True (use 'auto', which keeps every boundary then)"
+        )
     if out["overwrite"] and out["extend"]:
         raise ConfigError("overwrite=True and extend=True exclude each other")
     if s.data_options is not None and not isinstance(s.data_options, Mapping):

@@ -374,11 +374,15 @@ def read_results(path: str | os.PathLike) -> Any:
         - ``n_drawn`` (float64, NaN where there is none): noisy draws the Monte Carlo methods
           actually evaluated for the point: ``n_samples``, or fewer where an adaptive run
           (``mc_half_width``) stopped the point early.
+        - ``boundaries_kept`` (stored as int64; NaN where there is none): ``taylor`` and
+          ``mmse``: how many of the C - 1 decision boundaries entered the mvn-cdf (fewer where
+          the run setting ``prune`` skipped those that cannot matter; the mv-sigmoid methods
+          always keep all C - 1).
         - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
           its points (data loading and writing excluded).
         - ``seed`` (int64): the seed of the random streams.
 
-        The columns from ``p_fail`` to ``n_drawn`` (:data:`OPTIONAL_COLUMNS`) came after the
+        The columns from ``p_fail`` to ``boundaries_kept`` (:data:`OPTIONAL_COLUMNS`) came after the
         first results format: files written before them read with nulls there.
 
     Raises:

@@ -1,0 +1,119 @@
+"""Prune, then refine: which decision boundaries can matter to the mvn-cdf, without their gradients.
+
+Taylor and MMSE need u_i = grad g_i for every boundary i != t: C - 1 backward passes per point
+(per noisy copy for MMSE). At large C almost every boundary is far: a boundary at z_i noise
+standard deviations can change p by at most Phi(-z_i) (the union bound: P(all kept hold) -
+P(all hold) <= sum over the dropped of P(Y_i > z_i)). So:
+
+1. Sketch. m forward-mode products against probes v_k ~ N(0, S) (the noise's covariance) give
+   d_ik = u_i . v_k for every class at once; d_ik ~ N(0, s_i^2), s_i^2 = u_i S u_i^T, so
+   X_i = sum_k d_ik^2 / s_i^2 ~ chi-square(m).
+2. Bound. With q the chi-square(m) quantile at probability delta / (C - 1),
+   s_i^2 <= sum_k d_ik^2 / q for all boundaries at once, except with probability at most delta
+   (union over the C - 1 boundaries). Hence z_i >= z_lower_i = c_i / sqrt(sum_k d_ik^2 / q).
+3. Drop the boundaries with the smallest tails Phi(-z_lower_i) while their sum stays within a
+   budget; compute exact gradients only for the rest.
+
+The estimate's error grows by at most (sum of the dropped Phi(-z_lower)) + delta: the first term
+bounds the change of p when the sketch holds, the second the probability that it does not
+(p is in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf
+samples to the rest of ``tol``, so p keeps its stated tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+from scipy.stats import chi2
+from torch import Tensor
+
+from probust.mvn.numerics import ndtr
+
+#: ``prune`` settings: "auto" prunes where it pays (:data:`AUTO_MIN_CLASSES`), "on", "off".
+PRUNE_CHOICES = ("auto", "on", "off")
+#: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
+#: lower quantile over m grows towards 1) at a linear cost.
+PROBES = 32
+#: "auto" prunes from this many classes on. Measured on a CPU (benchmarks/bench_prune.py): at
+#: C = 1,000 pruning paid at every sigma (1.1x to 14x); at C = 100 it paid only where few
+#: boundaries are within reach (2.5x at sigma = 0.05) and cost up to 1.4x more elsewhere (the
+#: sketch's 32 forward-mode passes against 99 backward passes). Between 100 and 1,000 unmeasured.
+AUTO_MIN_CLASSES = 1000
+#: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
+DROP_SHARE = 0.05
+FAILURE_SHARE = 0.01
+
+
+def as_prune(prune: str | bool | None) -> str:
+    """The ``prune`` argument as one of :data:`PRUNE_CHOICES` (True: "on", False: "off", None: "auto")."""
+    if prune is None:
+        return "auto"
+    if isinstance(prune, bool):
+        return "on" if prune else "off"
+    if prune not in PRUNE_CHOICES:
+        raise ValueError(f"prune must be one of {PRUNE_CHOICES}, True, False or None, got {prune!r}")
+    return prune
+
+
+def shares(tol: float) -> tuple[float, float]:
+    """(drop budget, sketch failure probability delta) per point for an mvn-cdf tolerance ``tol``."""
+    return DROP_SHARE * tol, FAILURE_SHARE * tol
+
+
+@functools.lru_cache(maxsize=64)
+def variance_factor(probes: int, per_boundary_failure: float) -> float:
+    """q: P(chi-square(probes) <= q) = per_boundary_failure, so that s^2 <= sum d^2 / q but for it."""
+    return float(chi2.ppf(per_boundary_failure, probes))
+
+
+class Pruned(NamedTuple):
+    """Which boundaries of a chunk of points are kept.
+
+    Attributes:
+        classes: int64 [B, K], the kept boundaries of each point, padded with its target (a
+            zero gradient, so z = +inf there: no constraint).
+        kept: int64 [B], how many boundaries each point keeps (<= C - 1).
+        z_lower: float64 [B, C], the lower bounds on z (+inf at the target).
+        bound: float64 [B], what pruning may cost p: the dropped tails plus the failure probability.
+    """
+
+    classes: Tensor
+    kept: Tensor
+    z_lower: Tensor
+    bound: Tensor
+
+
+def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -> Pruned:
+    """The boundaries whose exact gradients are needed, from margins and probe derivatives.
+
+    Args:
+        margin: [B, C], c_i (any value at the target).
+        derivatives: [B, m, C], u_i . v_k for probes v_k ~ N(0, S).
+        target: long [B].
+        tol: the mvn-cdf's tolerance (see :func:`shares`).
+    """
+    points, probes, classes = derivatives.shape
+    budget, delta = shares(tol)
+    q = variance_factor(probes, delta / max(classes - 1, 1))
+    c = margin.to(torch.float64)
+    var_upper = derivatives.to(torch.float64).square().sum(dim=1) / q
+    # c > 0 with no variance: the noise cannot reach the boundary. c <= 0: always kept.
+    z_lower = torch.where(
+        c > 0, torch.where(var_upper > 0, c / var_upper.clamp_min(1e-300).sqrt(), torch.inf), -torch.inf
+    )
+    z_lower = z_lower.scatter(1, target[:, None], torch.inf)
+    tail = ndtr(-z_lower)  # 0 at the target
+    # Drop the smallest tails while their running sum fits the budget (the target first: 0).
+    order = torch.argsort(tail, dim=1, stable=True)
+    dropped = torch.zeros_like(tail, dtype=torch.bool).scatter(1, order, tail.gather(1, order).cumsum(1) <= budget)
+    dropped = dropped.scatter(1, target[:, None], True)
+    bound = torch.where(dropped, tail, 0.0).sum(1) + delta
+    kept = (~dropped).sum(1)
+    width = max(int(kept.max()), 1)
+    # Kept classes first in class order, then the target as padding.
+    rank = torch.argsort(dropped.to(torch.int8), dim=1, stable=True)[:, :width]
+    pad = torch.arange(width, device=margin.device) >= kept[:, None]
+    chosen = torch.where(pad, target[:, None], rank)
+    return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound)

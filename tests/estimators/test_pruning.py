@@ -1,0 +1,217 @@
+"""Pruning the decision boundaries of Taylor and MMSE: the sketch's bound against exact z
+(linear models, where z is a closed form), and pruned p against unpruned p within the bound."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import probust
+from probust import _rng
+from probust.estimators import pruning
+from probust.linearise import margin_sketch
+from probust.mvn.numerics import ndtr
+from probust.noise import Gaussian
+from tests._helpers import linear_model
+
+
+def _exact_z(model: nn.Linear, x: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target [B], z [B, C]) of a linear model in float64: c_i / (sigma ||W_t - W_i||), +inf at t."""
+    w, b = model.weight.double(), model.bias.double()
+    logits = x.double() @ w.T + b
+    t = logits.argmax(1)
+    c = logits.gather(1, t[:, None]) - logits
+    norm = (w[t][:, None, :] - w[None]).norm(dim=2)
+    z = (c / (sigma * norm)).scatter(1, t[:, None], torch.inf)
+    return t, z
+
+
+def _select(model: nn.Module, x: torch.Tensor, target: torch.Tensor, sigma: float, tol: float, seed: int):
+    keys = _rng.point_keys(seed, torch.arange(len(x)), _rng.STREAM_PRUNE)
+    probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
+    margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
+    return pruning.select(margin, derivatives, target, tol=tol)
+
+
+@pytest.mark.parametrize("classes", [100, 1000])
+def test_pruning_never_drops_a_boundary_that_can_matter_on_linear_models(classes):
+    d, tol = 40, 1e-4
+    budget, delta = pruning.shares(tol)
+    dropped_any = kept_fewer = 0
+    for trial in range(12 if classes == 100 else 4):
+        model = linear_model(d, classes, seed=1000 * classes + trial)
+        sigma = (0.02, 0.05, 0.1, 0.3)[trial % 4]
+        x = torch.randn(32, d, generator=torch.Generator().manual_seed(trial)) * 0.05
+        target, z = _exact_z(model, x, sigma)
+        kept = _select(model, x, target, sigma, tol, seed=trial)
+        dropped = torch.ones_like(z, dtype=torch.bool).scatter(1, kept.classes, False)
+        dropped.scatter_(1, target[:, None], False)
+        # Every lower bound holds, and the dropped boundaries' true tails fit the stated bound.
+        finite = torch.isfinite(z)
+        assert (kept.z_lower[finite] <= z[finite] * (1 + 1e-5)).all()
+        true_tail = torch.where(dropped, ndtr(-z), 0.0).sum(1)
+        assert (true_tail <= kept.bound - delta + 1e-15).all()
+        assert (kept.bound <= budget + delta + 1e-15).all()
+        # Nothing dropped has a true z anywhere near the region that matters.
+        assert (z[dropped] > 5.0).all()
+        assert (kept.kept == (~dropped & finite).sum(1)).all()
+        dropped_any += int(dropped.sum())
+        kept_fewer += int((kept.kept < classes - 1).sum())
+    assert dropped_any > 0 and kept_fewer > 0, "the test should exercise pruning"
+
+
+def test_the_bound_check_catches_an_underestimated_variance():
+    """The failure the sketch guards against: shrink every probe derivative tenfold (a variance
+    underestimated 100x) and boundaries that matter are dropped (the checks above fail)."""
+    d, classes, sigma, tol = 40, 100, 0.1, 1e-4
+    model = linear_model(d, classes, seed=7)
+    x = torch.randn(32, d, generator=torch.Generator().manual_seed(0)) * 0.05
+    target, z = _exact_z(model, x, sigma)
+    keys = _rng.point_keys(0, torch.arange(len(x)), _rng.STREAM_PRUNE)
+    probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
+    margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
+    honest = pruning.select(margin, derivatives, target, tol=tol)
+    broken = pruning.select(margin, derivatives / 10, target, tol=tol)
+    finite = torch.isfinite(z)
+    assert (honest.z_lower[finite] <= z[finite] * (1 + 1e-5)).all()
+    assert (broken.z_lower[finite] > z[finite]).any()
+    assert (broken.kept < honest.kept).any()
+
+
+@pytest.mark.parametrize("method", ["taylor", "mmse"])
+def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method):
+    d, classes, tol = 40, 100, 1e-4
+    model = linear_model(d, classes, seed=3)
+    # Inputs along a segment through the origin: p runs from near 0 through 0.5 to near 1.
+    x = torch.randn(1, d, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.0, 0.6, 12)[:, None]
+    make = probust.Taylor if method == "taylor" else probust.MMSE
+    for sigma in (0.02, 0.05, 0.1):
+        full = make(model, sigma, tol=tol, prune="off")(x)
+        pruned = make(model, sigma, tol=tol, prune="on")(x)
+        assert torch.equal(full.target, pruned.target)
+        assert (pruned.boundaries_kept < classes - 1).any()
+        assert (full.boundaries_kept == classes - 1).all()
+        gap = (pruned.p - full.p).abs()
+        assert (gap <= pruned.cdf_error + full.cdf_error).all(), (sigma, gap, pruned.cdf_error)
+        kept = torch.isfinite(pruned.grad_norm) & torch.isfinite(full.z)  # not the target
+        # The kept boundaries' z are exact; the dropped ones' z lower bounds.
+        torch.testing.assert_close(pruned.z[kept], full.z[kept], rtol=1e-5, atol=0)
+        dropped = torch.isnan(pruned.grad_norm)
+        assert (pruned.z[dropped] <= full.z[dropped] * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_prune_off_and_auto_below_the_threshold_are_bitwise_the_unpruned_path(make):
+    model = linear_model(20, 10, seed=2)
+    x = torch.randn(8, 20, generator=torch.Generator().manual_seed(2)) * 0.2
+    default = make(model, 0.1)(x)
+    off = make(model, 0.1, prune="off")(x)
+    for name in ("p", "z", "margin", "grad_norm", "cdf_error", "boundaries_kept"):
+        assert torch.equal(getattr(default, name), getattr(off, name)), name
+    assert (off.boundaries_kept == 9).all()
+
+
+def test_auto_prunes_from_the_measured_class_count_on():
+    # More input coordinates than classes: forward mode (one pass per coordinate) is not cheaper.
+    d = pruning.AUTO_MIN_CLASSES + 200
+    many = linear_model(d, pruning.AUTO_MIN_CLASSES, seed=0)
+    few = linear_model(d, pruning.AUTO_MIN_CLASSES - 1, seed=0)
+    x = torch.zeros(2, d)
+    assert probust.Taylor(many, 0.1).prunes(x)
+    assert not probust.Taylor(few, 0.1).prunes(x)
+    assert not probust.Taylor(many, 0.1, cdf="mv-sigmoid").prunes(x)
+    assert not probust.Taylor(many, 0.1, p_fail=True).prunes(x)
+    assert not probust.Taylor(many, 0.1, prune=False).prunes(x)
+
+
+@pytest.mark.parametrize(
+    "options", [{"cdf": "mv-sigmoid"}, {"p_fail": True}, {"differentiable": True}, {"sigma": probust.Uniform(0.1)}]
+)
+def test_prune_on_refuses_what_it_cannot_bound(options):
+    model = linear_model(10, 60, seed=0)
+    kwargs = {"sigma": 0.1, **options}
+    with pytest.raises(ValueError, match="prune"):
+        probust.Taylor(model, prune="on", **kwargs)
+    with pytest.raises(ValueError, match="prune must be"):
+        probust.Taylor(model, 0.1, prune="sometimes")
+
+
+class _Square(torch.autograd.Function):
+    """A custom autograd function with a backward but no forward-mode rule (old style: no
+    setup_context, which torch.func cannot run either way)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _SquareThenLinear(nn.Module):
+    def __init__(self, inner: nn.Linear) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(_Square.apply(x))
+
+
+def test_a_model_forward_mode_cannot_run_falls_back_to_every_gradient_with_one_warning():
+    model = _SquareThenLinear(linear_model(20, 60, seed=4))
+    x = torch.randn(6, 20, generator=torch.Generator().manual_seed(0)) * 0.2
+    with pytest.raises(RuntimeError):  # the premise: forward mode fails on this model
+        torch.func.jvp(model, (x,), (x,))
+    full = probust.Taylor(model, 0.1, prune="off", jacobian="loop")(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator = probust.Taylor(model, 0.1, prune="on", jacobian="loop", batch_size=3)
+        first, second = estimator(x[:3]), estimator(x[3:])
+    forward_mode = [w for w in caught if "forward mode" in str(w.message)]
+    assert len(forward_mode) == 1
+    assert (first.boundaries_kept == 59).all() and (second.boundaries_kept == 59).all()
+    torch.testing.assert_close(torch.cat([first.p, second.p]), full.p, rtol=0, atol=1e-6)
+
+
+def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor]:
+    """A tiny CNN trained briefly on noisy copies of random class prototypes ([1, 8, 8]), and
+    test inputs: prototypes and midpoints between two of them (p spread over (0, 1))."""
+    gen = torch.Generator().manual_seed(0)
+    prototypes = torch.rand(classes, 1, 8, 8, generator=gen)
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 64), nn.ReLU(), nn.Linear(64, classes)
+    )
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        y = torch.randint(classes, (256,), generator=gen)
+        x = prototypes[y] + 0.15 * torch.randn(256, 1, 8, 8, generator=gen)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    mids = 0.5 * (prototypes[:8] + prototypes[8:16])
+    return model, torch.cat([prototypes[:8], mids])
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make):
+    model, x = _trained_many_class_cnn()
+    middling = dropped = 0
+    for sigma in (0.02, 0.05, 0.1):
+        full = make(model, sigma, prune="off", tol=1e-3)(x)
+        pruned = make(model, sigma, prune="on", tol=1e-3)(x)
+        assert torch.equal(full.target, pruned.target)
+        gap = (pruned.p - full.p).abs()
+        assert (gap <= pruned.cdf_error + full.cdf_error).all(), (sigma, gap, pruned.cdf_error)
+        dropped += int((pruned.boundaries_kept < 119).sum())
+        middling += int(((full.p > 0.2) & (full.p < 0.8)).sum())
+    assert middling >= 2, "some points should have p near 0.5"
+    assert dropped > 0, "the test should exercise pruning"
