@@ -315,7 +315,7 @@ def test_a_tied_prediction_is_a_usage_error_naming_the_points_and_the_flags(chec
     ],
 )
 def test_library_messages_are_shown_with_the_flags(message, shown):
-    from probust.cli.estimate import ARGUMENT_FLAGS, cli_message
+    from probust.cli.messages import ARGUMENT_FLAGS, cli_message
 
     assert cli_message(message) == shown
     # every name is run_estimate's, every flag this command's

@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """The training and test data read from the user's files (``--data``, ``--test-data``)."""
-    from probust.cli.estimate import cli_message
+    from probust.cli.messages import cli_message
     from probust.data import DATASETS, ProbustDataError, load_file
 
     options = {

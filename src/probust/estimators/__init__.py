@@ -14,11 +14,13 @@ from probust.estimators.control_variate import MonteCarloCV
 from probust.estimators.estimate import Estimate
 from probust.estimators.functional import estimate, make_estimator
 from probust.estimators.importance import MonteCarloIS
-from probust.estimators.linearised import CDFS, MMSE, Linearisation, Linearised, Taylor
+from probust.estimators.linearised import CDFS, Linearisation, Linearised
 from probust.estimators.linearised_mc import LINEARISATIONS, LinearisedMonteCarlo
+from probust.estimators.mmse import MMSE
 from probust.estimators.monte_carlo import MonteCarlo
 from probust.estimators.registry import METHODS, PAPER_METHODS, REGISTRY, MethodSpec, method_spec, methods_with
 from probust.estimators.softmax import Softmax
+from probust.estimators.taylor import Taylor
 
 __all__ = [
     "CDFS",

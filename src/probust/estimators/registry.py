@@ -15,9 +15,10 @@ from typing import Any, Literal
 from probust.estimators.base import Estimator
 from probust.estimators.control_variate import MonteCarloCV
 from probust.estimators.importance import MonteCarloIS
-from probust.estimators.linearised import MMSE, Taylor
+from probust.estimators.mmse import MMSE
 from probust.estimators.monte_carlo import MonteCarlo
 from probust.estimators.softmax import Softmax
+from probust.estimators.taylor import Taylor
 
 #: The run settings a method may take (names of its estimator's constructor options).
 RUN_OPTIONS = (
