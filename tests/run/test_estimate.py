@@ -37,7 +37,8 @@ def tiny_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def run(out, **kwargs):
+def arguments(out, **kwargs) -> dict:
+    """run_estimate's arguments of these tests (a tiny data set and model), with ``kwargs`` changed."""
     args = dict(
         data=tiny_data(),
         model=tiny_model(),
@@ -50,8 +51,11 @@ def run(out, **kwargs):
         device="cpu",
         show_progress=False,
     )
-    args.update(kwargs)
-    return run_estimate(**args)
+    return {**args, **kwargs}
+
+
+def run(out, **kwargs):
+    return run_estimate(**arguments(out, **kwargs))
 
 
 def no_time(df):
@@ -432,7 +436,12 @@ def test_a_tied_clean_prediction_stops_the_run_naming_its_indices_before_any_est
 def test_only_points_still_to_compute_are_checked_and_the_first_five_are_named(tmp_path):
     out = tmp_path / "r"
     run(out, data=tied_data(), model=tied_model(), indices="0-2")  # no tie among these
-    assert execute(prepare(RunSettings(**_settings(out, indices="0-2")))).rows_computed == 0
+    assert (
+        execute(
+            prepare(RunSettings(**arguments(out, data=tied_data(), model=tied_model(), indices="0-2")))
+        ).rows_computed
+        == 0
+    )
     with pytest.raises(TiedPredictionError, match=r"indices \[8\] \(1 point\)"):
         run(out, data=tied_data(), model=tied_model(), indices=["0-2", "8"], extend=True)
     everywhere = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
@@ -441,22 +450,6 @@ def test_only_points_still_to_compute_are_checked_and_the_first_five_are_named(t
         everywhere[1].bias.copy_(torch.tensor([1.0, 1.0, 0.0]))
     with pytest.raises(TiedPredictionError, match=r"indices \[0, 1, 2, 3, 4\]\.\.\. \(7 points\)"):
         run(tmp_path / "all", data=tied_data(), model=everywhere, limit=7)
-
-
-def _settings(out, **kwargs) -> dict:
-    args = dict(
-        data=tied_data(),
-        model=tied_model(),
-        sigmas=SIGMAS,
-        methods=FAST,
-        out=out,
-        mc_samples=200,
-        mmse_samples=3,
-        batch_size=6,
-        device="cpu",
-        show_progress=False,
-    )
-    return {**args, **kwargs}
 
 
 def test_prune_is_part_of_the_folders_identity(tmp_path):
