@@ -63,12 +63,16 @@ def _genz_bretz_cholesky(b: Tensor, corr: Tensor, pad: Tensor) -> tuple[Tensor, 
     perm = torch.zeros(g, kk, dtype=torch.long, device=b.device)
     random = torch.zeros(g, kk, dtype=torch.bool, device=b.device)
     inf = torch.tensor(torch.inf, dtype=b.dtype, device=b.device)
+    # Padding must come last: the integrand runs a block only for its largest problem's number of
+    # variables, so a determined variable placed after padding would be cut off in blocks of
+    # smaller problems and kept in blocks of larger ones (a value depending on the batch).
+    not_random = torch.full_like(b, 1e300).masked_fill(pad, 1e301)
     for i in range(kk):
         var = schur.diagonal(dim1=1, dim2=2)
         bp = (b - mean) / torch.sqrt(var.clamp_min(_DET_VAR))
         cand = ~done & ~pad & (var > _DET_VAR)
         # Preference: random variables by bound, then determined ones, then padding.
-        rank = torch.where(~done, 1e301, inf).where(done | ~pad, 1e300)
+        rank = torch.where(done, inf, not_random)
         piv = torch.where(cand, bp, rank).argmin(-1)  # first minimum on ties: deterministic
         is_rand = cand[ar, piv]
         sp = torch.sqrt(var[ar, piv].clamp_min(0.0))
