@@ -95,7 +95,9 @@ def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method):
         assert (pruned.boundaries_kept < classes - 1).any()
         assert (full.boundaries_kept == classes - 1).all()
         gap = (pruned.p - full.p).abs()
-        assert (gap <= pruned.cdf_error + full.cdf_error).all(), (sigma, gap, pruned.cdf_error)
+        # + 1e-6: pruning takes the gradients through the linear head (64 < 119 features), the
+        # same float32 products summed in another order; z moves by ~1e-7 relative.
+        assert (gap <= pruned.cdf_error + full.cdf_error + 1e-6).all(), (sigma, gap, pruned.cdf_error)
         kept = torch.isfinite(pruned.grad_norm) & torch.isfinite(full.z)  # not the target
         # The kept boundaries' z are exact; the dropped ones' z lower bounds.
         torch.testing.assert_close(pruned.z[kept], full.z[kept], rtol=1e-5, atol=0)
@@ -164,8 +166,9 @@ class _SquareThenLinear(nn.Module):
 
 
 def test_a_model_forward_mode_cannot_run_falls_back_to_every_gradient_with_one_warning():
-    model = _SquareThenLinear(linear_model(20, 60, seed=4))
-    x = torch.randn(6, 20, generator=torch.Generator().manual_seed(0)) * 0.2
+    # 80 inputs to 60 classes: the linear head would not pay (80 >= 59), so the sketch is tried.
+    model = _SquareThenLinear(linear_model(80, 60, seed=4))
+    x = torch.randn(6, 80, generator=torch.Generator().manual_seed(0)) * 0.2
     with pytest.raises(RuntimeError):  # the premise: forward mode fails on this model
         torch.func.jvp(model, (x,), (x,))
     full = probust.Taylor(model, 0.1, prune="off", jacobian="loop")(x)
@@ -201,17 +204,61 @@ def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor
     return model, torch.cat([prototypes[:8], mids])
 
 
+class _Tempered(nn.Module):
+    """Logits / 2 after the last layer: no linear head to take the gradients through."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) / 2.0
+
+
+@pytest.mark.parametrize("route", ["head", "sketch"])
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
-def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make):
+def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make, route):
     model, x = _trained_many_class_cnn()
+    if route == "sketch":
+        model = _Tempered(model)
+    # Reverse mode pinned: with 64 input coordinates the planner may pick forward mode, which
+    # builds every gradient at once and so takes neither route.
+    assert (make(model, 0.1, jacobian="vmap").head(x) is not None) == (route == "head")
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
-        full = make(model, sigma, prune="off", tol=1e-3)(x)
-        pruned = make(model, sigma, prune="on", tol=1e-3)(x)
+        full = make(model, sigma, prune="off", tol=1e-3, jacobian="vmap")(x)
+        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap")(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
-        assert (gap <= pruned.cdf_error + full.cdf_error).all(), (sigma, gap, pruned.cdf_error)
+        # + 1e-6: the head route sums the same float32 products in another order (z moves by
+        # ~1e-7 relative), which neither error estimate covers.
+        assert (gap <= pruned.cdf_error + full.cdf_error + 1e-6).all(), (sigma, gap, pruned.cdf_error)
         dropped += int((pruned.boundaries_kept < 119).sum())
         middling += int(((full.p > 0.2) & (full.p < 0.8)).sum())
     assert middling >= 2, "some points should have p near 0.5"
     assert dropped > 0, "the test should exercise pruning"
+
+
+def test_exact_selection_drops_only_within_its_share_and_reserves_no_failure():
+    gen = torch.Generator().manual_seed(3)
+    margin = torch.rand(50, 30, generator=gen) * 4
+    variance = torch.rand(50, 30, generator=gen) + 0.05
+    variance[:, 5] = 0.0  # a boundary the noise cannot move: never crossed (c > 0)
+    target = torch.randint(30, (50,), generator=gen)
+    tol = 1e-3
+    kept = pruning.select_exact(margin, variance, target, tol=tol)
+    z = margin.double() / variance.double().sqrt()
+    z[:, 5] = torch.inf
+    z = z.scatter(1, target[:, None], torch.inf)
+    torch.testing.assert_close(kept.z_lower, z)
+    assert kept.reserved == pruning.DROP_SHARE * tol
+    chosen = torch.zeros_like(z, dtype=torch.bool).scatter(1, kept.classes, True)
+    chosen = chosen.scatter(1, target[:, None], False)
+    tails = ndtr(-z)
+    assert torch.equal(chosen.sum(1), kept.kept)
+    torch.testing.assert_close(kept.bound, torch.where(chosen, 0.0, tails).sum(1))  # no failure term
+    assert (kept.bound <= kept.reserved).all()
+    # Everything dropped has a smaller tail than everything kept.
+    dropped_max = torch.where(chosen, 0.0, tails).max(1).values
+    kept_min = torch.where(chosen, tails, torch.inf).min(1).values
+    assert (dropped_max <= kept_min).all()

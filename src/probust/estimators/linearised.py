@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust import _rng
+from probust import _rng, linear_head
 from probust._checks import check_positive_float, check_positive_int, check_target, check_target_shape
 from probust._progress import progress
 from probust.estimators import maps, pruning
@@ -22,7 +22,8 @@ from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
 from probust.execution.budget import row_cost, rows_within
 from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
-from probust.linearise import margin_jacobian, margin_sketch
+from probust.linear_head import find_linear_head
+from probust.linearise import margin_jacobian, margin_sketch, margins
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
@@ -113,6 +114,8 @@ class Linearised(Estimator):
             if reasons:
                 raise ValueError(f"prune='on' cannot be combined with {', '.join(reasons)}; use prune='auto' or 'off'")
         self._sketch_failed = False
+        self._head_key: tuple | None = None
+        self._head: nn.Linear | None = None
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -134,12 +137,17 @@ class Linearised(Estimator):
         parts = []
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
+        head = self.head(x)
         prune = self.prunes(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                part = self._pruned(x[rows], chunk_target, indices[rows]) if prune else None
+                part: Estimate | None = None
+                if head is not None:
+                    part = self._through_head(x[rows], chunk_target, indices[rows], head, prune=prune)
+                elif prune:
+                    part = self._pruned(x[rows], chunk_target, indices[rows])
                 if part is None:
                     linearisation = self.linearise(x[rows], chunk_target, indices[rows])
                     _check_finite(linearisation, indices[rows])
@@ -151,20 +159,39 @@ class Linearised(Estimator):
     def prunes(self, x: Tensor) -> bool:
         """Whether the boundaries of points like ``x`` are pruned (:mod:`probust.estimators.pruning`).
 
-        "auto": from :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, for the
-        mvn-cdf under Gaussian noise without ``differentiable`` or ``p_fail``, and unless the
-        Jacobian plan is forward mode (which builds every gradient at once anyway).
+        "auto": for the mvn-cdf under Gaussian noise without ``differentiable`` or ``p_fail``:
+        wherever the gradients are taken through the model's linear head (:meth:`head`; every
+        z is then exact), otherwise by the sketch from
+        :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, unless the Jacobian
+        plan is forward mode (which builds every gradient at once anyway).
         """
-        if self.prune == "off" or self._sketch_failed:
+        if self.prune == "off" or (self._sketch_failed and self.head(x) is None):
             return False
         if self.prune == "on":
             return True
         if self.cdf != "mvn" or self.differentiable or self.p_fail or not self.noise.is_gaussian:
             return False
-        classes = row_cost(self.model, x).classes
-        if classes < pruning.AUTO_MIN_CLASSES:
+        if self.head(x) is not None:  # exact z for every boundary: nothing to lose by pruning
+            return True
+        if row_cost(self.model, x).classes < pruning.AUTO_MIN_CLASSES:
             return False
         return self._jacobian_plan(x, x.shape[0] * self.copies).strategy != "forward"
+
+    def head(self, x: Tensor) -> nn.Linear | None:
+        """The model's linear head where the gradients pay to be taken through it
+        (:mod:`probust.linear_head`): d features < C - 1 margins, ``prune`` not "off", not
+        ``differentiable``, and a Jacobian plan in reverse mode. None: every margin directly."""
+        if self.prune == "off" or self.differentiable:
+            return None
+        key = (id(self.model), tuple(x.shape[1:]), x.dtype, x.device)
+        if self._head_key != key:
+            found = find_linear_head(self.model, x[:1])
+            if found is not None and not linear_head.pays(found, found.out_features - 1):
+                found = None
+            if found is not None and self._jacobian_plan(x, x.shape[0] * self.copies).strategy == "forward":
+                found = None
+            self._head_key, self._head = key, found
+        return self._head
 
     #: noisy copies linearised per point (MMSE's N)
     copies = 1
@@ -272,6 +299,40 @@ class Linearised(Estimator):
         c, u = self._refine(x, target, indices, kept.classes)
         return self._from_kept(target, c, u, kept)
 
+    def _through_head(
+        self, x: Tensor, target: Tensor | None, indices: Tensor, head: nn.Linear, *, prune: bool
+    ) -> Estimate:
+        """The estimate of a chunk from the features' Jacobian (d backward passes per copy):
+        every z exactly; with ``prune`` the mvn-cdf sees only the boundaries that can matter
+        (:func:`~probust.estimators.pruning.select_exact`)."""
+        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
+        with weights_in_format(self.model, plan.channels_last):
+            logits, jacobian = linear_head.averaged_feature_jacobian(
+                self.model,
+                head,
+                self._copies(x, indices),
+                batch_size=plan.rows,
+                strategy=plan.strategy,
+                chunk_size=plan.class_chunk,
+                to_rows=lambda rows: to_format(rows, plan.channels_last),
+            )
+        target = self._head_target(x, target, logits)
+        c = margins(logits, target)
+        _check_finite(Linearisation(target, c, jacobian), indices)
+        if not prune:
+            u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
+            return self._from_linearisation(target, c, u)
+        variance = linear_head.boundary_variances(
+            linear_head.boundary_weights(head, target), self.noise.quadratic_form(jacobian)
+        )
+        kept = pruning.select_exact(c, variance, target, tol=self.tol)
+        u = linear_head.margin_normals(linear_head.boundary_weights(head, target, kept.classes), jacobian)
+        return self._from_kept(target, c, u, kept)
+
+    def _head_target(self, x: Tensor, target: Tensor | None, logits: Tensor) -> Tensor:
+        """The target of a chunk linearised through the head (Taylor: its logits are the clean ones)."""
+        return check_target(target, logits)
+
     def _from_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> Estimate:
         """Like :meth:`_from_linearisation`, on the reduced problem of the kept boundaries."""
         points = c.shape[0]
@@ -280,8 +341,7 @@ class Linearised(Estimator):
         reduced_c = torch.cat([c.new_zeros(points, 1), torch.where(pad, 1.0, c.gather(1, kept.classes))], dim=1)
         reduced_u = torch.cat([torch.zeros_like(u[:, :1]), u], dim=1)
         std = maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
-        budget, delta = pruning.shares(self.tol)
-        p, err = maps.mvn_probability(std, tol=self.tol - budget - delta, seed=self.seed)
+        p, err = maps.mvn_probability(std, tol=self.tol - kept.reserved, seed=self.seed)
         z = kept.z_lower.scatter(1, kept.classes, std.z[:, 1:])
         norms = u.flatten(2).norm(dim=2)
         # Padding scatters its zero norm onto the target, where it belongs.

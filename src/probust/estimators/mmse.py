@@ -90,6 +90,9 @@ class MMSE(Linearised):
             )
         return Linearisation(target, c, u)
 
+    def _head_target(self, x: Tensor, target: Tensor | None, logits: Tensor) -> Tensor:
+        return check_target(target, self._clean_logits(x))  # ``logits`` are the noisy copies' mean
+
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         return x[:, None] + self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
 

@@ -75,14 +75,16 @@ class Pruned(NamedTuple):
         classes: int64 [B, K], the kept boundaries of each point, padded with its target (a
             zero gradient, so z = +inf there: no constraint).
         kept: int64 [B], how many boundaries each point keeps (<= C - 1).
-        z_lower: float64 [B, C], the lower bounds on z (+inf at the target).
+        z_lower: float64 [B, C], the lower bounds on z (+inf at the target; exact from :func:`select_exact`).
         bound: float64 [B], what pruning may cost p: the dropped tails plus the failure probability.
+        reserved: the share of ``tol`` set aside for ``bound``: the mvn-cdf samples to the rest.
     """
 
     classes: Tensor
     kept: Tensor
     z_lower: Tensor
     bound: Tensor
+    reserved: float
 
 
 def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -> Pruned:
@@ -103,6 +105,29 @@ def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -
     z_lower = torch.where(
         c > 0, torch.where(var_upper > 0, c / var_upper.clamp_min(1e-300).sqrt(), torch.inf), -torch.inf
     )
+    return _drop(z_lower, target, budget=budget, delta=delta)
+
+
+def select_exact(margin: Tensor, variance: Tensor, target: Tensor, *, tol: float) -> Pruned:
+    """The boundaries to keep from their exact z (e.g. through the model's linear head,
+    :mod:`probust.linear_head`): no sketch, so no failure probability; only the dropped tails
+    (at most ``DROP_SHARE * tol``) are added to the error.
+
+    Args:
+        margin: [B, C], c_i (any value at the target).
+        variance: [B, C], u_i S u_i^T (any value at the target).
+        target: long [B].
+        tol: the mvn-cdf's tolerance.
+    """
+    c = margin.to(torch.float64)
+    var = variance.to(torch.float64)
+    # As maps.standardise: a boundary without variance is never crossed (c > 0) or always (c <= 0).
+    z = torch.where(var > 0, c / var.clamp_min(1e-300).sqrt(), torch.where(c > 0, torch.inf, -torch.inf))
+    return _drop(z, target, budget=DROP_SHARE * tol, delta=0.0)
+
+
+def _drop(z_lower: Tensor, target: Tensor, *, budget: float, delta: float) -> Pruned:
+    """Drop the boundaries with the smallest tails Phi(-z_lower) while their sum fits ``budget``."""
     z_lower = z_lower.scatter(1, target[:, None], torch.inf)
     tail = ndtr(-z_lower)  # 0 at the target
     # Drop the smallest tails while their running sum fits the budget (the target first: 0).
@@ -114,6 +139,6 @@ def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -
     width = max(int(kept.max()), 1)
     # Kept classes first in class order, then the target as padding.
     rank = torch.argsort(dropped.to(torch.int8), dim=1, stable=True)[:, :width]
-    pad = torch.arange(width, device=margin.device) >= kept[:, None]
+    pad = torch.arange(width, device=z_lower.device) >= kept[:, None]
     chosen = torch.where(pad, target[:, None], rank)
-    return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound)
+    return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound, reserved=budget + delta)

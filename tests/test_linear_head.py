@@ -1,0 +1,157 @@
+"""Margin gradients through the model's last linear layer (probust.linear_head)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import probust
+from probust import linear_head
+from probust.linearise import margin_jacobian
+from probust.noise import Gaussian, Uniform
+
+
+def _deep(classes: int = 40, width: int = 12, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(4 * 36, width),
+        nn.Tanh(),
+        nn.Linear(width, classes),
+    ).eval()
+
+
+def _inputs(n: int = 5, seed: int = 1) -> torch.Tensor:
+    return torch.rand(n, 1, 6, 6, generator=torch.Generator().manual_seed(seed))
+
+
+class _Tempered(nn.Module):
+    """Logits divided by a temperature after the last layer: not a linear head's output."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) / 2.0
+
+
+class _EditedInPlace(_Tempered):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).mul_(2.0)  # the head's output object, changed after it ran
+
+
+class _SharedHead(nn.Module):
+    """One Linear used twice: the one whose output is returned ran two times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.tanh(self.fc(x)))
+
+
+def test_finds_the_last_linear_layer_of_a_sequential_model():
+    model = _deep()
+    assert linear_head.find_linear_head(model, _inputs(1)) is model[-1]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [_Tempered(_deep()), _EditedInPlace(_deep()), _SharedHead(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())],
+    ids=["temperature", "edited-in-place", "called-twice", "ends-in-tanh"],
+)
+def test_refuses_anything_that_is_not_a_plain_linear_head(model):
+    x = _inputs(1) if not isinstance(model, (_SharedHead, nn.Sequential)) else torch.randn(1, 8)
+    assert linear_head.find_linear_head(model, x) is None
+
+
+def test_refuses_plain_callables_and_torchscript():
+    model = _deep()
+    x = _inputs(1)
+    assert linear_head.find_linear_head(lambda t: model(t), x) is None  # type: ignore[arg-type]
+    assert linear_head.find_linear_head(torch.jit.trace(model, x), x) is None
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "loop"])
+def test_margin_gradients_through_the_head_equal_the_direct_ones(strategy):
+    model, x = _deep(), _inputs()
+    head = linear_head.find_linear_head(model, x[:1])
+    assert head is not None
+    logits, jacobian = linear_head.feature_jacobian(model, head, x, strategy=strategy, chunk_size=5)
+    direct_logits, target, direct = margin_jacobian(model, x)
+    assert torch.equal(logits, direct_logits)
+    u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
+    torch.testing.assert_close(u, direct, rtol=1e-5, atol=1e-6)
+    assert (u[torch.arange(len(x)), target] == 0).all()  # W_t - W_t: exactly zero at the target
+    classes = torch.tensor([[3, 7], [0, 1], [5, 5], [2, 9], [8, 4]])
+    some = linear_head.margin_normals(linear_head.boundary_weights(head, target, classes), jacobian)
+    torch.testing.assert_close(some, direct.gather(1, classes.view(5, 2, 1, 1, 1).expand(-1, -1, 1, 6, 6)))
+
+
+def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
+    model, x = _deep(), _inputs()
+    head = linear_head.find_linear_head(model, x[:1])
+    assert head is not None
+    logits, jacobian = linear_head.feature_jacobian(model, head, x)
+    target = logits.argmax(1)
+    weights = linear_head.boundary_weights(head, target)
+    for noise in (Gaussian(0.3), Gaussian(torch.rand(1, 6, 6) + 0.1)):
+        direct = noise.quadratic_form(linear_head.margin_normals(weights, jacobian)).diagonal(dim1=1, dim2=2)
+        variance = linear_head.boundary_variances(weights, noise.quadratic_form(jacobian))
+        torch.testing.assert_close(variance, direct, rtol=1e-5, atol=1e-9)  # direct: u in float32
+
+
+def test_averaging_the_copies_jacobians_averages_the_margin_gradients():
+    model, x = _deep(), _inputs(3)
+    head = linear_head.find_linear_head(model, x[:1])
+    assert head is not None
+    copies = x[:, None] + 0.1 * torch.randn(3, 4, 1, 6, 6, generator=torch.Generator().manual_seed(2))
+    logits, jacobian = linear_head.averaged_feature_jacobian(model, head, copies, batch_size=5)
+    for b in range(3):
+        each_logits, each = linear_head.feature_jacobian(model, head, copies[b])
+        torch.testing.assert_close(logits[b], each_logits.mean(0))
+        torch.testing.assert_close(jacobian[b], each.mean(0))
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_estimators_take_the_head_path_and_agree_with_every_direct_gradient(make):
+    model, x = _deep(classes=40, width=12), _inputs(8)
+    for sigma in (0.1, 0.5):
+        auto = make(model, sigma, tol=1e-5)
+        assert auto.head(x) is model[-1]
+        pruned, full = auto(x), make(model, sigma, tol=1e-5, prune="off")(x)
+        assert torch.equal(pruned.target, full.target)
+        # The float32 products summed in another order: ~1e-7 relative on z.
+        assert ((pruned.p - full.p).abs() <= pruned.cdf_error + full.cdf_error + 1e-6).all()
+        kept = pruned.boundaries_kept
+        assert kept is not None and (kept <= 39).all()
+        finite = torch.isfinite(pruned.grad_norm)
+        torch.testing.assert_close(pruned.grad_norm[finite], full.grad_norm[finite], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pruned.z, full.z, rtol=1e-5, atol=1e-6)  # exact z for every boundary
+        assert not pruned.p.requires_grad and not pruned.z.requires_grad
+
+
+def test_the_head_path_without_pruning_serves_non_gaussian_noise():
+    model, x = _deep(classes=40, width=12), _inputs(4)
+    noise = Uniform(0.2)
+    estimator = probust.Taylor(model, noise)
+    assert estimator.head(x) is not None and not estimator.prunes(x)
+    on_head, direct = estimator(x), probust.Taylor(model, noise, prune="off")(x)
+    assert (on_head.boundaries_kept == 39).all()
+    torch.testing.assert_close(on_head.p, direct.p, rtol=0, atol=1e-5)
+
+
+def test_no_head_path_where_it_would_not_pay_or_is_off():
+    x = _inputs(4)
+    wide = _deep(classes=10, width=12)  # 12 features >= 9 margins
+    assert probust.Taylor(wide, 0.1).head(x) is None
+    assert torch.equal(probust.Taylor(wide, 0.1)(x).p, probust.Taylor(wide, 0.1, prune="off")(x).p)
+    narrow = _deep(classes=40, width=12)
+    assert probust.Taylor(narrow, 0.1, prune="off").head(x) is None
+    assert probust.Taylor(narrow, 0.1, differentiable=True).head(x) is None
+    assert probust.Taylor(_Tempered(narrow), 0.1).head(x) is None
