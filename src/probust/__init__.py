@@ -25,7 +25,7 @@ from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.training import RobustLoss
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def __getattr__(name: str):

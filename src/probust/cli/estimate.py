@@ -213,9 +213,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prune",
         default="auto",
         choices=("auto", "on", "off"),
-        help="taylor/mmse: skip the decision boundaries that cannot matter (a forward-mode sketch bounds their "
-        "distance; what they could cost is added to cdf_error; column boundaries_kept): from 1,000 classes on "
-        "(auto, default), always (on) or never (off: every boundary's gradient)",
+        help="taylor/mmse: skip the decision boundaries that cannot matter (their exact distance through the "
+        "model's linear head where it has fewer features than classes, else a forward-mode sketch bounds it; what "
+        "they could cost is added to cdf_error; column boundaries_kept): where it pays (auto, default: by the head, "
+        "or by the sketch from 1,000 classes on), always (on) or never (off: every margin's own backward pass)",
     )
     how.add_argument(
         "--temperature", default="1.0", metavar="T", help="softmax temperature of method softmax (default: 1)"

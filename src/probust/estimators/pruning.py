@@ -18,6 +18,11 @@ The estimate's error grows by at most (sum of the dropped Phi(-z_lower)) + delta
 bounds the change of p when the sketch holds, the second the probability that it does not
 (p is in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf
 samples to the rest of ``tol``, so p keeps its stated tolerance.
+
+Where the model's logits are a linear layer of d < C - 1 features (:mod:`probust.linear_head`),
+d backward passes give every boundary's exact gradient and z, so no sketch is needed:
+:func:`select_exact` drops by the exact tails (delta = 0) and the estimators take that route
+first.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ PRUNE_CHOICES = ("auto", "on", "off")
 #: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
 #: lower quantile over m grows towards 1) at a linear cost.
 PROBES = 32
-#: "auto" prunes from this many classes on. Measured on a CPU (benchmarks/bench_prune.py): at
-#: C = 1,000 pruning paid at every sigma (1.1x to 14x); at C = 100 it paid only where few
-#: boundaries are within reach (2.5x at sigma = 0.05) and cost up to 1.4x more elsewhere (the
-#: sketch's 32 forward-mode passes against 99 backward passes). Between 100 and 1,000 unmeasured.
+#: "auto" prunes by the sketch from this many classes on (models without a narrow linear head;
+#: the head route is exact and taken at any C where it pays). Measured on a CPU
+#: (benchmarks/bench_prune.py --route sketch): at C = 1,000 the sketch paid at every sigma (1.1x
+#: to 14x); at C = 100 it paid only where few boundaries are within reach (2.5x at sigma = 0.05)
+#: and cost up to 1.4x more elsewhere (its 32 forward-mode passes against 99 backward passes).
 AUTO_MIN_CLASSES = 1000
 #: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
 DROP_SHARE = 0.05

@@ -31,7 +31,9 @@ __all__ = [
 #: Settings added to ``config.json``'s "run" after the first format, with the value a folder
 #: written before them implicitly has (compared as such, so such folders still resume).
 #: A folder from before ``prune`` computed every boundary; it counts as "auto", which computes
-#: every boundary below 1,000 classes (the same rows, bitwise) and above stays within ``tol``.
+#: every boundary below 1,000 classes for models without a narrow linear head (the same rows,
+#: bitwise) and otherwise stays within ``tol`` (a folder another probust version wrote is refused
+#: anyway unless ``allow_version_change``).
 SETTING_DEFAULTS: dict[str, Any] = {
     "p_fail": False,
     "mc_half_width": None,

@@ -94,8 +94,9 @@ class RunSettings:
             default. ``mc_is`` always fills these columns. A run setting: a folder computed
             without it cannot be extended with it (use another ``out``, or ``overwrite``).
         prune: decision boundaries the analytic mvn-cdf methods (taylor, mmse) may skip: "auto"
-            (default: skip those that cannot matter from 1,000 classes on, see
-            :class:`probust.Taylor`), "on" or "off" (every boundary's gradient, as before). The
+            (default: skip those that cannot matter where it pays: through the model's linear
+            head, or by a sketch from 1,000 classes on, see :class:`probust.Taylor`), "on" or
+            "off" (every margin's gradient by its own backward pass, as before). The
             error of the skipped ones is added to ``cdf_error``; the column
             ``boundaries_kept`` records how many each point kept. A run setting, part of the
             folder's identity.
