@@ -50,7 +50,14 @@ class _Recomputed(torch.autograd.Function):
 
 
 def qmc_cdf(
-    z: Tensor, corr: Tensor, pad: Tensor | None = None, *, target: Tensor, max_samples: int, seed: int
+    z: Tensor,
+    corr: Tensor,
+    pad: Tensor | None = None,
+    *,
+    target: Tensor,
+    max_samples: int,
+    seed: int,
+    bounds: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Adaptive randomised QMC for a group of problems with k_eff >= 3 (also the engine of
     :func:`probust.mvn.mvn_sf`'s orthant terms).
@@ -60,6 +67,10 @@ def qmc_cdf(
             coordinates (see :func:`probust.mvn.genz.factorise`), None: none.
         target: [G] absolute error at which a problem stops.
         max_samples: cap on samples per problem; seed: the randomisation.
+        bounds: (lower [G], upper [G]) that each probability is known to lie within
+            (:mod:`probust.mvn.bounds`): a problem whose estimate +- error falls wholly outside
+            them has missed part of its integrand (too few points for a sharp one) and may not
+            stop.
 
     Returns:
         (estimate [G], error [G]), float64. The error is about a 99% bound: 3.5 standard errors
@@ -115,6 +126,12 @@ def qmc_cdf(
             e_act = torch.where(torch.isinf(prev), e_act, torch.maximum(e_act, prev * _GUARD))
         err = err.index_copy(0, active, e_act)
         early = (folded[active] & (stop < _MIN_FOLDED)) | (stop < _MIN_STOP)
+        if bounds is not None:
+            with torch.no_grad():
+                scale = fac.const[active].detach()
+                estimate = tree_sum(means, -1) / reps * scale
+                half = e_act * scale
+                early = early | (estimate - half > bounds[1][active]) | (estimate + half < bounds[0][active])
         active = active[(e_act > target[active]) | early]
         start, stop = stop, 2 * stop
     est = tree_sum(sums / count[:, None], -1) / reps * fac.const
