@@ -93,6 +93,52 @@ def test_margin_gradients_through_the_head_equal_the_direct_ones(strategy):
     torch.testing.assert_close(some, direct.gather(1, classes.view(5, 2, 1, 1, 1).expand(-1, -1, 1, 6, 6)))
 
 
+def _relu_net(classes: int = 40, width: int = 24, seed: int = 0) -> nn.Module:
+    """A ReLU before the head, with biases pushed negative: many features exactly 0."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(36, width), nn.ReLU(), nn.Linear(width, classes)).eval()
+    with torch.no_grad():
+        model[1].bias.sub_(0.5)
+    return model
+
+
+class _ZeroValuedFeatures(nn.Module):
+    """Features whose values are exactly 0 but whose gradients are not: no row may be skipped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(36, 12)
+        self.head = nn.Linear(12, 40)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.inner(x.flatten(1))
+        return self.head(a - a.detach())
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "loop"])
+def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(strategy):
+    model, x = _relu_net(), _inputs(6)
+    head = linear_head.find_linear_head(model, x[:1])
+    assert head is model[-1]
+    with torch.no_grad():
+        features = model[:3](x)
+    assert (features == 0).float().mean() > 0.3  # the premise: many dead features
+    logits, jacobian = linear_head.feature_jacobian(model, head, x, strategy=strategy, chunk_size=4)
+    _, target, direct = margin_jacobian(model, x)
+    assert (jacobian[features == 0] == 0).all()
+    u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
+    torch.testing.assert_close(u, direct, rtol=1e-5, atol=1e-6)
+
+
+def test_a_feature_at_zero_with_a_gradient_is_not_skipped():
+    model, x = _ZeroValuedFeatures().eval(), _inputs(3)
+    head = linear_head.find_linear_head(model, x[:1])
+    assert head is model.head
+    _, jacobian = linear_head.feature_jacobian(model, head, x)
+    expected = model.inner.weight.detach().view(12, 1, 6, 6).expand(3, -1, -1, -1, -1)
+    torch.testing.assert_close(jacobian, expected)
+
+
 def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
     model, x = _deep(), _inputs()
     head = linear_head.find_linear_head(model, x[:1])

@@ -9,7 +9,9 @@ so the d rows of the features' Jacobian give all C - 1 margin gradients exactly 
 matrix product), and the boundaries' covariance is u S u^T = A (J S J^T) A^T with A_i = W_t - W_i:
 every z_i is known exactly from d backward passes. This pays where d < C - 1: the paper's CNN
 (d = 50) at C = 100 or 1,000, a ResNet18 (d = 512) at C = 1,000. The result equals the direct
-Jacobian's up to float rounding (the same products, summed in another order).
+Jacobian's up to float rounding (the same products, summed in another order). Features held at
+exactly 0 (a ReLU before the head) have zero rows and are skipped, after a check: the trained
+CNNs of benchmarks/prune_models.py keep about 16 of their 50 features alive per point.
 
 :func:`find_linear_head` finds such a layer by running the model once with hooks; it accepts a
 layer only if the model returns that layer's output object unchanged and calls it once on a
@@ -99,39 +101,67 @@ def feature_jacobian(
     *,
     strategy: str = "vmap",
     chunk_size: int | None = None,
-    differentiable: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Logits [B, C] and the features' input Jacobian J [B, d, *S] at x.
+    """Logits [B, C] and the features' input Jacobian J [B, d, *S] at x (no autograd graph).
+
+    Only the rows of features that are not exactly 0 are pulled back, each point its own: a
+    feature held at 0 by a ReLU (most of a trained ReLU network's, often) has a zero row. One
+    extra pass checks that claim: the dead features' rows, combined with random weights, must
+    pull back to exactly 0 (a nonzero row would survive the combination with probability 1);
+    a point that fails it gets every row.
 
     Args:
         model, head: the model and its linear head (:func:`find_linear_head`).
         x: inputs [B, *S].
-        strategy: "vmap" (torch.func, vectorised over the d features; ``chunk_size`` at once)
-            or "loop" (one autograd backward pass per feature).
-        differentiable: keep the autograd graph (as :func:`probust.linearise.logit_jacobian`).
+        strategy: "vmap" (torch.func, vectorised over the rows; ``chunk_size`` at once) or
+            "loop" (one autograd backward pass per row).
     """
     run = _features_and_logits(model, head)
-    d = head.in_features
+    pull: Callable[[Tensor], Tensor]
     if strategy == "loop":
-        x_in = x if (differentiable and x.requires_grad) else x.detach().requires_grad_(True)
+        x_in = x.detach().requires_grad_(True)
         with torch.enable_grad():
-            features, logits = run(x_in)
-            rows = [
-                torch.autograd.grad(
-                    features[:, k].sum(), x_in, retain_graph=differentiable or k < d - 1, create_graph=differentiable
-                )[0]
-                for k in range(d)
-            ]
-        jacobian = torch.stack(rows, dim=1)
+            graph, logits = run(x_in)
+        features = graph
+
+        def pull(cotangents: Tensor) -> Tensor:
+            rows = [torch.autograd.grad(graph, x_in, c, retain_graph=True)[0] for c in cotangents]
+            return torch.stack(rows)
+
     else:
         # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
         features, pullback, *aux = torch.func.vjp(run, x, has_aux=True)
         logits = aux[0]
-        eye = torch.eye(d, device=x.device, dtype=features.dtype)[:, None, :].expand(-1, x.shape[0], -1)
-        jacobian = torch.func.vmap(pullback, chunk_size=chunk_size)(eye)[0].transpose(0, 1)
-    if not differentiable:
-        return logits.detach(), jacobian.detach()
-    return logits, jacobian
+
+        def pull(cotangents: Tensor) -> Tensor:
+            return torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents)[0]
+
+    features = features.detach()
+    alive = _alive(features, pull)
+    # Row k of each point: its k-th alive feature (a zero cotangent past its count).
+    count = alive.sum(1)
+    width = max(int(count.max()), 1)
+    which = torch.argsort((~alive).to(torch.int8), dim=1, stable=True)[:, :width]  # [B, width]
+    used = torch.arange(width, device=x.device) < count[:, None]
+    cotangents = torch.zeros(width, *features.shape, dtype=features.dtype, device=x.device)
+    cotangents.scatter_(2, which.T.unsqueeze(2), used.T.unsqueeze(2).to(features.dtype))
+    rows = pull(cotangents).transpose(0, 1).detach()  # [B, width, *S]
+    jacobian = rows.new_zeros(x.shape[0], features.shape[1], *x.shape[1:])
+    index = which.view(*which.shape, *([1] * (x.ndim - 1))).expand_as(rows)
+    jacobian.scatter_add_(1, index, torch.where(used.view(*used.shape, *([1] * (x.ndim - 1))), rows, 0.0))
+    return logits.detach(), jacobian
+
+
+def _alive(features: Tensor, pull: Callable[[Tensor], Tensor]) -> Tensor:
+    """bool [B, d]: the features whose Jacobian rows must be computed (all but checked zeros)."""
+    dead = features == 0
+    if not bool(dead.any()):
+        return ~dead
+    weights = torch.randn(features.shape, generator=torch.Generator().manual_seed(0), dtype=features.dtype)
+    probe = torch.where(dead, weights.to(features.device), 0.0)
+    combined = pull(probe[None])[0].detach()
+    zero_rows = (combined.flatten(1) == 0).all(1)
+    return ~(dead & zero_rows[:, None])
 
 
 def boundary_weights(head: nn.Linear, target: Tensor, classes: Tensor | None = None) -> Tensor:
