@@ -1,13 +1,13 @@
 """Benchmark: probust.mvn_cdf against a per-point scipy loop at the paper code's settings.
 
-    python benchmarks/bench_mvn.py [--points 256] [--threads 1] [--quick]
+    python benchmarks/bench_mvn.py [--points 256] [--tols 1e-4 3e-5 2.5e-5 2e-5 1e-5] [--threads 1] [--quick]
 
 For k = 9 and k = 99 (10 and 100 classes) it builds decision-boundary problems -- the Taylor
 estimator's inputs for a linear classifier whose class weight vectors are mutually orthogonal
 (random norms), at random inputs, with a noise level drawn per point (log-uniform in
 [0.05, 0.3]), so that probabilities spread from about 0.1 to 1 with half of them near 1 -- and
-reports, for ``mvn_cdf`` at tol 1e-4 (the default) and 1e-5, and for
-``scipy.stats.multivariate_normal.cdf(maxpts=10000, abseps=1e-4)`` called once per point (what
+reports, for ``mvn_cdf`` at each of ``--tols`` (default 1e-4, the default tol, then 3e-5,
+2.5e-5, 2e-5 and 1e-5), and for ``scipy.stats.multivariate_normal.cdf(maxpts=10000, abseps=1e-4)`` called once per point (what
 the paper's code does): wall time, points/s, max / mean absolute error against an exact
 reference, the share of points inside mvn_cdf's error estimate, and the speed-up.
 
@@ -15,11 +15,16 @@ The reference is independent of probust: orthogonal class weights w_c make the b
 correlation one-factor, R_ij = lambda_i lambda_j with lambda_i = |w_t| / |w_t - w_i|, so the
 probability is the one-dimensional integral of phi(t) prod_i Phi((z_i - lambda_i t) /
 sqrt(1 - lambda_i^2)), computed by scipy.integrate.quad to ~1e-13 (cross-checked against scipy's
-multivariate_normal.cdf at tight settings on a few k = 9 points; the difference is printed). For
-k = 99, scipy is timed on a random subset and extrapolated (said in the output), and errors are
-compared on that subset. Both sides run on the same number of CPU threads (scipy's loop is
-single-threaded; default 1). mvn_cdf calls under 2 s are repeated and their median time is
-reported. ``--quick``: 64 points unless ``--points`` is given, and a cheaper cross-check.
+multivariate_normal.cdf at tight settings on a few k = 9 points; the difference is printed). scipy
+runs on every point unless ``--scipy-subset`` names fewer for k = 99 (its time is then extrapolated
+and the errors compared on that subset, said in the output). Both sides run on the same number of
+CPU threads (scipy's loop is single-threaded; default 1). mvn_cdf calls under 2 s are repeated and
+their median time is reported. ``--quick``: 64 points unless ``--points`` is given, and a cheaper
+cross-check.
+
+The verdict is computed, per k and tol: TARGET_SPEEDUP times the scipy loop's speed or more, with
+a max |error| AND a mean |error| against the exact reference no worse than scipy's on the same
+points.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from scipy.stats import multivariate_normal
 from probust.mvn import mvn_cdf
 
 SCIPY_PAPER = {"maxpts": 10_000, "abseps": 1e-4}
-TARGET_SPEEDUP = 20.0
+TARGET_SPEEDUP = 10.0  # issue 11: >= 10x the per-point scipy loop at k = 99, at equal accuracy
 
 
 def boundary_problems(
@@ -114,7 +119,10 @@ def row(k, name, n, seconds, err, note=""):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=int, default=None, help="problems per k (default 256, 64 with --quick)")
-    ap.add_argument("--scipy-subset", type=int, default=32, help="points scipy is timed on for k = 99")
+    ap.add_argument("--scipy-subset", type=int, default=None, help="points scipy runs on for k = 99 (default: all)")
+    ap.add_argument(
+        "--tols", type=float, nargs="+", default=[1e-4, 3e-5, 2.5e-5, 2e-5, 1e-5], help="mvn_cdf tolerances to time"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (scipy's loop uses one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="fewer points, cheaper cross-check of the reference")
@@ -144,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         # Warm-up (imports, first-call allocations), so both sides are timed warm.
         mvn_cdf(torch.from_numpy(z[:2]), torch.from_numpy(cov[:2]))
         multivariate_normal.cdf(z[0], cov=cov[0], **SCIPY_PAPER)
-        runs = {tol: ours(z, cov, tol=tol, seed=args.seed) for tol in (1e-4, 1e-5)}
-        if k == 9:
+        runs = {tol: ours(z, cov, tol=tol, seed=args.seed) for tol in args.tols}
+        if k == 9 or args.scipy_subset is None or args.scipy_subset >= points:
             subset = np.arange(points)
         else:
             subset = np.sort(np.random.default_rng(1).choice(points, min(args.scipy_subset, points), replace=False))
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 row(
                     k,
-                    f"probust.mvn_cdf(tol={tol:.0e})",
+                    f"probust.mvn_cdf(tol={tol:.2g})",
                     points,
                     t_ours,
                     err,
@@ -170,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             verdicts.append((k, tol, t_sp_all / t_ours, err[subset], sp_err))
         note = "" if len(subset) == points else f"timed on {len(subset)} random points, extrapolated"
         lines.append(row(k, "scipy loop (maxpts=1e4, abseps=1e-4)", points, t_sp_all, sp_err, note))
-        if k == 99:
-            for _k, tol, _, mine, theirs in verdicts[-2:]:
+        if len(subset) < points:
+            for _k, tol, _, mine, theirs in verdicts[-len(runs) :]:
                 extra.append(
-                    f"errors on the {len(subset)} scipy points: mvn_cdf(tol={tol:.0e}) max "
+                    f"errors on the {len(subset)} scipy points: mvn_cdf(tol={tol:.2g}) max "
                     f"{mine.max():.1e} mean {mine.mean():.1e}; scipy max {theirs.max():.1e} "
                     f"mean {theirs.mean():.1e}"
                 )
@@ -182,12 +190,22 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     for k, tol, speedup, mine, theirs in verdicts:
         max_ok, mean_ok = mine.max() <= theirs.max(), mine.mean() <= theirs.mean()
-        met = speedup >= TARGET_SPEEDUP and max_ok
+        met = speedup >= TARGET_SPEEDUP and max_ok and mean_ok
         cmp_max, cmp_mean = ("<=" if max_ok else ">"), ("<=" if mean_ok else ">")
         lines.append(
-            f"k={k:<3} tol={tol:.0e}: {speedup:6.1f}x the scipy loop's speed; on the same points, against the "
+            f"k={k:<3} tol={tol:<7.2g}: {speedup:6.1f}x the scipy loop's speed; on the same points, against the "
             f"exact reference, max |error| {cmp_max} scipy's, mean |error| {cmp_mean} scipy's "
-            f"-> {TARGET_SPEEDUP:.0f}x at no worse max error: {'MET' if met else 'NOT MET'}"
+            f"-> {TARGET_SPEEDUP:.0f}x at no worse max and mean error: {'MET' if met else 'NOT MET'}"
+        )
+    for k in sorted({v[0] for v in verdicts}):
+        met_at = [
+            f"{tol:.2g}"
+            for kk, tol, speedup, mine, theirs in verdicts
+            if kk == k and speedup >= TARGET_SPEEDUP and mine.max() <= theirs.max() and mine.mean() <= theirs.mean()
+        ]
+        lines.append(
+            f"k={k}: target ({TARGET_SPEEDUP:.0f}x at no worse max and mean error) "
+            + (f"MET at tol {', '.join(met_at)}" if met_at else "NOT MET at any tol measured")
         )
     print()
     print("\n".join(lines))

@@ -186,3 +186,18 @@ def test_in_batch_values_of_rank12_problems_match_a_precise_run():
             torch.tensor(zi), torch.tensor(corr), tol=1e-6, max_samples=4_000_000, seed=7, return_error=True
         )
         assert abs(p[i].item() - ref.item()) <= err[i].item() + ref_err.item(), SPECS[i]
+
+
+def test_values_do_not_depend_on_how_many_problems_share_an_integrand_call(monkeypatch):
+    # qmc_cdf sizes its integrand calls by the problems' width (a speed knob: smaller calls keep
+    # the running sums near the cache at high dimension). Any call size gives the same bits.
+    from probust.mvn import qmc
+
+    z, c, _ = mixed_batch()
+    p, err = mvn_cdf(z, c, return_error=True)
+    assert qmc._slab(WIDTH) < qmc._SLAB  # this batch is one that gets the smaller calls
+    for slab, limit in ((1 << 15, 1 << 40), (1 << 10, 1 << 10)):
+        monkeypatch.setattr(qmc, "_SLAB", slab)
+        monkeypatch.setattr(qmc, "_SLAB_DOUBLES", limit)
+        pm, em = mvn_cdf(z, c, return_error=True)
+        assert torch.equal(pm, p) and torch.equal(em, err), slab
