@@ -201,3 +201,20 @@ def test_no_head_path_where_it_would_not_pay_or_is_off():
     assert probust.Taylor(narrow, 0.1, prune="off").head(x) is None
     assert probust.Taylor(narrow, 0.1, differentiable=True).head(x) is None
     assert probust.Taylor(_Tempered(narrow), 0.1).head(x) is None
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_a_points_estimate_does_not_depend_on_what_its_block_keeps_alive(make):
+    # Blocks of 4 rows whose points keep different numbers of features alive: the vmapped
+    # passes must have the same shapes whatever the block, so splits give the same bits.
+    model = _relu_net(classes=60, width=40)
+    x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
+        -1, 1, 1, 1
+    )
+    estimator = make(model, 0.2, batch_size=4, jacobian="vmap")
+    assert estimator.head(x) is model[-1]
+    whole = estimator(x)
+    for k in (4, 8):
+        first, rest = estimator(x[:k]), estimator(x[k:], index_offset=k)
+        assert torch.equal(torch.cat([first.p, rest.p]), whole.p)
+        assert torch.equal(torch.cat([first.z, rest.z]), whole.z)

@@ -67,6 +67,9 @@ def find_linear_head(model: nn.Module, x: Tensor) -> nn.Linear | None:
     return head
 
 
+_STEP = 8  # feature rows per vmapped pullback (see feature_jacobian)
+
+
 def pays(head: nn.Linear | None, margins: int) -> bool:
     """Whether the head path needs fewer backward passes than ``margins`` direct ones."""
     return head is not None and head.in_features < margins
@@ -134,14 +137,19 @@ def feature_jacobian(
         logits = aux[0]
 
         def pull(cotangents: Tensor) -> Tensor:
-            return torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents)[0]
+            return torch.func.vmap(pullback, chunk_size=step)(cotangents)[0]
 
+    # The rows are pulled back `step` at a time, and their count is padded to a multiple of it:
+    # every vmapped pass has the same shape whatever the other points of the block keep alive,
+    # so a point's rows do not depend on its block (as with the direct path's C - 1 passes).
+    step = min(_STEP, chunk_size or _STEP)
     features = features.detach()
     alive = _alive(features, pull)
     # Row k of each point: its k-th alive feature (a zero cotangent past its count).
     count = alive.sum(1)
-    width = max(int(count.max()), 1)
-    which = torch.argsort((~alive).to(torch.int8), dim=1, stable=True)[:, :width]  # [B, width]
+    width = -(-max(int(count.max()), 1) // step) * step
+    which = torch.argsort((~alive).to(torch.int8), dim=1, stable=True)  # [B, d]
+    which = torch.cat([which, which[:, :1].expand(-1, max(width - which.shape[1], 0))], dim=1)[:, :width]
     used = torch.arange(width, device=x.device) < count[:, None]
     cotangents = torch.zeros(width, *features.shape, dtype=features.dtype, device=x.device)
     cotangents.scatter_(2, which.T.unsqueeze(2), used.T.unsqueeze(2).to(features.dtype))

@@ -262,3 +262,41 @@ def test_exact_selection_drops_only_within_its_share_and_reserves_no_failure():
     dropped_max = torch.where(chosen, 0.0, tails).max(1).values
     kept_min = torch.where(chosen, tails, torch.inf).min(1).values
     assert (dropped_max <= kept_min).all()
+
+
+def test_points_are_grouped_by_their_own_kept_count_rounded_up_to_a_power_of_two():
+    gen = torch.Generator().manual_seed(4)
+    margin = torch.rand(40, 30, generator=gen) * torch.linspace(0.01, 4, 40).view(-1, 1)
+    variance = torch.rand(40, 30, generator=gen) + 0.05
+    target = torch.randint(30, (40,), generator=gen)
+    kept = pruning.select_exact(margin, variance, target, tol=1e-4)
+    seen = torch.zeros(40, dtype=torch.bool)
+    for index, group in pruning.by_width(kept, target):
+        width = group.classes.shape[1]
+        assert (
+            width & (width - 1) == 0 and (group.kept <= width).all() and (2 * group.kept > width).all() | (width == 1)
+        )
+        for row, point in enumerate(index.tolist()):
+            k = int(kept.kept[point])
+            assert torch.equal(group.classes[row, :k], kept.classes[point, :k])  # every kept boundary
+            assert (group.classes[row, k:] == target[point]).all()  # then padding
+        seen[index] = True
+    assert seen.all()
+
+
+@pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
+def test_sketch_pruned_estimates_do_not_depend_on_the_batch_split(make):
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Flatten(), nn.Linear(36, 80), nn.Tanh(), nn.Linear(80, 60)).eval()
+    model = _Tempered(inner)  # no linear head: the sketch route
+    x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
+        -1, 1, 1, 1
+    )
+    estimator = make(model, 0.3, batch_size=4, prune="on", jacobian="vmap")
+    assert estimator.head(x) is None
+    whole = estimator(x)
+    assert len(set(whole.boundaries_kept.tolist())) > 2  # points of different widths
+    for k in (4, 8):
+        first, rest = estimator(x[:k]), estimator(x[k:], index_offset=k)
+        assert torch.equal(torch.cat([first.p, rest.p]), whole.p)
+        assert torch.equal(torch.cat([first.z, rest.z]), whole.z)

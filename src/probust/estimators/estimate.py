@@ -82,6 +82,12 @@ class Estimate:
             )
         return cls(**values)
 
+    def take(self, index: Tensor) -> Estimate:
+        """The estimates of the points ``index`` (int64 [n]), in that order."""
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        taken: dict[str, Any] = {k: v[index] if isinstance(v, Tensor) else v for k, v in values.items()}
+        return Estimate(**taken)
+
     def cpu(self) -> Estimate:
         """A copy with every tensor moved to the CPU."""
         values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -59,6 +59,11 @@ def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
     )
 
 
+def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
+    """The estimates of groups of points (``parts[g]`` holds the points ``order[g]``) in point order."""
+    return Estimate.cat(parts).take(torch.argsort(torch.cat(order)))
+
+
 _SKETCH_ERRORS = (RuntimeError, NotImplementedError, AttributeError, TypeError)
 _SKETCH_WARNED: set[type] = set()
 
@@ -296,8 +301,12 @@ class Linearised(Estimator):
                 )
             return None
         kept = pruning.select(margin, derivatives, target, tol=self.tol)
-        c, u = self._refine(x, target, indices, kept.classes)
-        return self._from_kept(target, c, u, kept)
+        parts, order = [], []
+        for index, group in pruning.by_width(kept, target):
+            c, u = self._refine(x[index], target[index], indices[index], group.classes)
+            parts.append(self._from_kept(target[index], c, u, group))
+            order.append(index)
+        return _in_order(parts, order)
 
     def _through_head(
         self, x: Tensor, target: Tensor | None, indices: Tensor, head: nn.Linear, *, prune: bool
@@ -326,8 +335,13 @@ class Linearised(Estimator):
             linear_head.boundary_weights(head, target), self.noise.quadratic_form(jacobian)
         )
         kept = pruning.select_exact(c, variance, target, tol=self.tol)
-        u = linear_head.margin_normals(linear_head.boundary_weights(head, target, kept.classes), jacobian)
-        return self._from_kept(target, c, u, kept)
+        parts, order = [], []
+        for index, group in pruning.by_width(kept, target):
+            weights = linear_head.boundary_weights(head, target[index], group.classes)
+            u = linear_head.margin_normals(weights, jacobian[index])
+            parts.append(self._from_kept(target[index], c[index], u, group))
+            order.append(index)
+        return _in_order(parts, order)
 
     def _head_target(self, x: Tensor, target: Tensor | None, logits: Tensor) -> Tensor:
         """The target of a chunk linearised through the head (Taylor: its logits are the clean ones)."""

@@ -148,3 +148,23 @@ def _drop(z_lower: Tensor, target: Tensor, *, budget: float, delta: float) -> Pr
     pad = torch.arange(width, device=z_lower.device) >= kept[:, None]
     chosen = torch.where(pad, target[:, None], rank)
     return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound, reserved=budget + delta)
+
+
+def by_width(kept: Pruned, target: Tensor) -> list[tuple[Tensor, Pruned]]:
+    """The points of a chunk grouped by their kept count rounded up to a power of two (at least 1):
+    (indices [n], their :class:`Pruned` with ``classes`` at that common width, padded with the target).
+
+    A point's kept boundaries then enter backward passes and matrix products of a shape that
+    depends on the point alone: BLAS rounding depends on a product's shape, and a chunk-wide
+    width would make a point's last bits depend on the other points of its chunk.
+    """
+    counts = kept.kept.clamp_min(1).double()
+    width = (2 ** torch.ceil(torch.log2(counts))).long()
+    groups = []
+    for w in sorted(set(width.tolist())):
+        index = (width == w).nonzero().flatten()
+        classes = kept.classes[index, :w]
+        if classes.shape[1] < w:
+            classes = torch.cat([classes, target[index, None].expand(-1, w - classes.shape[1])], dim=1)
+        groups.append((index, Pruned(classes, kept.kept[index], kept.z_lower[index], kept.bound[index], kept.reserved)))
+    return groups
