@@ -10,6 +10,7 @@ import probust
 from probust import linear_head
 from probust.linearise import margin_jacobian
 from probust.noise import Gaussian, Uniform
+from tests._helpers import Tempered
 
 
 def _deep(classes: int = 40, width: int = 12, seed: int = 0) -> nn.Module:
@@ -28,18 +29,7 @@ def _inputs(n: int = 5, seed: int = 1) -> torch.Tensor:
     return torch.rand(n, 1, 6, 6, generator=torch.Generator().manual_seed(seed))
 
 
-class _Tempered(nn.Module):
-    """Logits divided by a temperature after the last layer: not a linear head's output."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x) / 2.0
-
-
-class _EditedInPlace(_Tempered):
+class _EditedInPlace(Tempered):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x).mul_(2.0)  # the head's output object, changed after it ran
 
@@ -62,7 +52,7 @@ def test_finds_the_last_linear_layer_of_a_sequential_model():
 
 @pytest.mark.parametrize(
     "model",
-    [_Tempered(_deep()), _EditedInPlace(_deep()), _SharedHead(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())],
+    [Tempered(_deep()), _EditedInPlace(_deep()), _SharedHead(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())],
     ids=["temperature", "edited-in-place", "called-twice", "ends-in-tanh"],
 )
 def test_refuses_anything_that_is_not_a_plain_linear_head(model):
@@ -200,7 +190,7 @@ def test_no_head_path_where_it_would_not_pay_or_is_off():
     narrow = _deep(classes=40, width=12)
     assert probust.Taylor(narrow, 0.1, prune="off").head(x) is None
     assert probust.Taylor(narrow, 0.1, differentiable=True).head(x) is None
-    assert probust.Taylor(_Tempered(narrow), 0.1).head(x) is None
+    assert probust.Taylor(Tempered(narrow), 0.1).head(x) is None
 
 
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])

@@ -15,7 +15,7 @@ from probust.estimators import pruning
 from probust.linearise import margin_sketch
 from probust.mvn.numerics import ndtr
 from probust.noise import Gaussian
-from tests._helpers import linear_model
+from tests._helpers import Tempered, linear_model
 
 
 def _exact_z(model: nn.Linear, x: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,23 +204,12 @@ def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor
     return model, torch.cat([prototypes[:8], mids])
 
 
-class _Tempered(nn.Module):
-    """Logits / 2 after the last layer: no linear head to take the gradients through."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x) / 2.0
-
-
 @pytest.mark.parametrize("route", ["head", "sketch"])
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
 def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make, route):
     model, x = _trained_many_class_cnn()
     if route == "sketch":
-        model = _Tempered(model)
+        model = Tempered(model)
     # Reverse mode pinned: with 64 input coordinates the planner may pick forward mode, which
     # builds every gradient at once and so takes neither route.
     assert (make(model, 0.1, jacobian="vmap").head(x) is not None) == (route == "head")
@@ -288,7 +277,7 @@ def test_points_are_grouped_by_their_own_kept_count_rounded_up_to_a_power_of_two
 def test_sketch_pruned_estimates_do_not_depend_on_the_batch_split(make):
     torch.manual_seed(0)
     inner = nn.Sequential(nn.Flatten(), nn.Linear(36, 80), nn.Tanh(), nn.Linear(80, 60)).eval()
-    model = _Tempered(inner)  # no linear head: the sketch route
+    model = Tempered(inner)  # no linear head: the sketch route
     x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
         -1, 1, 1, 1
     )

@@ -9,7 +9,7 @@ from scipy.stats import norm
 
 from probust.mvn import mvn_cdf
 from probust.mvn.bounds import TOP, orthant_bounds
-from tests.mvn.test_cdf_tolerance import one_factor_problems
+from tests.mvn._one_factor import one_factor_problems
 
 # Five decision boundaries of a trained ReLU CNN (Fashion-MNIST composites, C = 100, Taylor at
 # sigma = 0.2): nearly parallel boundaries (correlation up to 0.92) just beyond 3 sigma. The
