@@ -8,8 +8,10 @@ from torch import nn
 
 import probust
 from probust import linear_head
+from probust.estimators.routes import ROUTE_NAMES
 from probust.linearise import margin_jacobian
 from probust.noise import Gaussian, Uniform
+from probust.pullback import Pullback
 from tests._helpers import Tempered
 
 
@@ -72,9 +74,11 @@ def test_margin_gradients_through_the_head_equal_the_direct_ones(strategy):
     model, x = _deep(), _inputs()
     head = linear_head.find_linear_head(model, x[:1])
     assert head is not None
-    logits, jacobian = linear_head.feature_jacobian(model, head, x, strategy=strategy, chunk_size=5)
+    pulled = Pullback(model, x, head, strategy=strategy)
+    basis = torch.eye(12)[:, None].expand(-1, len(x), -1)
+    jacobian = pulled.pull(basis)  # row k: features' gradient e_k^T J
     direct_logits, target, direct = margin_jacobian(model, x)
-    assert torch.equal(logits, direct_logits)
+    assert torch.equal(pulled.logits, direct_logits)
     u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
     torch.testing.assert_close(u, direct, rtol=1e-5, atol=1e-6)
     assert (u[torch.arange(len(x)), target] == 0).all()  # W_t - W_t: exactly zero at the target
@@ -105,36 +109,37 @@ class _ZeroValuedFeatures(nn.Module):
         return self.head(a - a.detach())
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "loop"])
-def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(strategy):
+@pytest.mark.parametrize("make", [probust.Taylor, lambda *a, **k: probust.MMSE(*a, n_samples=3, **k)])
+@pytest.mark.parametrize("jacobian", ["vmap", "loop"])
+def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(make, jacobian):
     model, x = _relu_net(), _inputs(6)
-    head = linear_head.find_linear_head(model, x[:1])
-    assert head is model[-1]
     with torch.no_grad():
         features = model[:3](x)
     assert (features == 0).float().mean() > 0.3  # the premise: many dead features
-    logits, jacobian = linear_head.feature_jacobian(model, head, x, strategy=strategy, chunk_size=4)
-    _, target, direct = margin_jacobian(model, x)
-    assert (jacobian[features == 0] == 0).all()
-    u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
-    torch.testing.assert_close(u, direct, rtol=1e-5, atol=1e-6)
+    # mv-sigmoid: nothing pruned, so every boundary's gradient comes out and can be compared.
+    on_head = make(model, 0.2, cdf="mv-sigmoid", route="head", jacobian=jacobian)(x)
+    direct = make(model, 0.2, cdf="mv-sigmoid", prune="off", jacobian=jacobian)(x)
+    assert (on_head.route == ROUTE_NAMES.index("head")).all()
+    torch.testing.assert_close(on_head.grad_norm, direct.grad_norm, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(on_head.z, direct.z, rtol=1e-5, atol=1e-6)
 
 
 def test_a_feature_at_zero_with_a_gradient_is_not_skipped():
     model, x = _ZeroValuedFeatures().eval(), _inputs(3)
-    head = linear_head.find_linear_head(model, x[:1])
-    assert head is model.head
-    _, jacobian = linear_head.feature_jacobian(model, head, x)
-    expected = model.inner.weight.detach().view(12, 1, 6, 6).expand(3, -1, -1, -1, -1)
-    torch.testing.assert_close(jacobian, expected)
+    assert linear_head.find_linear_head(model, x[:1]) is model.head
+    on_head = probust.Taylor(model, 0.2, cdf="mv-sigmoid", route="head")(x)
+    direct = probust.Taylor(model, 0.2, cdf="mv-sigmoid", prune="off")(x)
+    torch.testing.assert_close(on_head.grad_norm, direct.grad_norm, rtol=1e-5, atol=1e-6)
+    assert (direct.grad_norm.sum(1) > 0).all()  # the premise: the features at 0 carry gradients
 
 
 def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
     model, x = _deep(), _inputs()
     head = linear_head.find_linear_head(model, x[:1])
     assert head is not None
-    logits, jacobian = linear_head.feature_jacobian(model, head, x)
-    target = logits.argmax(1)
+    pulled = Pullback(model, x, head)
+    jacobian = pulled.pull(torch.eye(12)[:, None].expand(-1, len(x), -1))
+    target = pulled.logits.argmax(1)
     weights = linear_head.boundary_weights(head, target)
     for noise in (Gaussian(0.3), Gaussian(torch.rand(1, 6, 6) + 0.1)):
         direct = noise.quadratic_form(linear_head.margin_normals(weights, jacobian)).diagonal(dim1=1, dim2=2)
@@ -142,25 +147,12 @@ def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
         torch.testing.assert_close(variance, direct, rtol=1e-5, atol=1e-9)  # direct: u in float32
 
 
-def test_averaging_the_copies_jacobians_averages_the_margin_gradients():
-    model, x = _deep(), _inputs(3)
-    head = linear_head.find_linear_head(model, x[:1])
-    assert head is not None
-    copies = x[:, None] + 0.1 * torch.randn(3, 4, 1, 6, 6, generator=torch.Generator().manual_seed(2))
-    logits, jacobian = linear_head.averaged_feature_jacobian(model, head, copies, batch_size=5)
-    for b in range(3):
-        each_logits, each = linear_head.feature_jacobian(model, head, copies[b])
-        torch.testing.assert_close(logits[b], each_logits.mean(0))
-        torch.testing.assert_close(jacobian[b], each.mean(0))
-
-
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
 def test_estimators_take_the_head_path_and_agree_with_every_direct_gradient(make):
     model, x = _deep(classes=40, width=12), _inputs(8)
     for sigma in (0.1, 0.5):
-        auto = make(model, sigma, tol=1e-5)
-        assert auto.head(x) is model[-1]
-        pruned, full = auto(x), make(model, sigma, tol=1e-5, prune="off")(x)
+        pruned, full = make(model, sigma, tol=1e-5)(x), make(model, sigma, tol=1e-5, prune="off")(x)
+        assert (pruned.route == ROUTE_NAMES.index("head")).all()  # 12 features against 39 margins
         assert torch.equal(pruned.target, full.target)
         # The float32 products summed in another order: ~1e-7 relative on z.
         assert ((pruned.p - full.p).abs() <= pruned.cdf_error + full.cdf_error + 1e-6).all()
@@ -175,22 +167,21 @@ def test_estimators_take_the_head_path_and_agree_with_every_direct_gradient(make
 def test_the_head_path_without_pruning_serves_non_gaussian_noise():
     model, x = _deep(classes=40, width=12), _inputs(4)
     noise = Uniform(0.2)
-    estimator = probust.Taylor(model, noise)
-    assert estimator.head(x) is not None and not estimator.prunes(x)
-    on_head, direct = estimator(x), probust.Taylor(model, noise, prune="off")(x)
-    assert (on_head.boundaries_kept == 39).all()
+    on_head, direct = probust.Taylor(model, noise)(x), probust.Taylor(model, noise, prune="off")(x)
+    assert (on_head.route == ROUTE_NAMES.index("head")).all()
+    assert (on_head.boundaries_kept == 39).all()  # nothing pruned: the bounds need Gaussian noise
     torch.testing.assert_close(on_head.p, direct.p, rtol=0, atol=1e-5)
 
 
 def test_no_head_path_where_it_would_not_pay_or_is_off():
     x = _inputs(4)
-    wide = _deep(classes=10, width=12)  # 12 features >= 9 margins
-    assert probust.Taylor(wide, 0.1).head(x) is None
-    assert torch.equal(probust.Taylor(wide, 0.1)(x).p, probust.Taylor(wide, 0.1, prune="off")(x).p)
+    wide = _deep(classes=10, width=12)  # 12 features >= 9 margins: every margin directly
+    default, off = probust.Taylor(wide, 0.1)(x), probust.Taylor(wide, 0.1, prune="off")(x)
+    assert default.route is None and torch.equal(default.p, off.p)
     narrow = _deep(classes=40, width=12)
-    assert probust.Taylor(narrow, 0.1, prune="off").head(x) is None
-    assert probust.Taylor(narrow, 0.1, differentiable=True).head(x) is None
-    assert probust.Taylor(Tempered(narrow), 0.1).head(x) is None
+    assert probust.Taylor(narrow, 0.1, prune="off")(x).route is None
+    assert probust.Taylor(narrow, 0.1, differentiable=True)(x).route is None
+    assert (probust.Taylor(Tempered(narrow), 0.1)(x).route == ROUTE_NAMES.index("direct")).all()
 
 
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
@@ -202,8 +193,8 @@ def test_a_points_estimate_does_not_depend_on_what_its_block_keeps_alive(make):
         -1, 1, 1, 1
     )
     estimator = make(model, 0.2, batch_size=4, jacobian="vmap")
-    assert estimator.head(x) is model[-1]
     whole = estimator(x)
+    assert (whole.route == ROUTE_NAMES.index("head")).all()
     for k in (4, 8):
         first, rest = estimator(x[:k]), estimator(x[k:], index_offset=k)
         assert torch.equal(torch.cat([first.p, rest.p]), whole.p)

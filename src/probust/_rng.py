@@ -30,6 +30,7 @@ STREAM_MC = 1
 STREAM_MMSE = 2
 STREAM_CONTROL = 3
 STREAM_PRUNE = 4
+STREAM_SCREEN = 9  # reverse-mode probes of the spectral screening (estimators/routes.py)
 
 
 def _shift_right(x: Tensor, bits: int) -> Tensor:

@@ -394,7 +394,7 @@ def margin_sketch(
                 k = tangent.shape[1]
                 # The block's rows, each repeated for its k probes: one forward-mode pass
                 # (stacking rows beats vmapping the probes, which torch.func runs slowly).
-                primal = rows[block, None].expand(-1, k, *shape).reshape(n * k, *shape)
+                primal = rows[block, None].expand(-1, k, *shape).reshape(n * k, *shape).contiguous()
                 tangent = tangent.reshape(n * k, *shape)
                 if to_rows is not None:
                     primal, tangent = to_rows(primal), to_rows(tangent)

@@ -12,6 +12,7 @@ from torch import nn
 import probust
 from probust import _rng
 from probust.estimators import pruning
+from probust.estimators.routes import ROUTE_NAMES
 from probust.linearise import margin_sketch
 from probust.mvn.numerics import ndtr
 from probust.noise import Gaussian
@@ -81,8 +82,9 @@ def test_the_bound_check_catches_an_underestimated_variance():
     assert (broken.kept < honest.kept).any()
 
 
+@pytest.mark.parametrize("route", ["auto", "direct", "head", "forward", "spectral", "sketch"])
 @pytest.mark.parametrize("method", ["taylor", "mmse"])
-def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method):
+def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method, route):
     d, classes, tol = 40, 100, 1e-4
     model = linear_model(d, classes, seed=3)
     # Inputs along a segment through the origin: p runs from near 0 through 0.5 to near 1.
@@ -90,13 +92,15 @@ def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method):
     make = probust.Taylor if method == "taylor" else probust.MMSE
     for sigma in (0.02, 0.05, 0.1):
         full = make(model, sigma, tol=tol, prune="off")(x)
-        pruned = make(model, sigma, tol=tol, prune="on")(x)
+        pruned = make(model, sigma, tol=tol, prune="on", route=route)(x)
         assert torch.equal(full.target, pruned.target)
+        if route not in ("auto", "spectral", "sketch"):
+            assert (pruned.route == ROUTE_NAMES.index(route)).all()
         assert (pruned.boundaries_kept < classes - 1).any()
         assert (full.boundaries_kept == classes - 1).all()
         gap = (pruned.p - full.p).abs()
-        # + 1e-6: pruning takes the gradients through the linear head (64 < 119 features), the
-        # same float32 products summed in another order; z moves by ~1e-7 relative.
+        # + 1e-6: the routes sum the same float32 products in another order (through the linear
+        # head, 40 < 99 features, or forward mode); z moves by ~1e-7 relative.
         assert (gap <= pruned.cdf_error + full.cdf_error + 1e-6).all(), (sigma, gap, pruned.cdf_error)
         kept = torch.isfinite(pruned.grad_norm) & torch.isfinite(full.z)  # not the target
         # The kept boundaries' z are exact; the dropped ones' z lower bounds.
@@ -116,17 +120,45 @@ def test_prune_off_and_auto_below_the_threshold_are_bitwise_the_unpruned_path(ma
     assert (off.boundaries_kept == 9).all()
 
 
-def test_auto_prunes_from_the_measured_class_count_on():
-    # More input coordinates than classes: forward mode (one pass per coordinate) is not cheaper.
-    d = pruning.AUTO_MIN_CLASSES + 200
-    many = linear_model(d, pruning.AUTO_MIN_CLASSES, seed=0)
-    few = linear_model(d, pruning.AUTO_MIN_CLASSES - 1, seed=0)
-    x = torch.zeros(2, d)
-    assert probust.Taylor(many, 0.1).prunes(x)
-    assert not probust.Taylor(few, 0.1).prunes(x)
-    assert not probust.Taylor(many, 0.1, cdf="mv-sigmoid").prunes(x)
-    assert not probust.Taylor(many, 0.1, p_fail=True).prunes(x)
-    assert not probust.Taylor(many, 0.1, prune=False).prunes(x)
+def _far_classes_mlp(classes: int, near: int = 10, seed: int = 0) -> nn.Module:
+    """An MLP whose logits past the first ``near`` classes sit 1,000 below: most boundaries far."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(30, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, classes))
+    with torch.no_grad():
+        model[-1].bias[near:] -= 1000.0
+    return model.eval()
+
+
+def test_routes_are_chosen_by_cost():
+    x = torch.randn(6, 30, generator=torch.Generator().manual_seed(0))
+    # 10 classes: no route beats nine backward passes; every margin directly, bitwise as "off".
+    small = _far_classes_mlp(10)
+    auto, off = probust.Taylor(small, 0.3)(x), probust.Taylor(small, 0.3, prune="off")(x)
+    assert auto.route is None and torch.equal(auto.p, off.p)
+    # 1,000 classes of which 10 can matter: 8 probes rule out the 990 far ones, which a head of
+    # 128 features (129 passes) or 999 direct passes would have paid for.
+    many = _far_classes_mlp(1000)
+    pruned = probust.Taylor(many, 0.3)(x)
+    assert (pruned.route == ROUTE_NAMES.index("candidates")).all()
+    assert (pruned.boundaries_kept <= 9).all()
+    # Where the boundaries may not be dropped, the cheapest route that computes them all: the head.
+    for options in ({"cdf": "mv-sigmoid"}, {"p_fail": True}, {"sigma": probust.Uniform(0.3)}):
+        kwargs = {"sigma": 0.3, **options}
+        full = probust.Taylor(many, **kwargs)(x)
+        assert (full.route == ROUTE_NAMES.index("head")).all() and (full.boundaries_kept == 999).all()
+    assert probust.Taylor(many, 0.3, prune=False)(x).route is None
+
+
+def test_a_forced_route_that_cannot_apply_is_refused():
+    model = _far_classes_mlp(50)
+    with pytest.raises(ValueError, match="route must be one of"):
+        probust.Taylor(model, 0.1, route="fastest")
+    with pytest.raises(ValueError, match="route='head' needs prune"):
+        probust.Taylor(model, 0.1, route="head", prune="off")
+    with pytest.raises(ValueError, match="route='spectral' prunes"):
+        probust.Taylor(model, 0.1, route="spectral", cdf="mv-sigmoid")
+    with pytest.raises(ValueError, match="needs a model whose logits come from an nn.Linear head"):
+        probust.Taylor(Tempered(model), 0.1, route="head")(torch.randn(2, 30))
 
 
 @pytest.mark.parametrize(
@@ -165,21 +197,20 @@ class _SquareThenLinear(nn.Module):
         return self.inner(_Square.apply(x))
 
 
-def test_a_model_forward_mode_cannot_run_falls_back_to_every_gradient_with_one_warning():
-    # 80 inputs to 60 classes: the linear head would not pay (80 >= 59), so the sketch is tried.
-    model = _SquareThenLinear(linear_model(80, 60, seed=4))
+def test_a_model_forward_mode_cannot_run_is_screened_in_reverse_mode_only():
+    # 80 inputs to 400 classes with no head: the sketch would be weighed, but forward mode fails.
+    model = Tempered(_SquareThenLinear(linear_model(80, 400, seed=4)))
     x = torch.randn(6, 80, generator=torch.Generator().manual_seed(0)) * 0.2
     with pytest.raises(RuntimeError):  # the premise: forward mode fails on this model
         torch.func.jvp(model, (x,), (x,))
     full = probust.Taylor(model, 0.1, prune="off", jacobian="loop")(x)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        estimator = probust.Taylor(model, 0.1, prune="on", jacobian="loop", batch_size=3)
-        first, second = estimator(x[:3]), estimator(x[3:])
-    forward_mode = [w for w in caught if "forward mode" in str(w.message)]
-    assert len(forward_mode) == 1
-    assert (first.boundaries_kept == 59).all() and (second.boundaries_kept == 59).all()
-    torch.testing.assert_close(torch.cat([first.p, second.p]), full.p, rtol=0, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        auto = probust.Taylor(model, 0.1, jacobian="loop")(x)
+    assert auto.route is not None and (auto.route != ROUTE_NAMES.index("forward")).all()
+    assert ((auto.p - full.p).abs() <= auto.cdf_error + full.cdf_error + 1e-6).all()
+    with pytest.raises(ValueError, match="forward mode"):
+        probust.Taylor(model, 0.1, jacobian="loop", route="sketch")(x)
 
 
 def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor]:
@@ -204,19 +235,16 @@ def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor
     return model, torch.cat([prototypes[:8], mids])
 
 
-@pytest.mark.parametrize("route", ["head", "sketch"])
+@pytest.mark.parametrize("route", ["auto", "head", "spectral", "sketch", "sketch-no-head"])
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
 def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make, route):
     model, x = _trained_many_class_cnn()
-    if route == "sketch":
-        model = Tempered(model)
-    # Reverse mode pinned: with 64 input coordinates the planner may pick forward mode, which
-    # builds every gradient at once and so takes neither route.
-    assert (make(model, 0.1, jacobian="vmap").head(x) is not None) == (route == "head")
+    if route == "sketch-no-head":
+        model, route = Tempered(model), "sketch"
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
         full = make(model, sigma, prune="off", tol=1e-3, jacobian="vmap")(x)
-        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap")(x)
+        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap", route=route)(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
         # + 1e-6: the head route sums the same float32 products in another order (z moves by
@@ -273,16 +301,16 @@ def test_points_are_grouped_by_their_own_kept_count_rounded_up_to_a_power_of_two
     assert seen.all()
 
 
+@pytest.mark.parametrize("route", ["sketch", "spectral", "direct"])
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
-def test_sketch_pruned_estimates_do_not_depend_on_the_batch_split(make):
+def test_screened_estimates_do_not_depend_on_the_batch_split(make, route):
     torch.manual_seed(0)
     inner = nn.Sequential(nn.Flatten(), nn.Linear(36, 80), nn.Tanh(), nn.Linear(80, 60)).eval()
-    model = Tempered(inner)  # no linear head: the sketch route
+    model = Tempered(inner)  # no linear head: screening or every boundary directly
     x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
         -1, 1, 1, 1
     )
-    estimator = make(model, 0.3, batch_size=4, prune="on", jacobian="vmap")
-    assert estimator.head(x) is None
+    estimator = make(model, 0.3, batch_size=4, prune="on", jacobian="vmap", route=route)
     whole = estimator(x)
     assert len(set(whole.boundaries_kept.tolist())) > 2  # points of different widths
     for k in (4, 8):

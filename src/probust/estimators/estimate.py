@@ -41,6 +41,9 @@ class Estimate:
         boundaries_kept: int64 [B], Taylor and MMSE: how many of the C - 1 decision boundaries
             entered the mvn-cdf (fewer than C - 1 where ``prune`` dropped those that cannot
             matter; their ``z`` is then a lower bound and their ``grad_norm`` NaN).
+        route: int64 [B], Taylor and MMSE: how each point's margin gradients were computed, an
+            index into :data:`probust.estimators.routes.ROUTE_NAMES` ("direct", "head",
+            "forward", "candidates"); None on the paths that compute every gradient directly.
     """
 
     p: Tensor
@@ -61,6 +64,7 @@ class Estimate:
     p_linearised: Tensor | None = None
     cv_beta: Tensor | None = None
     boundaries_kept: Tensor | None = None
+    route: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.p)

@@ -7,23 +7,21 @@ p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 
 from __future__ import annotations
 
-import warnings
 from abc import abstractmethod
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from probust import _rng, linear_head
-from probust._checks import check_positive_float, check_positive_int, check_target, check_target_shape
+from probust._checks import check_positive_float, check_positive_int, check_target_shape
 from probust._progress import progress
-from probust.estimators import maps, pruning
+from probust.estimators import maps, pruning, routes
 from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
 from probust.execution.budget import row_cost, rows_within
 from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
 from probust.linear_head import find_linear_head
-from probust.linearise import margin_jacobian, margin_sketch, margins
+from probust.linearise import margin_jacobian
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
@@ -59,13 +57,16 @@ def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
     )
 
 
+def _pad_or_cut(normal: Tensor, width: int) -> Tensor:
+    """u [B, K, *S] cut or zero-padded to [B, width, *S] (padding classes have zero gradients)."""
+    if normal.shape[1] >= width:
+        return normal[:, :width]
+    return torch.cat([normal, normal.new_zeros(normal.shape[0], width - normal.shape[1], *normal.shape[2:])], dim=1)
+
+
 def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
     """The estimates of groups of points (``parts[g]`` holds the points ``order[g]``) in point order."""
     return Estimate.cat(parts).take(torch.argsort(torch.cat(order)))
-
-
-_SKETCH_ERRORS = (RuntimeError, NotImplementedError, AttributeError, TypeError)
-_SKETCH_WARNED: set[type] = set()
 
 
 class Linearised(Estimator):
@@ -86,6 +87,7 @@ class Linearised(Estimator):
         p_fail: bool = False,
         fail_rtol: float = 1e-2,
         prune: str | bool | None = "auto",
+        route: str = "auto",
         **kwargs,
     ) -> None:
         super().__init__(model, **kwargs)
@@ -118,9 +120,19 @@ class Linearised(Estimator):
             reasons = [name for name, bad in unsupported.items() if bad]
             if reasons:
                 raise ValueError(f"prune='on' cannot be combined with {', '.join(reasons)}; use prune='auto' or 'off'")
-        self._sketch_failed = False
-        self._head_key: tuple | None = None
-        self._head: nn.Linear | None = None
+        if route not in routes.ROUTE_CHOICES:
+            raise ValueError(f"route must be one of {routes.ROUTE_CHOICES}, got {route!r}")
+        if route != "auto" and (self.prune == "off" or differentiable or jacobian == "forward"):
+            raise ValueError(
+                f"route={route!r} needs prune 'auto' or 'on', differentiable=False and a jacobian other than "
+                "'forward' (those compute every gradient directly); use route='auto'"
+            )
+        prunable = cdf == "mvn" and not p_fail and self.noise.is_gaussian
+        if route in ("spectral", "sketch") and not prunable:
+            raise ValueError(
+                f"route={route!r} prunes boundaries, which needs cdf='mvn', p_fail=False and Gaussian noise"
+            )
+        self.route = route
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -142,61 +154,98 @@ class Linearised(Estimator):
         parts = []
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
-        head = self.head(x)
-        prune = self.prunes(x)
+        ctx = self.route_context(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                part: Estimate | None = None
-                if head is not None:
-                    part = self._through_head(x[rows], chunk_target, indices[rows], head, prune=prune)
-                elif prune:
-                    part = self._pruned(x[rows], chunk_target, indices[rows])
-                if part is None:
+                if ctx is None:
                     linearisation = self.linearise(x[rows], chunk_target, indices[rows])
                     _check_finite(linearisation, indices[rows])
                     part = self._from_linearisation(*linearisation)
+                else:
+                    part = self._routed(ctx, x[rows], chunk_target, indices[rows])
                 parts.append(part)
                 bar.update(rows.stop - rows.start)
         return Estimate.cat(parts)
 
-    def prunes(self, x: Tensor) -> bool:
-        """Whether the boundaries of points like ``x`` are pruned (:mod:`probust.estimators.pruning`).
-
-        "auto": for the mvn-cdf under Gaussian noise without ``differentiable`` or ``p_fail``:
-        wherever the gradients are taken through the model's linear head (:meth:`head`; every
-        z is then exact), otherwise by the sketch from
-        :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES` classes on, unless the Jacobian
-        plan is forward mode (which builds every gradient at once anyway).
-        """
-        if self.prune == "off" or (self._sketch_failed and self.head(x) is None):
-            return False
-        if self.prune == "on":
-            return True
-        if self.cdf != "mvn" or self.differentiable or self.p_fail or not self.noise.is_gaussian:
-            return False
-        if self.head(x) is not None:  # exact z for every boundary: nothing to lose by pruning
-            return True
-        if row_cost(self.model, x).classes < pruning.AUTO_MIN_CLASSES:
-            return False
-        return self._jacobian_plan(x, x.shape[0] * self.copies).strategy != "forward"
-
-    def head(self, x: Tensor) -> nn.Linear | None:
-        """The model's linear head where the gradients pay to be taken through it
-        (:mod:`probust.linear_head`): d features < C - 1 margins, ``prune`` not "off", not
-        ``differentiable``, and a Jacobian plan in reverse mode. None: every margin directly."""
-        if self.prune == "off" or self.differentiable:
+    def route_context(self, x: Tensor) -> routes.Context | None:
+        """How the margin gradients of points like ``x`` are computed: None where every margin's
+        gradient is taken directly (:meth:`linearise`: ``prune="off"``, ``differentiable``, a
+        fixed ``jacobian="forward"``, or a model too small in classes for any other route to
+        pay), else the settings of :func:`probust.estimators.routes.linearise`, which chooses a
+        route per point by cost (the model's linear head, screenings that prune the boundaries
+        that cannot matter, or every gradient)."""
+        if self.prune == "off" or self.differentiable or self.jacobian == "forward":
             return None
-        key = (id(self.model), tuple(x.shape[1:]), x.dtype, x.device)
-        if self._head_key != key:
-            found = find_linear_head(self.model, x[:1])
-            if found is not None and not linear_head.pays(found, found.out_features - 1):
-                found = None
-            if found is not None and self._jacobian_plan(x, x.shape[0] * self.copies).strategy == "forward":
-                found = None
-            self._head_key, self._head = key, found
-        return self._head
+        if not isinstance(self.model, nn.Module):
+            return None
+        classes = row_cost(self.model, x).classes
+        inputs = x[0].numel()
+        prune = self.prune == "on" or (self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian)
+        head = find_linear_head(self.model, x[:1])
+        exact = routes.static_exact(head, classes, inputs, None)
+        spectral = self.route == "spectral" or (
+            self.route == "auto" and prune and routes.SPECTRAL_PROBES <= routes.RHO * exact
+        )
+        # Forward-mode routes (every gradient for D < C - 1 inputs; the sketch from many classes)
+        # are weighed against reverse mode by the model's measured pass costs.
+        wants_costs = (
+            self.route in ("forward", "sketch")
+            or (self.route == "auto" and prune and classes - 1 >= pruning.PROBES / routes.RHO)
+            or (self.route == "auto" and inputs < classes - 1)
+        )
+        if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or wants_costs):
+            return None  # nothing pays but every gradient, one pass each: the direct path
+        # The measuring is bounded by the work it serves: at least the screening's probes per row.
+        passes = routes.SPECTRAL_PROBES if spectral else exact
+        plan = self._jacobian_plan(x, x.shape[0] * self.copies, passes=passes)
+        costs = None
+        if wants_costs:
+            with weights_in_format(self.model, plan.channels_last):
+                costs = routes.unit_costs(
+                    self.model,
+                    head,
+                    x,
+                    plan,
+                    work=x.shape[0] * self.copies * passes,
+                    forward_mode=self.route in ("forward", "sketch"),
+                )
+        return routes.Context(
+            model=self.model,
+            head=head,
+            plan=plan,
+            noise=self.noise,
+            tol=self.tol,
+            seed=self.seed,
+            prune=prune,
+            costs=costs,
+            route=self.route,
+        )
+
+    def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
+        """The estimate of a chunk of points by :func:`probust.estimators.routes.linearise`."""
+        target = self._route_target(x, target)
+        with weights_in_format(self.model, ctx.plan.channels_last):
+            routed = routes.linearise(ctx, self._copies(x, indices), target, indices)
+        _check_finite(Linearisation(routed.target, routed.margin, routed.normal), indices)
+        if routed.kept is None:
+            part = self._from_linearisation(routed.target, routed.margin, routed.normal)
+            part.route = routed.route
+            return part
+        parts, order = [], []
+        for index, group in pruning.by_width(routed.kept, routed.target):
+            width = group.classes.shape[1]
+            normal = _pad_or_cut(routed.normal[index], width)
+            parts.append(self._from_kept(routed.target[index], routed.margin[index], normal, group))
+            order.append(index)
+        estimate = _in_order(parts, order)
+        estimate.route = routed.route
+        return estimate
+
+    def _route_target(self, x: Tensor, target: Tensor | None) -> Tensor | None:
+        """The targets of a chunk for :meth:`_routed` (Taylor: None, read off the clean logits there)."""
+        return target
 
     #: noisy copies linearised per point (MMSE's N)
     copies = 1
@@ -209,8 +258,9 @@ class Linearised(Estimator):
         fits = rows_within(self._budget(x) // 2, per_point, what="the margin gradients of one point")
         return min(_MAX_POINTS_PER_CHUNK, fits)
 
-    def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
-        """How to differentiate ``rows`` rows like ``x`` (measured once per model; half the budget)."""
+    def _jacobian_plan(self, x: Tensor, rows: int, passes: float | None = None) -> JacobianPlan:
+        """How to differentiate ``rows`` rows like ``x`` (measured once per model; half the budget);
+        ``passes``: backward passes per row the call runs (default C - 1), which bounds the measuring."""
         cost = row_cost(self.model, x)
         return plan_jacobian(
             self.model,
@@ -224,6 +274,7 @@ class Linearised(Estimator):
             channels_last=self.channels_last,
             differentiable=self.differentiable,
             run=self._timed_jacobian,
+            passes=None if passes is None else max(1, int(passes)),
         )
 
     def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
@@ -265,87 +316,6 @@ class Linearised(Estimator):
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""
         return x[:, None]
-
-    @abstractmethod
-    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
-        """(c [B, C], u [B, K, *S]): every margin, and the gradients of the boundaries ``classes`` [B, K]."""
-
-    def _pruned(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate | None:
-        """The estimate of a chunk from its kept boundaries only; None where the model cannot be
-        sketched in forward mode (one warning; the caller computes every gradient instead)."""
-        target = check_target(target, self._clean_logits(x)) if target is None else target
-        probes = self.noise.sample(
-            _rng.point_keys(self.seed, indices, _rng.STREAM_PRUNE), 0, pruning.PROBES, x.shape[1:]
-        )
-        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
-        try:
-            with weights_in_format(self.model, plan.channels_last):
-                margin, derivatives = margin_sketch(
-                    self.model,
-                    self._copies(x, indices),
-                    target,
-                    probes.to(x.device),
-                    batch_size=plan.rows,
-                    probe_chunk_size=plan.class_chunk,
-                    to_rows=lambda rows: to_format(rows, plan.channels_last),
-                )
-        except _SKETCH_ERRORS as exc:
-            self._sketch_failed = True
-            if type(self.model) not in _SKETCH_WARNED:
-                _SKETCH_WARNED.add(type(self.model))
-                warnings.warn(
-                    f"torch.func cannot run forward mode through {type(self.model).__name__} "
-                    f"({exc.__class__.__name__}: {str(exc)[:120]}); computing every boundary's gradient (no pruning)",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-            return None
-        kept = pruning.select(margin, derivatives, target, tol=self.tol)
-        parts, order = [], []
-        for index, group in pruning.by_width(kept, target):
-            c, u = self._refine(x[index], target[index], indices[index], group.classes)
-            parts.append(self._from_kept(target[index], c, u, group))
-            order.append(index)
-        return _in_order(parts, order)
-
-    def _through_head(
-        self, x: Tensor, target: Tensor | None, indices: Tensor, head: nn.Linear, *, prune: bool
-    ) -> Estimate:
-        """The estimate of a chunk from the features' Jacobian (d backward passes per copy):
-        every z exactly; with ``prune`` the mvn-cdf sees only the boundaries that can matter
-        (:func:`~probust.estimators.pruning.select_exact`)."""
-        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
-        with weights_in_format(self.model, plan.channels_last):
-            logits, jacobian = linear_head.averaged_feature_jacobian(
-                self.model,
-                head,
-                self._copies(x, indices),
-                batch_size=plan.rows,
-                strategy=plan.strategy,
-                chunk_size=plan.class_chunk,
-                to_rows=lambda rows: to_format(rows, plan.channels_last),
-            )
-        target = self._head_target(x, target, logits)
-        c = margins(logits, target)
-        _check_finite(Linearisation(target, c, jacobian), indices)
-        if not prune:
-            u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
-            return self._from_linearisation(target, c, u)
-        variance = linear_head.boundary_variances(
-            linear_head.boundary_weights(head, target), self.noise.quadratic_form(jacobian)
-        )
-        kept = pruning.select_exact(c, variance, target, tol=self.tol)
-        parts, order = [], []
-        for index, group in pruning.by_width(kept, target):
-            weights = linear_head.boundary_weights(head, target[index], group.classes)
-            u = linear_head.margin_normals(weights, jacobian[index])
-            parts.append(self._from_kept(target[index], c[index], u, group))
-            order.append(index)
-        return _in_order(parts, order)
-
-    def _head_target(self, x: Tensor, target: Tensor | None, logits: Tensor) -> Tensor:
-        """The target of a chunk linearised through the head (Taylor: its logits are the clean ones)."""
-        return check_target(target, logits)
 
     def _from_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> Estimate:
         """Like :meth:`_from_linearisation`, on the reduced problem of the kept boundaries."""

@@ -90,24 +90,8 @@ class MMSE(Linearised):
             )
         return Linearisation(target, c, u)
 
-    def _head_target(self, x: Tensor, target: Tensor | None, logits: Tensor) -> Tensor:
-        return check_target(target, self._clean_logits(x))  # ``logits`` are the noisy copies' mean
+    def _route_target(self, x: Tensor, target: Tensor | None) -> Tensor:
+        return check_target(target, self._clean_logits(x))  # the copies' predictions may differ
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         return x[:, None] + self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
-
-    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
-        plan = self._jacobian_plan(x, x.shape[0] * self.n_samples)
-        with weights_in_format(self.model, plan.channels_last):
-            return smoothed_margin_jacobian(
-                self.model,
-                x,
-                target,
-                self._draws(keys, x.shape[1:]),
-                batch_size=plan.rows,
-                class_chunk_size=plan.class_chunk,
-                strategy=plan.strategy,
-                to_rows=lambda rows: to_format(rows, plan.channels_last),
-                classes=classes,
-            )

@@ -36,17 +36,11 @@ from torch import Tensor
 
 from probust.mvn.numerics import ndtr
 
-#: ``prune`` settings: "auto" prunes where it pays (:data:`AUTO_MIN_CLASSES`), "on", "off".
+#: ``prune`` settings: "auto" prunes where it can apply and pays, "on", "off".
 PRUNE_CHOICES = ("auto", "on", "off")
 #: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
 #: lower quantile over m grows towards 1) at a linear cost.
 PROBES = 32
-#: "auto" prunes by the sketch from this many classes on (models without a narrow linear head;
-#: the head route is exact and taken at any C where it pays). Measured on a CPU
-#: (benchmarks/bench_prune.py --route sketch): at C = 1,000 the sketch paid at every sigma (1.1x
-#: to 14x); at C = 100 it paid only where few boundaries are within reach (2.5x at sigma = 0.05)
-#: and cost up to 1.4x more elsewhere (its 32 forward-mode passes against 99 backward passes).
-AUTO_MIN_CLASSES = 1000
 #: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
 DROP_SHARE = 0.05
 FAILURE_SHARE = 0.01
@@ -102,16 +96,46 @@ def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -
         target: long [B].
         tol: the mvn-cdf's tolerance (see :func:`shares`).
     """
-    points, probes, classes = derivatives.shape
     budget, delta = shares(tol)
-    q = variance_factor(probes, delta / max(classes - 1, 1))
+    return _drop(sketch_z_lower(margin, derivatives, delta), target, budget=budget, delta=delta)
+
+
+def sketch_z_lower(margin: Tensor, derivatives: Tensor, failure: float) -> Tensor:
+    """float64 [B, C]: lower bounds on every boundary's z from forward-mode probe derivatives
+    d_ik = u_i . v_k, v_k ~ N(0, S), that hold together except with probability ``failure``
+    (each boundary's sum_k d_ik^2 / s_i^2 is chi-square(m); a union over the C - 1 boundaries)."""
+    points, probes, classes = derivatives.shape
+    q = variance_factor(probes, failure / max(classes - 1, 1))
+    return _z_lower(margin, derivatives.to(torch.float64).square().sum(dim=1) / q)
+
+
+def spectral_z_lower(margin: Tensor, scale: Tensor, energy: Tensor, probes: int, failure: float) -> Tensor:
+    """float64 [B, C]: lower bounds on every boundary's z from reverse-mode probes, that hold
+    together except with probability ``failure``.
+
+    A boundary's variance is s_i^2 = a_i^T M a_i, with a_i its cotangent on the model's
+    features (W_t - W_i through a linear head W; e_t - e_i on the logits) and M = J S J^T the
+    features' covariance under the linearised noise. Pulling back m probes w_k ~ N(0, I) gives
+    the energy T = sum_k w_k^T M w_k. With v the top eigenvector of M, T >= lambda_max(M) X,
+    X = sum_k (v . w_k)^2 ~ chi-square(m), so lambda_max(M) <= T / q except with probability
+    P(X < q) = ``failure``, and then s_i^2 <= ||a_i||^2 T / q for every boundary at once. The
+    bound is loose by the spread of M's spectrum (it pays where most boundaries are far).
+
+    Args:
+        margin: [B, C], c_i (any value at the target).
+        scale: [B, C], ||a_i||^2.
+        energy: [B], T.
+        probes: m.
+        failure: the probability that the bounds fail.
+    """
+    lam = energy.to(torch.float64) / variance_factor(probes, failure)
+    return _z_lower(margin, scale.to(torch.float64) * lam[:, None])
+
+
+def _z_lower(margin: Tensor, var_upper: Tensor) -> Tensor:
     c = margin.to(torch.float64)
-    var_upper = derivatives.to(torch.float64).square().sum(dim=1) / q
     # c > 0 with no variance: the noise cannot reach the boundary. c <= 0: always kept.
-    z_lower = torch.where(
-        c > 0, torch.where(var_upper > 0, c / var_upper.clamp_min(1e-300).sqrt(), torch.inf), -torch.inf
-    )
-    return _drop(z_lower, target, budget=budget, delta=delta)
+    return torch.where(c > 0, torch.where(var_upper > 0, c / var_upper.clamp_min(1e-300).sqrt(), torch.inf), -torch.inf)
 
 
 def select_exact(margin: Tensor, variance: Tensor, target: Tensor, *, tol: float) -> Pruned:
@@ -125,21 +149,42 @@ def select_exact(margin: Tensor, variance: Tensor, target: Tensor, *, tol: float
         target: long [B].
         tol: the mvn-cdf's tolerance.
     """
+    return _drop(exact_z(margin, variance), target, budget=DROP_SHARE * tol, delta=0.0)
+
+
+def exact_z(margin: Tensor, variance: Tensor) -> Tensor:
+    """float64 z_i = c_i / s_i from margins and exact variances u_i S u_i^T (same shapes)."""
     c = margin.to(torch.float64)
     var = variance.to(torch.float64)
     # As maps.standardise: a boundary without variance is never crossed (c > 0) or always (c <= 0).
-    z = torch.where(var > 0, c / var.clamp_min(1e-300).sqrt(), torch.where(c > 0, torch.inf, -torch.inf))
-    return _drop(z, target, budget=DROP_SHARE * tol, delta=0.0)
+    return torch.where(var > 0, c / var.clamp_min(1e-300).sqrt(), torch.where(c > 0, torch.inf, -torch.inf))
 
 
-def _drop(z_lower: Tensor, target: Tensor, *, budget: float, delta: float) -> Pruned:
-    """Drop the boundaries with the smallest tails Phi(-z_lower) while their sum fits ``budget``."""
+def _drop(
+    z_lower: Tensor,
+    target: Tensor,
+    *,
+    budget: float,
+    delta: float | Tensor,
+    forced: Tensor | None = None,
+    reserved: float | None = None,
+) -> Pruned:
+    """Drop the boundaries with the smallest tails Phi(-z_lower) while their sum fits ``budget``.
+
+    ``forced`` (bool [B, C]): boundaries dropped whatever their tail (no gradient was computed
+    for them: a screening already fitted their tails within the budget); their tails are
+    spent first. ``delta``: the failure probability of the bounds (per point or one float).
+    """
     z_lower = z_lower.scatter(1, target[:, None], torch.inf)
     tail = ndtr(-z_lower)  # 0 at the target
-    # Drop the smallest tails while their running sum fits the budget (the target first: 0).
-    order = torch.argsort(tail, dim=1, stable=True)
+    # Drop the smallest tails while their running sum fits the budget (the target first: 0),
+    # the forced ones before any other.
+    key = tail if forced is None else torch.where(forced, -1.0, tail)
+    order = torch.argsort(key, dim=1, stable=True)
     dropped = torch.zeros_like(tail, dtype=torch.bool).scatter(1, order, tail.gather(1, order).cumsum(1) <= budget)
     dropped = dropped.scatter(1, target[:, None], True)
+    if forced is not None:
+        dropped |= forced
     bound = torch.where(dropped, tail, 0.0).sum(1) + delta
     kept = (~dropped).sum(1)
     width = max(int(kept.max()), 1)
@@ -147,7 +192,8 @@ def _drop(z_lower: Tensor, target: Tensor, *, budget: float, delta: float) -> Pr
     rank = torch.argsort(dropped.to(torch.int8), dim=1, stable=True)[:, :width]
     pad = torch.arange(width, device=z_lower.device) >= kept[:, None]
     chosen = torch.where(pad, target[:, None], rank)
-    return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound, reserved=budget + delta)
+    spent = budget + (delta if isinstance(delta, float) else float(delta.max())) if reserved is None else reserved
+    return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound, reserved=spent)
 
 
 def by_width(kept: Pruned, target: Tensor) -> list[tuple[Tensor, Pruned]]:

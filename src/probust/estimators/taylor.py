@@ -82,22 +82,3 @@ class Taylor(Linearised):
         return Linearisation(
             target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]
         )
-
-    def _refine(self, x: Tensor, target: Tensor, indices: Tensor, classes: Tensor) -> tuple[Tensor, Tensor]:
-        plan = self._jacobian_plan(x, x.shape[0])
-        logits, normals = [], []
-        with weights_in_format(self.model, plan.channels_last):
-            for first in range(0, x.shape[0], plan.rows):
-                rows = slice(first, first + plan.rows)
-                block_logits, _, u = margin_jacobian(
-                    self.model,
-                    to_format(x[rows], plan.channels_last),
-                    target[rows],
-                    class_chunk_size=plan.class_chunk,
-                    strategy=plan.strategy,
-                    classes=classes[rows],
-                )
-                check_logits(block_logits, u.shape[0])
-                logits.append(block_logits)
-                normals.append(u)
-        return margins(torch.cat(logits), target), torch.cat(normals)

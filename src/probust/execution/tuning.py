@@ -11,13 +11,19 @@ that later calls and later runs compute with the same plan and give the same num
 last bit. Different plans agree to float rounding: every strategy computes the same quantity,
 and rows are independent in eval mode.
 
-Work too small to repay the measurement gets a default plan without measuring.
+Measuring is paid for by the call it serves, so it is bounded by it: the first timing (of
+the default plan, on a few rows) estimates the whole call, and the other candidates are
+timed, cheapest first, only while the measuring stays within :data:`PLANNING_SHARE` of that
+estimate. A plan is kept (in memory and on disk) only once every candidate was timed, so a
+small first call does not fix a plan for the large ones after it; a call too small to time
+even the default gets the default without measuring.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,12 +40,23 @@ from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, ro
 #: with fewer coordinates than classes). "auto" measures.
 JACOBIANS = ("auto", "loop", "vmap", "forward")
 
+#: Measuring a plan may cost at most this share of the (estimated) call it serves.
+PLANNING_SHARE = 0.1
 _MAX_FORWARD_ROWS = 4096
 _MAX_JACOBIAN_ROWS = 256
-_TRIAL_SECONDS = 0.25  # stop growing a batch once one timed pass takes this long
-_CALIBRATION_CLASSES = 4  # class (or tangent) subset timed; cost is linear in it
-_MIN_TIMING = 0.06  # seconds of repeated calls per timing, over _MIN_CALLS repetitions
-_MIN_CALLS = 3
+_FIRST_FORWARD_ROWS = 64  # the forward ladder's first (and default) rows per pass
+_DEFAULT_JACOBIAN_ROWS = 32
+_TRIAL_ROWS = 4  # rows of a timed Jacobian pass
+_CALIBRATION_CLASSES = 2  # class (or tangent) subset timed; cost is linear in it
+_TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
+#: What torch.func's first forward-mode call in a process costs: it imports torch._dynamo
+#: (about 2.5 s on a 2-core CPU; reverse mode and vmap do not).
+FORWARD_MODE_IMPORT_SECONDS = 2.5
+
+
+def forward_mode_startup() -> float:
+    """Seconds the next forward-mode call will spend on imports: 0 once torch._dynamo is loaded."""
+    return 0.0 if "torch._dynamo" in sys.modules else FORWARD_MODE_IMPORT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -91,9 +108,15 @@ def weights_in_format(model: nn.Module, channels_last: bool) -> Iterator[None]:
     swapped: list[tuple[Tensor, Tensor]] = []
     try:
         for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.ndim == 4 and not tensor.is_contiguous(memory_format=torch.channels_last):
+            if tensor.ndim != 4:
+                continue
+            # Compared by strides, not is_contiguous: a weight with one input channel (a first
+            # convolution on grey images) counts as channels_last-contiguous in its plain strides,
+            # and convolving channels_last inputs with it takes a path about 2x slower.
+            restrided = torch.empty_like(tensor.data, memory_format=torch.channels_last)
+            if restrided.stride() != tensor.data.stride():
                 swapped.append((tensor, tensor.data))
-                tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
+                tensor.data = restrided.copy_(tensor.data)
         yield
     finally:
         for tensor, original in swapped:
@@ -112,23 +135,36 @@ def sync(device: torch.device) -> None:
 
 def _seconds(run: Callable[[], object], device: torch.device) -> float:
     """Wall time of one call: after one warm-up call (first calls build kernels and caches),
-    the fastest of at least ``_MIN_CALLS`` timings, each of as many calls as fill
-    ``_MIN_TIMING``. Other work on the machine only ever slows a call down, so the minimum is
-    the estimate least disturbed by it (a mean of one call of a millisecond is noise)."""
+    the fastest of :data:`_TIMED_CALLS` timed calls. Other work on the machine only ever slows a
+    call down, so the minimum is the estimate least disturbed by it."""
     run()
     sync(device)
     best = float("inf")
-    for _ in range(_MIN_CALLS):
-        calls, start = 0, time.perf_counter()
-        while True:
-            run()
-            sync(device)
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= _MIN_TIMING / _MIN_CALLS:
-                break
-        best = min(best, elapsed / calls)
+    for _ in range(_TIMED_CALLS):
+        start = time.perf_counter()
+        run()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
     return best
+
+
+class _Allowance:
+    """The planning budget of one call: :data:`PLANNING_SHARE` of the call's estimated seconds.
+
+    ``estimate`` is set from the first timing (seconds per unit of work times the units the call
+    will do); ``affords(seconds)`` says whether one more timing of about that cost stays within
+    the share, counting the wall time spent since the allowance was opened.
+    """
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.estimate = float("inf")
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def affords(self, seconds: float) -> bool:
+        return self.spent() + seconds <= PLANNING_SHARE * self.estimate
 
 
 def _rows_like(x: Tensor, rows: int) -> Tensor:
@@ -168,36 +204,58 @@ def plan_forward(
     formats = [False, True] if channels_last is None and can_use_channels_last(model, x) else [bool(channels_last)]
     key = ("forward", x.device, x.dtype, tuple(x.shape[1:]), tuple(formats))
     plan = _cached(model, key, ForwardPlan)
-    if plan is None and total_rows < 4 * 256:
-        return ForwardPlan(min(total_rows, cap, 512), formats[0])
     if plan is None:
-        plan = _measure_forward(model, x, formats, min(cap, _MAX_FORWARD_ROWS), step or model)
-        _remember(model, key, plan)
+        plan, complete = _measure_forward(model, x, formats, min(cap, _MAX_FORWARD_ROWS), step or model, total_rows)
+        if complete:
+            _remember(model, key, plan)
     assert isinstance(plan, ForwardPlan)
     return ForwardPlan(min(plan.rows, cap), plan.channels_last)
 
 
 def _measure_forward(
-    model: nn.Module, x: Tensor, formats: list[bool], cap: int, step: Callable[[Tensor], object]
-) -> ForwardPlan:
-    """Time ``step`` over rows 32, 64, ... up to ``cap`` in each format; keep the fastest.
+    model: nn.Module, x: Tensor, formats: list[bool], cap: int, step: Callable[[Tensor], object], total_rows: int
+) -> tuple[ForwardPlan, bool]:
+    """(plan, whether every format was timed): the default rows in each format, then the fastest
+    format's rows doubled while throughput grows, as far as the planning allowance reaches.
 
-    Throughput over batch size is bumpy (cache sizes, kernel choices), so the whole ladder is
-    timed; only the time limit of one pass ends it early."""
-    best = (0.0, ForwardPlan(min(cap, 64), formats[0]))
-    for channels_last in formats:
-        with weights_in_format(model, channels_last), torch.inference_mode():
-            rows = min(cap, 32)
-            while True:
-                batch = to_format(_rows_like(x, rows), channels_last)
-                seconds = _seconds(functools.partial(step, batch), x.device)
-                rate = rows / max(seconds, 1e-9)
-                if rate > best[0]:
-                    best = (rate, ForwardPlan(rows, channels_last))
-                if seconds > _TRIAL_SECONDS or rows >= cap:
-                    break
-                rows = min(cap, rows * 2)
-    return best[1]
+    Throughput over batch size is bumpy (cache sizes, kernel choices), so the ladder goes on
+    past a small dip; it ends at the cap, at a clear loss, or where the allowance runs out. The
+    plan is complete once both formats are timed (the format changes float rounding; the rows
+    per pass do not change any row's result)."""
+    allowance = _Allowance()
+    first = min(cap, _FIRST_FORWARD_ROWS)
+    default = ForwardPlan(min(first, max(total_rows, 1)), formats[0])
+    if total_rows < 4 * first:
+        return default, False  # a handful of passes: nothing to gain worth a timing
+
+    def rate(plan: ForwardPlan) -> tuple[float, float]:
+        with weights_in_format(model, plan.channels_last), torch.inference_mode():
+            batch = to_format(_rows_like(x, plan.rows), plan.channels_last)
+            seconds = _seconds(functools.partial(step, batch), x.device)
+        return plan.rows / max(seconds, 1e-9), seconds
+
+    best_rate, seconds = rate(default)
+    allowance.estimate = total_rows / best_rate
+    best = default
+    for channels_last in formats[1:]:
+        if not allowance.affords((1 + _TIMED_CALLS) * seconds):
+            return best, False
+        candidate = ForwardPlan(first, channels_last)
+        got, seconds = rate(candidate)
+        if got > best_rate:
+            best_rate, best = got, candidate
+    rows, losses = best.rows, 0
+    while rows < cap:
+        rows = min(cap, rows * 2)
+        # One pass of twice the rows costs about twice the last timing.
+        if not allowance.affords((1 + _TIMED_CALLS) * seconds * rows / max(rows // 2, 1)):
+            break
+        got, seconds = rate(ForwardPlan(rows, best.channels_last))
+        if got > best_rate:
+            best_rate, best, losses = got, ForwardPlan(rows, best.channels_last), 0
+        elif got < 0.8 * best_rate or (losses := losses + 1) >= 2:
+            break
+    return best, True
 
 
 def jacobian_row_bytes(cost: RowCost, strategy: str, classes: int, class_chunk: int | None) -> int:
@@ -226,6 +284,7 @@ def plan_jacobian(
     channels_last: bool | None = None,
     differentiable: bool = False,
     run: Callable[[JacobianPlan, Tensor, int], object],
+    passes: int | None = None,
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
@@ -241,13 +300,18 @@ def plan_jacobian(
         channels_last: the user's choice of format; None measures it (off when differentiable).
         differentiable: the Jacobian must keep its graph (forward mode is not offered).
         run: ``run(plan, rows, k)`` computes the gradients of k margins of ``rows`` for timing.
+        passes: backward passes per row the call will run (default C - 1; fewer where the
+            caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
     """
     cost = row_cost(model, x)
     d = cost.input // x.element_size()
     if differentiable or not can_use_channels_last(model, x):
         channels_last = False
     if strategy == "auto":
-        strategies = ["loop", "vmap"] + (["forward"] if d < classes and not differentiable else [])
+        # The default (timed first, kept where there is no time to time more) by device: a CPU
+        # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
+        reverse = ["vmap", "loop"] if x.device.type == "cuda" else ["loop", "vmap"]
+        strategies = reverse + (["forward"] if d < classes and not differentiable else [])
     else:
         strategies = [strategy]
     formats = [False, True] if channels_last is None else [channels_last]
@@ -267,7 +331,7 @@ def plan_jacobian(
         return JacobianPlan(name, min(rows_wanted, cap), chunk, False)
 
     if len(strategies) == 1 and len(formats) == 1:
-        base = fitted(strategies[0], rows if rows is not None else min(total_rows, 32))
+        base = fitted(strategies[0], rows if rows is not None else min(total_rows, _DEFAULT_JACOBIAN_ROWS))
         return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
     key = (
         "jacobian",
@@ -281,13 +345,12 @@ def plan_jacobian(
         rows,
     )
     plan = _cached(model, key, JacobianPlan)
-    if plan is None and total_rows * classes < 16 * 4 * 32:
-        default = "vmap" if x.device.type == "cuda" or "loop" not in strategies else "loop"
-        base = fitted(default, rows if rows is not None else min(total_rows, 32))
-        return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
     if plan is None:
-        plan = _measure_jacobian(x, classes, strategies, formats, fitted, run, rows)
-        _remember(model, key, plan)
+        plan, complete = _measure_jacobian(
+            x, classes, strategies, formats, fitted, run, rows, total_rows, classes - 1 if passes is None else passes
+        )
+        if complete:
+            _remember(model, key, plan)
     assert isinstance(plan, JacobianPlan)
     base = fitted(plan.strategy, plan.rows)
     return JacobianPlan(base.strategy, base.rows, base.class_chunk, plan.channels_last)
@@ -301,48 +364,76 @@ def _measure_jacobian(
     fitted: Callable[[str, int], JacobianPlan],
     run: Callable[[JacobianPlan, Tensor, int], object],
     rows: int | None,
-) -> JacobianPlan:
-    """Time each (strategy, format) on a class subset, then grow the winner's rows (unless
-    the caller fixed ``rows``)."""
+    total_rows: int,
+    passes: int,
+) -> tuple[JacobianPlan, bool]:
+    """(plan, whether every candidate was timed): each (strategy, format) timed on a few rows and
+    a class subset, the default first, the others while the planning allowance lasts; then the
+    winner's rows doubled while that pays (unless the caller fixed ``rows``).
+
+    Args:
+        passes: backward passes per row the call will run (C - 1 margins, or fewer where
+            pruned): with ``total_rows``, the size of the work the allowance is a share of.
+    """
+    allowance = _Allowance()
     margins = min(classes - 1, _CALIBRATION_CLASSES)
+    trial_rows = rows if rows is not None else min(_TRIAL_ROWS, total_rows)
+    candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
+    default_rows = rows if rows is not None else min(total_rows, _DEFAULT_JACOBIAN_ROWS)
+    first = fitted(candidates[0][0], default_rows)
+    default = JacobianPlan(first.strategy, first.rows, first.class_chunk, candidates[0][1])
+    # The first timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes.
+    if total_rows * (1 + passes) < 10 * (1 + _TIMED_CALLS) * trial_rows * (1 + margins):
+        return default, False
 
     def per_row(plan: JacobianPlan) -> tuple[float, float]:
         batch = _rows_like(x, plan.rows)
         seconds = _seconds(lambda: run(plan, batch, margins), x.device)
-        # loop and vmap were timed on a few of the C - 1 margins (cost linear in them);
-        # forward mode computes the whole Jacobian whatever the subset.
-        scale = 1.0 if plan.strategy == "forward" else (classes - 1) / margins
+        # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
+        # computes the whole Jacobian whatever the subset.
+        scale = 1.0 if plan.strategy == "forward" else max(passes, 1) / margins
         return seconds * scale / plan.rows, seconds
 
     best: tuple[float, JacobianPlan] | None = None
     failures: list[Exception] = []
-    for strategy in strategies:
-        for channels_last in formats:
-            base = fitted(strategy, rows if rows is not None else 16)
-            plan = JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
-            try:
-                cost, _ = per_row(plan)
-            except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
-                # A strategy this model cannot run (e.g. torch.func on TorchScript) is no candidate.
-                failures.append(exc)
-                continue
-            if best is None or cost < best[0]:
-                best = (cost, plan)
+    seconds = 0.0
+    for strategy, channels_last in candidates:
+        startup = forward_mode_startup() if strategy == "forward" else 0.0
+        if best is not None and not allowance.affords((1 + _TIMED_CALLS) * seconds + startup):
+            return best[1], False
+        base = fitted(strategy, trial_rows)
+        plan = JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
+        try:
+            cost, seconds = per_row(plan)
+        except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
+            # A strategy this model cannot run (e.g. torch.func on TorchScript) is no candidate.
+            failures.append(exc)
+            continue
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+        allowance.estimate = min(allowance.estimate, best[0] * total_rows)
     if best is None:
         raise failures[0]
     cost, plan = best
-    while rows is None and plan.rows < _MAX_JACOBIAN_ROWS:
+    if rows is not None:
+        return plan, True
+    grown = fitted(plan.strategy, default_rows)
+    plan = JacobianPlan(plan.strategy, grown.rows, grown.class_chunk, plan.channels_last)
+    if x.device.type != "cuda":
+        return plan, True  # on a CPU a few dozen rows per pass are as fast as more
+    # Rows per pass change no row's result: the plan is complete whether or not they grow.
+    seconds = seconds * plan.rows / max(trial_rows, 1)
+    cost = per_row(plan)[0]
+    while plan.rows < _MAX_JACOBIAN_ROWS:
         base = fitted(plan.strategy, plan.rows * 2)
-        if base.rows <= plan.rows:
+        if base.rows <= plan.rows or not allowance.affords((1 + _TIMED_CALLS) * 2 * seconds):
             break
         bigger = JacobianPlan(plan.strategy, base.rows, base.class_chunk, plan.channels_last)
         new_cost, seconds = per_row(bigger)
         if new_cost > 0.95 * cost:
             break
         cost, plan = new_cost, bigger
-        if seconds > 2 * _TRIAL_SECONDS:
-            break
-    return plan
+    return plan, True
 
 
 def _too_many(name: str, rows: int, cap: int, budget: int) -> MemoryBudgetError:

@@ -1,0 +1,275 @@
+"""C = 1,000 classes at the cost of C = 10 on ImageNet-shape torchvision architectures.
+
+Taylor and MMSE need each point's margin gradients; :mod:`probust.estimators.routes` chooses per
+point by cost among every boundary directly, the features' Jacobian through the linear head, forward
+mode, and screenings that bound every boundary's z so that only the ones that can matter get a
+gradient. This benchmark measures that choice where users meet it: torchvision architectures with
+random weights at 3 x 224 x 224 (the real shapes and costs), C = 1,000 against the same backbone with
+a 10-class head, same points and sigma, one process.
+
+Models: ``resnet18`` (d = 512 features before the head), ``resnet50`` (d = 2,048 > C - 1), ``vit``
+(torchvision's VisionTransformer at vit_b_16's width and patch size with ``--vit-layers`` of its 12
+encoder layers, d = 768), and ``linear`` (the paper's linear classifier on 1 x 28 x 28: 784 inputs).
+Heads:
+
+- ``trained``: the 1,000-class head holds the 10-class head's rows (the classes that compete) and 990
+  rows whose bias is 1,000 lower (a trained head ranks most classes far below the top ones);
+- ``random``: the architecture's own random 1,000-class head against a random 10-class head.
+
+sigma: per model and head, set by bisection so that the 10-class model's mean Taylor p is in
+[0.4, 0.8] on the points (``--sigma`` fixes it). Per (model, head, method; MMSE with N = 5):
+
+- the seconds of one call of the 10-class model and of the 1,000-class model (``auto``, the default),
+  each after a warm-up call on one point (plans measured and kept), and the ratio (target <= 2);
+- the seconds of each route forced alone on the 1,000-class model (``direct`` is ``prune="off"``,
+  every boundary by its own backward pass), and auto over the fastest (target <= 1.2);
+- agreement: max |p_auto - p_ref| and ``over``, the points where it exceeds the two runs' stated
+  errors (+1e-5 for float rounding): the reference is ``prune="off"`` on the same model, and for the
+  trained head also the 10-class model (the far classes cannot move p);
+- the peak memory each call adds (resident-set high-water mark, MB), the routes the points took and
+  the boundaries they kept;
+- with ``--first-use``: the 1,000-class auto call in a fresh process with an empty plan cache (what
+  a user sees first), against its steady state.
+
+Run (minutes to hours on 2 cores: the references compute every boundary's gradient):
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_imagenet.py [--models resnet18 ...] [--heads trained random]
+        [--methods taylor mmse] [--points N] [--vit-layers 2] [--first-use] [--json out.json]
+
+Exits 1 when a printed target is missed (or agreement fails), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+import probust
+from probust.estimators.routes import ROUTE_NAMES
+from probust.execution.budget import peak_memory
+from probust.linear_head import find_linear_head
+
+RATIO_TARGET, AUTO_TARGET, SLACK = 2.0, 1.2, 1e-5
+MODELS = ("resnet18", "resnet50", "vit", "linear")
+DEFAULT_POINTS = {"resnet18": 4, "resnet50": 2, "vit": 2, "linear": 16}
+FAR = 1000.0
+
+
+def _backbone(name: str, classes: int, vit_layers: int) -> nn.Module:
+    if name == "resnet18":
+        return torchvision.models.resnet18(num_classes=classes)
+    if name == "resnet50":
+        return torchvision.models.resnet50(num_classes=classes)
+    if name == "vit":
+        return torchvision.models.VisionTransformer(
+            image_size=224,
+            patch_size=16,
+            num_layers=vit_layers,
+            num_heads=12,
+            hidden_dim=768,
+            mlp_dim=3072,
+            num_classes=classes,
+        )
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, classes))
+
+
+def _head_name(model: nn.Module, x: Tensor) -> str:
+    """The dotted name of the model's linear head (every benchmark model ends in one)."""
+    head = find_linear_head(model, x[:1])
+    return next(name for name, module in model.named_modules() if module is head)
+
+
+def _inputs(name: str, n: int, seed: int) -> Tensor:
+    shape = (1, 28, 28) if name == "linear" else (3, 224, 224)
+    return torch.rand(n, *shape, generator=torch.Generator().manual_seed(seed))
+
+
+def models(name: str, head: str, seed: int, vit_layers: int) -> tuple[nn.Module, nn.Module]:
+    """(the 10-class model, the 1,000-class model): one backbone, two heads (see the module doc)."""
+    torch.manual_seed(seed)
+    big = _backbone(name, 1000, vit_layers).eval()
+    path = _head_name(big, _inputs(name, 1, 0))
+    big_head = big.get_submodule(path)
+    assert isinstance(big_head, nn.Linear)
+    small = copy.deepcopy(big)
+    torch.manual_seed(seed + 1)
+    small_head = nn.Linear(big_head.in_features, 10)
+    parent, _, leaf = path.rpartition(".")
+    setattr(small.get_submodule(parent) if parent else small, leaf, small_head)
+    if head == "trained":
+        with torch.no_grad():
+            big_head.weight[:10] = small_head.weight
+            big_head.bias[:10] = small_head.bias
+            big_head.bias[10:] = small_head.bias.min() - FAR
+    return small.eval(), big
+
+
+def _estimator(method: str, model: nn.Module, sigma: float, **options: Any) -> probust.Estimator:
+    if method == "taylor":
+        return probust.Taylor(model, sigma, **options)
+    return probust.MMSE(model, sigma, n_samples=5, **options)
+
+
+def _timed(estimator: probust.Estimator, x: Tensor) -> tuple[probust.Estimate, float, float]:
+    """(estimate, seconds, peak MB added) of one call on ``x``, after a warm-up call on one point."""
+    estimator(x[:1])
+    with peak_memory(x.device) as peak:
+        start = time.perf_counter()
+        r = estimator(x)
+        seconds = time.perf_counter() - start
+    return r, seconds, (peak.bytes or 0) / 2**20
+
+
+def calibrate(model: nn.Module, x: Tensor, low: float = 1e-3, high: float = 100.0) -> float:
+    """sigma with the mean Taylor p of ``model`` on ``x`` in [0.4, 0.8] (bisection in log sigma)."""
+    for _ in range(30):
+        sigma = (low * high) ** 0.5
+        p = float(probust.Taylor(model, sigma)(x).p.mean())
+        if 0.4 <= p <= 0.8:
+            return sigma
+        low, high = (sigma, high) if p > 0.8 else (low, sigma)
+    return sigma
+
+
+def _routes_alone(model: nn.Module, x: Tensor) -> list[str]:
+    """The routes that apply to ``model`` (besides "direct", measured as prune="off")."""
+    head = find_linear_head(model, x[:1])
+    names = ["spectral", "sketch"]
+    if head is not None and head.in_features + 1 < 999:
+        names.insert(0, "head")
+    if x[0].numel() < 999:
+        names.append("forward")
+    return names
+
+
+def _describe(r: probust.Estimate) -> str:
+    assert r.route is not None and r.boundaries_kept is not None
+    counts = {ROUTE_NAMES[i]: int((r.route == i).sum()) for i in r.route.unique().tolist()}
+    kept = r.boundaries_kept.double()
+    return f"{','.join(f'{k}:{v}' for k, v in counts.items())} kept {kept.mean():.1f}/{int(kept.max())}"
+
+
+def _first_use(args: argparse.Namespace, name: str, head: str, method: str, sigma: float, points: int) -> float:
+    """Seconds of the 1,000-class auto call in a fresh process with an empty plan cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PROBUST_CACHE_DIR": cache}
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", name, head, method, str(sigma), str(points), str(args.seed)]
+            + ["--vit-layers", str(args.vit_layers)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _child(argv: list[str], vit_layers: int) -> None:
+    name, head, method, sigma, points, seed = argv
+    _, big = models(name, head, int(seed), vit_layers)
+    x = _inputs(name, int(points), int(seed) + 2)
+    start = time.perf_counter()
+    _estimator(method, big, float(sigma))(x)
+    print(time.perf_counter() - start)
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
+    rows, ok = [], True
+    for name in args.models:
+        points = args.points or DEFAULT_POINTS[name]
+        x = _inputs(name, points, args.seed + 2)
+        for head in args.heads:
+            small, big = models(name, head, args.seed, args.vit_layers)
+            sigma = args.sigma or calibrate(small, x)
+            for method in args.methods:
+                row: dict[str, Any] = {"model": name, "head": head, "method": method, "sigma": sigma, "points": points}
+                r10, t10, mb10 = _timed(_estimator(method, small, sigma), x)
+                auto, t_auto, mb_auto = _timed(_estimator(method, big, sigma), x)
+                off, t_off, mb_off = _timed(_estimator(method, big, sigma, prune="off"), x)
+                alone = {"direct": t_off}
+                memory = {"c10": mb10, "auto": mb_auto, "direct": mb_off}
+                for route in _routes_alone(big, x):
+                    _, t_route, mb_route = _timed(_estimator(method, big, sigma, route=route), x)
+                    alone[route], memory[route] = t_route, mb_route
+                best = min(alone, key=alone.__getitem__)
+                assert auto.cdf_error is not None and off.cdf_error is not None and r10.cdf_error is not None
+                gap = (auto.p - off.p).abs()
+                over = int((gap > auto.cdf_error + off.cdf_error + SLACK).sum())
+                if head == "trained":
+                    twin_gap = (auto.p - r10.p).abs()
+                    over += int((twin_gap > auto.cdf_error + r10.cdf_error + SLACK).sum())
+                row.update(
+                    c10_s=t10,
+                    auto_s=t_auto,
+                    ratio=t_auto / t10,
+                    routes_s=alone,
+                    best_route=best,
+                    auto_over_best=t_auto / alone[best],
+                    max_dp=float(gap.max()),
+                    over=over,
+                    mean_p=float(off.p.mean()),
+                    taken=_describe(auto),
+                    peak_mb=memory,
+                )
+                if args.first_use:
+                    row["first_use_s"] = _first_use(args, name, head, method, sigma, points)
+                met_ratio = row["ratio"] <= RATIO_TARGET
+                met_auto = row["auto_over_best"] <= AUTO_TARGET
+                ok &= met_ratio and met_auto and over == 0
+                first = f" first use {row['first_use_s']:.1f} s" if "first_use_s" in row else ""
+                print(
+                    f"{name:>8} {head:>7} {method:>6} sigma {sigma:.3g} p {row['mean_p']:.2f} | C10 {t10:7.2f} s  "
+                    f"C1000 {t_auto:7.2f} s  ratio {row['ratio']:5.2f} ({'met' if met_ratio else 'NOT met'} <= "
+                    f"{RATIO_TARGET}) | alone {' '.join(f'{k} {v:.2f}' for k, v in alone.items())}  auto/best "
+                    f"{row['auto_over_best']:.2f} ({'met' if met_auto else 'NOT met'} <= {AUTO_TARGET}) | "
+                    f"{row['taken']} | max|dp| {row['max_dp']:.1e} over {over} | MB auto {mb_auto:.0f} C10 {mb10:.0f} "
+                    f"direct {mb_off:.0f}{first}",
+                    flush=True,
+                )
+                rows.append(row)
+    return rows, ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--heads", nargs="+", default=["trained", "random"], choices=["trained", "random"])
+    parser.add_argument("--methods", nargs="+", default=["taylor", "mmse"], choices=["taylor", "mmse"])
+    parser.add_argument("--points", type=int, default=0, help="points per model (default: per model)")
+    parser.add_argument("--sigma", type=float, default=0.0, help="fix sigma (default: calibrated per model)")
+    parser.add_argument("--vit-layers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-use", action="store_true", help="also time a fresh process's first call")
+    parser.add_argument("--json", help="write every number to this file")
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.vit_layers)
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {_cpu()}", flush=True)
+    rows, ok = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print("all targets met" if ok else "TARGETS NOT MET (see the rows above)")
+    sys.exit(0 if ok else 1)
+
+
+def _cpu() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
+if __name__ == "__main__":
+    main()

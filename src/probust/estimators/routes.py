@@ -1,0 +1,643 @@
+"""Which margin gradients Taylor and MMSE compute for each point, chosen by cost.
+
+Every boundary's gradient u_i = grad (f_t - f_i) costs one backward pass per point (and per
+noisy copy for MMSE): C - 1 of them. At many classes most boundaries cannot matter to p (a
+boundary at z noise standard deviations changes p by at most Phi(-z)), and where the logits
+come from a linear head of d < C - 1 features, d passes give every gradient. Each point takes
+the cheapest of these routes, costs counted in backward passes of one row (measured once per
+model: :class:`UnitCosts`):
+
+- **direct**: every boundary's gradient, one pullback each (C - 1).
+- **head**: the rows of the features' Jacobian J that are not held at exactly 0 (plus one
+  check pass), through the linear head (:mod:`probust.linear_head`): every u_i = (W_t - W_i) J.
+- **forward**: forward mode, one Jacobian-vector product per input coordinate (D < C - 1).
+- **candidates**: a screening bounds every boundary's z from below; only the boundaries whose
+  tails do not fit the pruning budget get an exact gradient.
+
+Two screenings, each run only where it costs at most :data:`RHO` of the cheapest exact route
+(so that an unlucky screening costs at most that much more than not screening):
+
+1. **spectral**: :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back on the
+   same forward pass, bound the top eigenvalue of the features' covariance and with it every
+   boundary's variance (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per
+   model and class count, so all points of a pass share it.
+2. **sketch**: :data:`probust.estimators.pruning.PROBES` forward-mode probes bound each
+   boundary's variance separately (:func:`probust.estimators.pruning.sketch_z_lower`); decided
+   per point, where the best route after the first screening is still expensive.
+
+The dropped boundaries' tails and the screenings' failure probabilities are added to
+``cdf_error`` (:mod:`probust.estimators.pruning`). A point's route depends only on the point
+(its margins, features and the model), and its gradients come from passes whose rows do not
+interact, so its numbers do not depend on the other points of its batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from probust import _rng, linear_head
+from probust._checks import check_logits, check_target
+from probust.estimators import pruning
+from probust.execution import plan_cache
+from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, forward_mode_startup, sync, to_format
+from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
+from probust.noise import Noise
+from probust.pullback import Pullback, features_and_logits
+
+#: Reverse-mode probes of the spectral screening.
+SPECTRAL_PROBES = 8
+#: A screening runs only where its cost is at most this share of the cheapest exact route.
+RHO = 0.1
+
+DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
+#: The routes a point can take, as recorded in ``Estimate.route``.
+ROUTE_NAMES = ("direct", "head", "forward", "candidates")
+#: The ``route`` argument of Taylor and MMSE: "auto" chooses per point by cost; the others force
+#: one route on every point ("spectral" and "sketch": that screening, then the candidates).
+ROUTE_CHOICES = ("auto", "direct", "head", "forward", "spectral", "sketch")
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Seconds per row of a model's passes (measured once per model, input shape and plan).
+
+    Attributes:
+        forward: one forward pass with autograd.
+        pull: one pullback (backward pass) of one cotangent.
+        jvp: one forward-mode Jacobian-vector product; inf where forward mode cannot run.
+    """
+
+    forward: float
+    pull: float
+    jvp: float
+
+    @property
+    def jvp_in_pulls(self) -> float:
+        """A forward-mode probe's cost in pullbacks."""
+        return self.jvp / max(self.pull, 1e-12)
+
+
+def unit_costs(
+    model: nn.Module, head: nn.Linear | None, x: Tensor, plan: JacobianPlan, work: float, *, forward_mode: bool = False
+) -> UnitCosts:
+    """:class:`UnitCosts` of ``model`` on rows like ``x`` under ``plan`` (cached like plans).
+
+    Two rows, each pass timed twice and the second kept (first calls build kernels): a few
+    passes. Forward mode is timed only where that fits the planning share of the call
+    (``work``: the call's pullbacks of one row): its first use in a process imports torch's
+    compiler stack (seconds), so a small call leaves it out (``jvp`` inf, not cached) unless
+    ``forward_mode`` (a route that needs it was asked for).
+    """
+    key = ("route-costs", x.device, x.dtype, tuple(x.shape[1:]), plan.strategy, plan.channels_last, head is None)
+    stored = plan_cache.lookup(model, plan_cache.plan_key(model, x.device, key), UnitCosts)
+    if isinstance(stored, UnitCosts):
+        return stored
+    started = time.perf_counter()
+    rows = to_format(x[:1].expand(2, *x.shape[1:]).contiguous(), plan.channels_last)
+    strategy = plan.strategy if plan.strategy in ("loop", "vmap") else "loop"
+    forward = pull = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        pb = Pullback(model, rows, head, strategy=strategy)
+        sync(x.device)
+        middle = time.perf_counter()
+        pb.pull(torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=x.device))
+        sync(x.device)
+        forward, pull = (time.perf_counter() - start) / 2, (time.perf_counter() - middle) / 4
+    first_jvp = forward_mode_startup()
+    spent = time.perf_counter() - started
+    if not forward_mode and spent + first_jvp + 4 * forward > PLANNING_SHARE * work * pull:
+        return UnitCosts(forward=forward, pull=pull, jvp=math.inf)
+    jvp = math.inf
+    try:
+        for _ in range(2):
+            with torch.no_grad():
+                start = time.perf_counter()
+                torch.func.jvp(features_and_logits(model, head), (rows,), (torch.ones_like(rows),))
+                sync(x.device)
+                jvp = (time.perf_counter() - start) / 2
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        jvp = math.inf
+    costs = UnitCosts(forward=forward, pull=pull, jvp=jvp)
+    plan_cache.store(model, plan_cache.plan_key(model, x.device, key), costs)
+    return costs
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the routes need to know of the estimator and its execution plan.
+
+    Attributes:
+        model: in eval mode (weights already in the plan's memory format).
+        head: the model's linear head, or None.
+        plan: rows per pass, strategy ("loop" or "vmap"; "forward" pulls with "loop"), format.
+        noise: Gaussian or not (the covariance S of the variances).
+        tol: the mvn-cdf's tolerance (pruning shares of it).
+        seed: the estimator's seed (probes' random streams).
+        prune: whether boundaries may be dropped (mvn-cdf under Gaussian noise); otherwise every
+            boundary's gradient is computed, by the cheapest exact route.
+        costs: the model's :class:`UnitCosts`, or None where no route choice needs them.
+        route: one of :data:`ROUTE_CHOICES`: "auto", or the route forced on every point.
+    """
+
+    model: nn.Module
+    head: nn.Linear | None
+    plan: JacobianPlan
+    noise: Noise
+    tol: float
+    seed: int
+    prune: bool
+    costs: UnitCosts | None
+    route: str = "auto"
+
+
+class Routed(NamedTuple):
+    """The linearisation of a chunk of points by :func:`linearise`.
+
+    Attributes:
+        target: int64 [P].
+        margin: [P, C], c_i averaged over the copies (0 at the target).
+        kept: with ``prune``: which boundaries the mvn-cdf sees (:class:`pruning.Pruned`), else None.
+        normal: with ``prune``: [P, K, *S], the kept boundaries' u in the order of
+            ``kept.classes`` (0 on padding); else [P, C, *S], every u_i (0 at the target).
+        route: int64 [P], each point's route (index into :data:`ROUTE_NAMES`).
+    """
+
+    target: Tensor
+    margin: Tensor
+    kept: pruning.Pruned | None
+    normal: Tensor
+    route: Tensor
+
+
+def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
+    """Whether the spectral screening runs: its probes cost at most RHO of the cheapest exact route
+    available to every point (a property of the model and the class count, not of the points)."""
+    if ctx.route != "auto":
+        return ctx.route == "spectral"
+    return ctx.prune and SPECTRAL_PROBES <= RHO * static_exact(ctx.head, classes, inputs, ctx.costs)
+
+
+def static_exact(head: nn.Linear | None, classes: int, inputs: int, costs: UnitCosts | None) -> float:
+    """Pullbacks per row of the cheapest route that computes every gradient, before seeing a point
+    (the head's every feature alive; forward mode only where its cost was measured)."""
+    options = [float(classes - 1)]
+    if head is not None and head.in_features + 1 < classes - 1:
+        options.append(head.in_features + 1.0)
+    if costs is not None and inputs < classes - 1:
+        options.append(inputs * costs.jvp_in_pulls)
+    return min(options)
+
+
+def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:
+    """The linearisation of points from their copies, each point by its cheapest route.
+
+    Args:
+        ctx: the estimator's settings and plan.
+        copies: [P, N, *S], N inputs per point whose linearisations are averaged (Taylor: the
+            point itself; MMSE: its noisy copies).
+        target: long [P]; None: the prediction on the copies (Taylor, N = 1; a tie is an error).
+        indices: int64 [P], the points' data-set indices (probes' random streams).
+    """
+    points, n = copies.shape[:2]
+    per_pass = max(1, ctx.plan.rows // n)
+    parts = [
+        _linearise_group(
+            ctx,
+            copies[first : first + per_pass],
+            None if target is None else target[first : first + per_pass],
+            indices[first : first + per_pass],
+        )
+        for first in range(0, points, per_pass)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    kept = None
+    if ctx.prune:
+        width = max(p.normal.shape[1] for p in parts)
+        normal = torch.cat([_pad_width(p.normal, width) for p in parts])
+        kept = _cat_pruned(parts, width)
+    else:
+        normal = torch.cat([p.normal for p in parts])
+    return Routed(
+        target=torch.cat([p.target for p in parts]),
+        margin=torch.cat([p.margin for p in parts]),
+        kept=kept,
+        normal=normal,
+        route=torch.cat([p.route for p in parts]),
+    )
+
+
+class _Rows:
+    """The rows of a group of points (N copies each) and the pullbacks of cotangents on them.
+
+    Where the rows fit one pass, its graph is kept and every pull reuses it; otherwise each
+    pull runs the forward passes again, block by block (MMSE with more copies than a pass holds).
+    """
+
+    def __init__(self, ctx: Context, copies: Tensor) -> None:
+        self.ctx = ctx
+        self.points, self.n = copies.shape[:2]
+        self.rows = copies.reshape(self.points * self.n, *copies.shape[2:])
+        self.row_point = torch.arange(self.points, device=copies.device).repeat_interleave(self.n)
+        self.blocks = [slice(i, i + ctx.plan.rows) for i in range(0, len(self.rows), ctx.plan.rows)]
+        self._kept: Pullback | None = None
+        if len(self.blocks) == 1:
+            self._kept = self._pullback(self.blocks[0])
+            self.logits, self.features = self._kept.logits, self._kept.features
+        else:
+            run = features_and_logits(ctx.model, ctx.head)
+            outs = []
+            with torch.no_grad():
+                for block in self.blocks:
+                    outs.append(run(to_format(self.rows[block], ctx.plan.channels_last)))
+            self.features = torch.cat([f for f, _ in outs])
+            self.logits = torch.cat([g for _, g in outs])
+
+    def _pullback(self, block: slice) -> Pullback:
+        strategy = "vmap" if self.ctx.plan.strategy == "vmap" else "loop"
+        rows = to_format(self.rows[block], self.ctx.plan.channels_last)
+        return Pullback(self.ctx.model, rows, self.ctx.head, strategy=strategy)
+
+    def pull(self, cotangents: Tensor) -> Tensor:
+        """Input gradients [R, K, *S] of cotangents [K, R, F] on the rows' features."""
+        if self._kept is not None:
+            return self._kept.pull(cotangents)
+        return torch.cat([self._pullback(block).pull(cotangents[:, block]) for block in self.blocks])
+
+    def average(self, per_row: Tensor) -> Tensor:
+        """[P, ...]: the mean of [R, ...] over each point's copies."""
+        if self.n == 1:
+            return per_row
+        total = per_row.new_zeros(self.points, *per_row.shape[1:])
+        total.index_add_(0, self.row_point, per_row)
+        return total / self.n
+
+
+def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:
+    points, n = copies.shape[:2]
+    rows = _Rows(ctx, copies)
+    check_logits(rows.logits, rows.rows.shape[0])
+    if target is None:
+        target = check_target(None, rows.logits)  # Taylor: one copy, the point itself
+    row_target = target.repeat_interleave(n)
+    c = rows.average(margins(rows.logits, row_target))
+    classes = c.shape[1]
+    inputs = copies[0, 0].numel()
+
+    # The exact routes' costs in pullbacks per copy (inf where a route does not apply).
+    forced = ctx.route
+    direct_cost = torch.full((points,), float(classes - 1), dtype=torch.float64, device=c.device)
+    head_cost = torch.full_like(direct_cost, math.inf)
+    alive = None
+    if ctx.head is not None and (ctx.head.in_features + 1 < classes - 1 or forced == "head"):
+        alive = rows.features != 0  # [R, d]: features held at exactly 0 have zero Jacobian rows (checked)
+        head_cost = _per_point_max(rows, alive.sum(1).double()) + 1
+    forward_cost = torch.full_like(direct_cost, math.inf)
+    jvp = math.inf if ctx.costs is None else ctx.costs.jvp_in_pulls
+    if (inputs < classes - 1 and math.isfinite(jvp)) or forced == "forward":
+        forward_cost.fill_(inputs * jvp if math.isfinite(jvp) else 0.0)
+    if forced in ("direct", "head", "forward"):
+        keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
+        if forced == "head" and ctx.head is None:
+            raise ValueError("route='head' needs a model whose logits come from an nn.Linear head; none was found")
+        for cost in (direct_cost, head_cost, forward_cost):
+            if cost is not keep:
+                cost.fill_(math.inf)
+    exact_cost = torch.minimum(torch.minimum(direct_cost, head_cost), forward_cost)
+
+    # Screenings: lower bounds on every boundary's z, failing with probability delta per point.
+    budget, share = pruning.shares(ctx.tol)
+    z_screen = torch.full((points, classes), -math.inf, dtype=torch.float64, device=c.device)
+    delta = torch.zeros(points, dtype=torch.float64, device=c.device)
+    candidates_cost = torch.full_like(direct_cost, math.inf)
+    screened: pruning.Pruned | None = None
+    if spectral_pays(ctx, classes, inputs):
+        z_screen = _spectral(ctx, rows, c, target, indices)
+        delta += share
+        screened = pruning._drop(z_screen, target, budget=budget, delta=delta)
+        candidates_cost = screened.kept.double()
+    if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
+        if forced == "sketch":
+            if not math.isfinite(jvp):
+                raise ValueError(
+                    "route='sketch' needs forward mode (torch.func.jvp), which cannot run through this model; "
+                    "use route='spectral' or 'auto'"
+                )
+            sketch = torch.ones(points, dtype=torch.bool, device=c.device)
+        else:
+            sketch = pruning.PROBES * jvp <= RHO * torch.minimum(exact_cost, candidates_cost)
+        if bool(sketch.any()):
+            which = sketch.nonzero().flatten()
+            z_sketch = _sketch(ctx, copies[which], target[which], indices[which], c[which])
+            z_screen[which] = torch.maximum(z_screen[which], z_sketch)
+            delta[which] += share
+            screened = pruning._drop(z_screen, target, budget=budget, delta=delta)
+            candidates_cost = torch.where(sketch, screened.kept.double(), candidates_cost)
+    if forced in ("spectral", "sketch"):
+        exact_cost = torch.full_like(exact_cost, math.inf)
+        direct_cost = head_cost = forward_cost = exact_cost
+    route = torch.stack([direct_cost, head_cost, forward_cost, candidates_cost]).argmin(0)
+
+    grads = _Exact(ctx, rows, c, target, route, screened, alive, copies)
+    if not ctx.prune:
+        return Routed(target, c, None, grads.all_normals(), route)
+    exact = grads.exact.clone()
+    exact.scatter_(1, target[:, None], False)
+    z = torch.where(exact, pruning.exact_z(c, grads.variance), z_screen)
+    # What no gradient was computed for must be dropped: the screening fitted its tails in the budget.
+    unknown = ~exact
+    unknown.scatter_(1, target[:, None], False)
+    kept = pruning._drop(z, target, budget=budget, delta=delta, forced=unknown, reserved=budget + 2 * share)
+    return Routed(target, c, kept, grads.kept_normals(kept.classes), route)
+
+
+class _Exact:
+    """The exact margin gradients of a group of points, each by its route.
+
+    One pull serves the direct and candidate routes (their boundaries' cotangents) and the head
+    route (basis vectors of the alive features, and one check of the dead ones); the forward
+    route runs forward mode on its points' copies.
+
+    Attributes:
+        exact: bool [P, C], the boundaries whose exact variance is known.
+        variance: float64 [P, C], u_i S u_i^T where ``exact``.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        rows: _Rows,
+        c: Tensor,
+        target: Tensor,
+        route: Tensor,
+        screened: pruning.Pruned | None,
+        alive: Tensor | None,
+        copies: Tensor,
+    ) -> None:
+        points, classes = c.shape
+        self.ctx, self.target, self.classes = ctx, target, classes
+        self.exact = torch.zeros(points, classes, dtype=torch.bool, device=c.device)
+        self.variance = torch.zeros(points, classes, dtype=torch.float64, device=c.device)
+        self.list_points = ((route == DIRECT) | (route == CANDIDATES)).nonzero().flatten()
+        self.head_points = (route == HEAD).nonzero().flatten()
+        self.forward_points = (route == FORWARD).nonzero().flatten()
+        self.shape = copies.shape[2:]
+
+        # The listed boundaries of each list-route point: all others, or the screening's candidates.
+        listed = target[:, None].expand(-1, 1)
+        if len(self.list_points):
+            direct = route[self.list_points] == DIRECT
+            candidates = screened.classes[self.list_points] if screened is not None else target[self.list_points, None]
+            width = classes - 1 if bool(direct.any()) else candidates.shape[1]
+            others = other_classes(target[self.list_points], classes)[:, :width]
+            listed_here = torch.where(direct[:, None], others, _pad_to(candidates, target[self.list_points], width))
+            listed = target[:, None].expand(-1, width).clone()
+            listed[self.list_points] = listed_here
+            count = int((listed_here != target[self.list_points, None]).sum(1).max())
+            listed = listed[:, : max(count, 1)]
+        self.listed = listed  # [P, L], padded with the target
+        list_width = listed.shape[1] if len(self.list_points) else 0
+
+        row_route = route[rows.row_point]
+        head_rows = row_route == HEAD
+        order = count_alive = None
+        width = list_width
+        if len(self.head_points):
+            assert alive is not None
+            order = torch.argsort((~alive).to(torch.int8), dim=1, stable=True)  # [R, d], alive first
+            count_alive = alive.sum(1)
+            width = max(width, int(count_alive[head_rows].max()) + 1)  # + one check of the dead ones
+
+        self.u_listed: Tensor | None = None
+        self.jacobian: Tensor | None = None
+        if width > 0:
+            features = rows.features
+            cot = torch.zeros(width, rows.rows.shape[0], features.shape[1], dtype=features.dtype, device=c.device)
+            if list_width:
+                list_rows = (row_route == DIRECT) | (row_route == CANDIDATES)
+                row_cot = _boundary_cotangents(target[rows.row_point], listed[rows.row_point], ctx.head, classes)
+                cot[:list_width] = torch.where(list_rows[:, None, None], row_cot, 0.0).transpose(0, 1)
+            if alive is not None and order is not None and count_alive is not None:
+                cot += _basis_cotangents(features, alive, order, count_alive, head_rows, width)
+            grads = rows.pull(cot)  # [R, width, *S]
+            if list_width:
+                u = rows.average(grads[:, :list_width])[self.list_points]
+                self.u_listed = u
+                var = ctx.noise.quadratic_form(u).diagonal(dim1=1, dim2=2)
+                mark = listed[self.list_points] != target[self.list_points, None]
+                self._record(self.list_points, listed[self.list_points], var, mark)
+            if alive is not None and order is not None and count_alive is not None:
+                self.jacobian = _head_jacobian(rows, grads, alive, order, count_alive, head_rows)[self.head_points]
+                form = ctx.noise.quadratic_form(self.jacobian)  # [H, d, d]
+                assert ctx.head is not None  # the head route needs one
+                var = linear_head.boundary_variances(
+                    linear_head.boundary_weights(ctx.head, target[self.head_points]), form
+                )
+                self.exact[self.head_points] = True
+                self.variance[self.head_points] = var
+        self.u_forward: Tensor | None = None
+        if len(self.forward_points):
+            self.u_forward = _forward_normals(ctx, copies[self.forward_points], target[self.forward_points])
+            self.exact[self.forward_points] = True
+            self.variance[self.forward_points] = ctx.noise.quadratic_form(self.u_forward).diagonal(dim1=1, dim2=2)
+
+    def _record(self, which: Tensor, classes: Tensor, variance: Tensor, mark: Tensor) -> None:
+        exact = self.exact[which]
+        var = self.variance[which]
+        exact.scatter_(1, classes, mark | exact.gather(1, classes))
+        var.scatter_(1, classes, torch.where(mark, variance, var.gather(1, classes)))
+        self.exact[which] = exact
+        self.variance[which] = var
+
+    def kept_normals(self, kept: Tensor) -> Tensor:
+        """u [P, K, *S] of the boundaries ``kept`` [P, K] (each computed exactly; the target: 0)."""
+        points, width = kept.shape
+        some = (
+            self.u_listed
+            if self.u_listed is not None
+            else self.jacobian
+            if self.jacobian is not None
+            else self.u_forward
+        )
+        assert some is not None or bool((kept == self.target[:, None]).all())
+        dtype = some.dtype if some is not None else torch.float32
+        out = torch.zeros(points, width, *self.shape, dtype=dtype, device=kept.device)
+        if self.u_listed is not None:
+            listed = self.listed[self.list_points]
+            position = torch.zeros(len(self.list_points), self.classes, dtype=torch.int64, device=kept.device)
+            position.scatter_(1, listed, torch.arange(listed.shape[1], device=kept.device).expand_as(listed))
+            # Every kept class was listed; the padding (the target) gets a zero gradient.
+            here = kept[self.list_points]
+            u = self.u_listed.gather(1, _expand(position.gather(1, here), self.u_listed))
+            padding = here == self.target[self.list_points, None]
+            out[self.list_points] = torch.where(_expand(padding, u), 0.0, u)
+        if self.jacobian is not None:
+            assert self.ctx.head is not None
+            a = linear_head.boundary_weights(self.ctx.head, self.target[self.head_points], kept[self.head_points])
+            out[self.head_points] = linear_head.margin_normals(a, self.jacobian)
+        if self.u_forward is not None:
+            out[self.forward_points] = self.u_forward.gather(1, _expand(kept[self.forward_points], self.u_forward))
+        return out
+
+    def all_normals(self) -> Tensor:
+        """u [P, C, *S] of every boundary (0 at the target): the routes without pruning."""
+        every = torch.arange(self.classes, device=self.target.device).expand(len(self.target), -1)
+        return self.kept_normals(every)
+
+
+def _per_point_max(rows: _Rows, per_row: Tensor) -> Tensor:
+    out = torch.zeros(rows.points, dtype=per_row.dtype, device=per_row.device)
+    return out.scatter_reduce(0, rows.row_point, per_row, reduce="amax", include_self=False)
+
+
+def _pad_to(classes: Tensor, target: Tensor, width: int) -> Tensor:
+    """classes [P, K] cut or padded (with each point's target) to [P, width]."""
+    if classes.shape[1] >= width:
+        return classes[:, :width]
+    return torch.cat([classes, target[:, None].expand(-1, width - classes.shape[1])], dim=1)
+
+
+def _boundary_cotangents(target: Tensor, classes: Tensor, head: nn.Linear | None, count: int) -> Tensor:
+    """[R, K, F]: the cotangents on the features of boundaries ``classes`` [R, K] of rows with
+    targets [R]: W_t - W_i through a head, e_t - e_i on the logits (0 where i is the target)."""
+    if head is not None:
+        return linear_head.boundary_weights(head, target, classes)
+    eye = torch.eye(count, device=target.device)
+    return eye[target][:, None] - eye[classes]
+
+
+def _basis_cotangents(
+    features: Tensor, alive: Tensor, order: Tensor, count: Tensor, head_rows: Tensor, width: int
+) -> Tensor:
+    """[width, R, d]: for the head route's rows, e_k for each alive feature k (in ``order``),
+    then one random combination of the dead features (its pullback must be exactly 0)."""
+    rows, d = features.shape
+    cot = torch.zeros(width, rows, d, dtype=features.dtype, device=features.device)
+    slots = torch.arange(width, device=features.device)[:, None]
+    used = (slots < count[None]) & head_rows[None]  # [width, R]
+    index = order.T[: min(width, d)]
+    cot[: index.shape[0]].scatter_(2, index[..., None], used[: index.shape[0], :, None].to(features.dtype))
+    weights = torch.randn(rows, d, generator=torch.Generator().manual_seed(0), dtype=features.dtype).to(features.device)
+    check = torch.where(alive, 0.0, weights) * head_rows[:, None]
+    cot[count.clamp_max(width - 1), torch.arange(rows, device=features.device)] += torch.where(
+        head_rows[:, None] & (count[:, None] < width), check, 0.0
+    )
+    return cot
+
+
+def _head_jacobian(
+    rows: _Rows, grads: Tensor, alive: Tensor, order: Tensor, count: Tensor, head_rows: Tensor
+) -> Tensor:
+    """J [P, d, *S] averaged over copies, from the pulled basis rows (zeros for other routes);
+    rows whose dead features fail the check get every dead row pulled back as well."""
+    n_rows, d = alive.shape
+    width = grads.shape[1]
+    flat = grads.flatten(2)  # [R, width, D]
+    check = flat[torch.arange(n_rows, device=flat.device), count.clamp_max(width - 1)]
+    failed = head_rows & ~alive.all(1) & (check != 0).any(1)
+    jacobian = flat.new_zeros(n_rows, d, flat.shape[2])
+    slots = min(width, d)
+    used = (torch.arange(slots, device=flat.device)[None] < count[:, None]) & head_rows[:, None]
+    index = order[:, :slots]
+    jacobian.scatter_add_(
+        1, index[..., None].expand(-1, -1, flat.shape[2]), torch.where(used[..., None], flat[:, :slots], 0.0)
+    )
+    if bool(failed.any()):
+        # A feature at 0 whose Jacobian row is not 0 (e.g. no ReLU before the head): pull every dead row.
+        dead = ~alive & failed[:, None]
+        dead_count = dead.sum(1)
+        dead_order = torch.argsort((~dead).to(torch.int8), dim=1, stable=True)
+        extra_width = int(dead_count.max())
+        cot = _basis_cotangents(rows.features, ~dead, dead_order, dead_count, failed, extra_width + 1)
+        # _basis_cotangents adds a check slot for rows' "dead" (here: the not-failed) features: cleared.
+        cot = cot * (torch.arange(extra_width + 1, device=flat.device)[:, None] < dead_count[None])[..., None]
+        more = rows.pull(cot).flatten(2)
+        used = torch.arange(extra_width + 1, device=flat.device)[None] < dead_count[:, None]
+        index = dead_order[:, : extra_width + 1].clamp_max(d - 1)
+        jacobian.scatter_add_(
+            1, index[..., None].expand(-1, -1, more.shape[2]), torch.where(used[..., None], more, 0.0)
+        )
+    return rows.average(jacobian).view(rows.points, d, *grads.shape[2:])
+
+
+def _expand(index: Tensor, like: Tensor) -> Tensor:
+    return index.view(*index.shape, *([1] * (like.ndim - 2))).expand(*index.shape, *like.shape[2:])
+
+
+def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Tensor) -> Tensor:
+    """The spectral screening's lower bounds on z [P, C] (:func:`pruning.spectral_z_lower`)."""
+    features = rows.features
+    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_SCREEN)
+    probes = _rng.normal(keys, 0, SPECTRAL_PROBES, features.shape[1], dtype=features.dtype)  # [P, m, F]
+    pulled = rows.average(rows.pull(probes[rows.row_point].transpose(0, 1)))  # [P, m, *S]
+    energy = ctx.noise.quadratic_form(pulled).diagonal(dim1=1, dim2=2).sum(1)
+    if ctx.head is not None:
+        scale = linear_head.boundary_weights(ctx.head, target).double().square().sum(2)
+    else:
+        scale = torch.full_like(c, 2.0, dtype=torch.float64)
+    _, share = pruning.shares(ctx.tol)
+    return pruning.spectral_z_lower(c, scale, energy, SPECTRAL_PROBES, share)
+
+
+def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, c: Tensor) -> Tensor:
+    """The forward-mode sketch's lower bounds on z [P', C] (:func:`pruning.sketch_z_lower`)."""
+    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
+    probes = ctx.noise.sample(keys, 0, pruning.PROBES, copies.shape[2:]).to(copies.device)
+    per_pass = max(1, ctx.plan.rows // pruning.PROBES)
+    _, derivatives = margin_sketch(
+        ctx.model,
+        copies,
+        target,
+        probes,
+        batch_size=per_pass,
+        probe_chunk_size=min(pruning.PROBES, ctx.plan.rows),
+        to_rows=lambda block: to_format(block, ctx.plan.channels_last),
+    )
+    _, share = pruning.shares(ctx.tol)
+    return pruning.sketch_z_lower(c, derivatives, share)
+
+
+def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:
+    """Every u [P', C, *S] by forward mode, averaged over each point's copies."""
+    points, n = copies.shape[:2]
+    rows = copies.reshape(points * n, *copies.shape[2:])
+    row_target = target.repeat_interleave(n)
+    parts = []
+    for first in range(0, len(rows), ctx.plan.rows):
+        block = slice(first, first + ctx.plan.rows)
+        _, _, u = margin_jacobian(
+            ctx.model,
+            to_format(rows[block], ctx.plan.channels_last),
+            row_target[block],
+            strategy="forward",
+            class_chunk_size=ctx.plan.class_chunk,
+        )
+        parts.append(u)
+    u = torch.cat(parts)
+    return u.view(points, n, *u.shape[1:]).mean(1) if n > 1 else u
+
+
+def _pad_width(normal: Tensor, width: int) -> Tensor:
+    if normal.shape[1] == width:
+        return normal
+    return torch.cat([normal, normal.new_zeros(normal.shape[0], width - normal.shape[1], *normal.shape[2:])], dim=1)
+
+
+def _cat_pruned(parts: list[Routed], width: int) -> pruning.Pruned:
+    """The groups' selections as one, their classes padded (with each point's target) to ``width``."""
+    kept = [p.kept for p in parts]
+    assert all(k is not None for k in kept)
+    return pruning.Pruned(
+        classes=torch.cat([_pad_to(k.classes, p.target, width) for p, k in zip(parts, kept) if k is not None]),
+        kept=torch.cat([k.kept for k in kept if k is not None]),
+        z_lower=torch.cat([k.z_lower for k in kept if k is not None]),
+        bound=torch.cat([k.bound for k in kept if k is not None]),
+        reserved=max(k.reserved for k in kept if k is not None),
+    )

@@ -1,0 +1,83 @@
+"""Pullbacks of feature cotangents from one forward pass (probust.pullback)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from probust import linear_head
+from probust.pullback import VMAP_STEP, Pullback, features_and_logits
+
+
+def _net(classes: int = 7, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 9), nn.Tanh(), nn.Linear(9, classes)).eval()
+
+
+def _jacobian(fn, x: torch.Tensor) -> torch.Tensor:
+    """[B, F, *S]: the Jacobian of a row-wise function by autograd.functional (the oracle)."""
+    return torch.autograd.functional.jacobian(lambda v: fn(v).sum(0), x).transpose(0, 1)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+@pytest.mark.parametrize("with_head", [True, False])
+def test_pulls_are_the_transposed_jacobian_applied_to_the_cotangents(strategy, with_head):
+    model = _net()
+    x = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(1))
+    head = linear_head.find_linear_head(model, x[:1]) if with_head else None
+    assert (head is model[-1]) == with_head
+    features_of = model[:3] if with_head else model
+    expected_jacobian = _jacobian(features_of, x)  # [B, F, 3, 4]
+    pulled = Pullback(model, x, head, strategy=strategy)
+    torch.testing.assert_close(pulled.logits, model(x))
+    torch.testing.assert_close(pulled.features, features_of(x))
+    # More cotangents than one vmapped step, so the padding of the last step is exercised.
+    count = VMAP_STEP + 3
+    cotangents = torch.randn(count, 5, pulled.features.shape[1], generator=torch.Generator().manual_seed(2))
+    got = pulled.pull(cotangents)
+    assert got.shape == (5, count, 3, 4)
+    expected = torch.einsum("kbf,bfij->bkij", cotangents, expected_jacobian)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_one_forward_pass_serves_any_number_of_pulls(strategy):
+    model = _net()
+    calls = []
+    model[1].register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(4, 3, 4)
+    pulled = Pullback(model, x, linear_head.find_linear_head(model, x[:1]), strategy=strategy)
+    calls.clear()
+    first = pulled.pull(torch.ones(2, 4, 9))
+    second = pulled.pull(torch.ones(2, 4, 9))
+    assert calls == [] and torch.equal(first, second)
+    assert pulled.pull(torch.ones(0, 4, 9)).shape == (4, 0, 3, 4)
+
+
+def test_features_and_logits_swap_the_heads_output_for_its_input_and_restore_the_model():
+    model = _net()
+    x = torch.randn(3, 3, 4)
+    head = linear_head.find_linear_head(model, x[:1])
+    features, logits = features_and_logits(model, head)(x)
+    torch.testing.assert_close(features, model[:3](x))
+    torch.testing.assert_close(logits, model(x))
+    torch.testing.assert_close(model(x), logits)  # the hook is gone: the model returns logits again
+    plain_features, plain_logits = features_and_logits(model, None)(x)
+    assert plain_features is plain_logits
+
+
+def test_models_torch_func_cannot_trace_fall_back_to_the_loop_with_one_warning():
+    model = torch.jit.trace(_net(), torch.randn(2, 3, 4))
+    x = torch.randn(4, 3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vmapped = Pullback(model, x, None, strategy="vmap")
+        Pullback(model, x, None, strategy="vmap")
+    fallbacks = [w for w in caught if "one backward pass per cotangent" in str(w.message)]
+    assert len(fallbacks) <= 1  # once per model class and process (maybe earlier in the session)
+    looped = Pullback(model, x, None, strategy="loop")
+    cotangents = torch.randn(3, 4, 7)
+    torch.testing.assert_close(vmapped.pull(cotangents), looped.pull(cotangents))
