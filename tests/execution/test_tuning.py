@@ -150,3 +150,71 @@ def test_channels_last_can_be_fixed_either_way():
     torch.testing.assert_close(on, off, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="channels_last"):
         probust.Taylor(model, 0.2, channels_last="yes")
+
+
+def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:
+    """Every timed call takes ``seconds`` (no pass runs); returns the log of what was timed."""
+    timed: list[tuple] = []
+
+    def fake(run, device):
+        timed.append(run)
+        return seconds
+
+    monkeypatch.setattr(_tuning, "_seconds", fake)
+    return timed
+
+
+def _plan(model: nn.Module, x: torch.Tensor, total_rows: int) -> _tuning.JacobianPlan:
+    return _tuning.plan_jacobian(
+        model, x, 10, budget=2**30, total_rows=total_rows, run=lambda plan, rows, k: None, passes=9
+    )
+
+
+def test_a_call_too_small_to_repay_every_timing_gets_the_default_plan_after_one(monkeypatch):
+    model, x = _mlp(6, 10, seed=0), torch.randn(8, 6)
+    # One timed trial (4 rows, 2 margins) takes 10 ms: a call of 50 rows x 9 passes is ~0.6 s,
+    # whose tenth cannot pay for the three other candidates.
+    timed = _fake_timings(monkeypatch, 0.01)
+    plan = _plan(model, x, 50)
+    assert len(timed) == 1 and (plan.strategy, plan.channels_last) == ("loop", False)
+    # Not kept as the plan (a larger call may measure every candidate) ...
+    assert not _tuning.plan_cache._MEMORY.get(model)
+    # ... but the first timing is: the same call again times nothing.
+    _plan(model, x, 50)
+    assert len(timed) == 1
+
+
+def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatch):
+    model, x = _mlp(12, 10, seed=0), torch.randn(8, 12)
+    timed = _fake_timings(monkeypatch, 1e-5)
+    plan = _plan(model, x, 10_000)
+    assert len(timed) == 2  # loop and vmap (12 inputs, 10 classes: no forward mode)
+    assert _tuning.plan_cache._MEMORY.get(model)
+    again = _plan(model, x, 10_000)
+    assert again == plan and len(timed) == 2  # kept: nothing timed again
+
+
+def test_forward_mode_is_timed_only_where_its_start_up_fits_the_allowance(monkeypatch):
+    model, x = _mlp(4, 10, seed=0), torch.randn(8, 4)  # 4 inputs < 10 classes: forward mode is a candidate
+    monkeypatch.setattr(_tuning, "forward_mode_startup", lambda: 2.5)  # as in a process that never used it
+    timed = _fake_timings(monkeypatch, 1e-4)
+    _plan(model, x, 2_000)  # ~2,000 x 9 passes of ~12 us: a 0.2 s call cannot pay 2.5 s of imports
+    assert len(timed) == 1
+    timed.clear()
+    _tuning.forget(model)
+    _tuning._FIRST_TIMINGS.pop(model, None)
+    monkeypatch.setattr(_tuning, "forward_mode_startup", lambda: 0.0)
+    _plan(model, x, 2_000)
+    assert len(timed) == 3  # loop, vmap and forward
+
+
+def test_the_forward_plan_times_both_formats_or_neither(monkeypatch):
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 12, 12)).eval()
+    x = torch.rand(8, 1, 12, 12)
+    timed = _fake_timings(monkeypatch, 0.05)  # 64 rows in 50 ms: 10,000 rows take ~8 s
+    plan = _tuning.plan_forward(model, x, budget=2**30, total_rows=300)
+    assert len(timed) == 1 and plan.channels_last is False  # 0.2 s of work: the default, one timing
+    timed.clear()
+    _tuning.plan_forward(model, x, budget=2**30, total_rows=200_000)
+    assert len(timed) >= 2  # both formats, then as much of the rows ladder as the allowance pays

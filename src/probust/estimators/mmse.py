@@ -20,9 +20,9 @@ class MMSE(Linearised):
 
     Args:
         model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
-            p_fail, fail_rtol, prune: see :class:`Taylor`. Pruning sketches the averaged
-            linearisation (the probes' derivatives averaged over the N copies, exactly the
-            smoothed boundary's), so it keeps the same guarantee. Differentiable MMSE differentiates through the
+            p_fail, fail_rtol, prune, route: see :class:`Taylor`. The routes and screenings work
+            on the averaged linearisation (gradients, probes' pullbacks and derivatives averaged
+            over the N copies, exactly the smoothed boundary's), so they keep the same guarantee. Differentiable MMSE differentiates through the
             N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
         n_samples: N, noisy copies per point (the paper uses 5 to 500).
         sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to

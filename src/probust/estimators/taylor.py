@@ -32,30 +32,25 @@ class Taylor(Linearised):
             relative error ``r.p_fail_error`` (:func:`probust.mvn.mvn_sf`; the mv-sigmoid's
             is a closed form). Costs up to C - 1 extra QMC integrals per point for the mvn-cdf.
         fail_rtol: target relative error of ``r.p_fail``.
-        prune: skip the decision boundaries that cannot matter (:mod:`probust.estimators.pruning`),
-            by one of two routes:
-
-            - through the model's linear head (:mod:`probust.linear_head`), where the logits are
-              an ``nn.Linear`` of d features with d < C - 1: d backward passes give every
-              margin's gradient and its exact z, and the mvn-cdf sees only the boundaries whose
-              tails do not fit within 5% of ``tol`` (added to ``r.cdf_error``);
-            - otherwise a sketch: 32 forward-mode products against probes drawn from the noise
-              bound every boundary's z from below at once; exact gradients are computed only
-              for the boundaries still within reach, and what the others could cost (their
-              tails' sum plus the sketch's failure probability, at most 6% of ``tol``) is added
-              to ``r.cdf_error``; ``r.z`` then holds the lower bound and ``r.grad_norm`` NaN
-              for the skipped boundaries.
-
-            ``r.boundaries_kept`` counts the kept ones. "auto" (default): for the mvn-cdf under
-            Gaussian noise without ``differentiable`` or ``p_fail``, by the head wherever it
-            pays, else by the sketch from :data:`~probust.estimators.pruning.AUTO_MIN_CLASSES`
-            classes on (not when the Jacobian is taken in forward mode); where pruning cannot
-            apply (mv-sigmoid, other noise, ``p_fail``) "auto" still takes every gradient
-            through the head when it pays. "on" / True: always (an error where it cannot
-            apply); "off" / False: every margin's gradient by its own backward pass, bitwise as
-            before. The head route equals the direct one up to float rounding (the same
-            products summed in another order, ~1e-7 relative on z). A model forward mode
-            cannot run through falls back to every boundary with one warning.
+        prune: whether the mvn-cdf may leave out decision boundaries that cannot matter (a
+            boundary z noise standard deviations away changes p by at most Phi(-z)), and with
+            them their gradients. "auto" (default): where that can apply (the mvn-cdf under
+            Gaussian noise, without ``differentiable`` or ``p_fail``); "on" / True: the same, an
+            error where it cannot apply; "off" / False: every margin's gradient by its own
+            backward pass, bitwise the paper's computation. The boundaries left out add their
+            tails, and any bound's failure probability, to ``r.cdf_error`` (at most 7% of
+            ``tol`` in all; the mvn-cdf samples to the rest), their ``r.z`` holds a lower bound
+            and their ``r.grad_norm`` NaN; ``r.boundaries_kept`` counts the others.
+        route: how each point's margin gradients are computed (:mod:`probust.estimators.routes`);
+            "auto" (default) takes per point the cheapest, by measured cost: every boundary
+            directly, the rows of the features' Jacobian through the model's linear head (where
+            its d features are fewer than the C - 1 margins: every gradient exactly, ~1e-7
+            relative from the direct ones), forward mode (few input coordinates), or, where
+            boundaries may be left out, a screening that bounds every boundary's z at once (8
+            reverse-mode probes on the features, or 32 forward-mode probes) and then the exact
+            gradients of only the boundaries still within reach. "direct", "head", "forward",
+            "spectral" and "sketch" force one route on every point (to compare them).
+            ``r.route`` records each point's.
     """
 
     base_method = "taylor"

@@ -25,8 +25,10 @@ import contextlib
 import functools
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -167,6 +169,27 @@ class _Allowance:
         return self.spent() + seconds <= PLANNING_SHARE * self.estimate
 
 
+#: The default plan's first timing per model and plan key, in this process: (seconds per unit of
+#: work, seconds of one timed call). A later call sizes its allowance from it without timing again.
+_FIRST_TIMINGS: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[float, float]]] = weakref.WeakKeyDictionary()
+
+
+def _first_timing(model: Any, key: tuple, measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """The default plan's (seconds per unit, seconds per timed call): remembered, or ``measure()``."""
+    with contextlib.suppress(TypeError):
+        known = _FIRST_TIMINGS.get(model, {}).get(key)
+        if known is not None:
+            return known
+    timing = measure()
+    with contextlib.suppress(TypeError):
+        _FIRST_TIMINGS.setdefault(model, {})[key] = timing
+    return timing
+
+
+def _paired(timed: Callable[[JacobianPlan], float], plan: JacobianPlan) -> tuple[float, float]:
+    return timed(plan), 0.0
+
+
 def _rows_like(x: Tensor, rows: int) -> Tensor:
     """``rows`` inputs cycled from ``x`` (realistic values, so timings match the real work)."""
     reps = -(-rows // x.shape[0])
@@ -205,7 +228,9 @@ def plan_forward(
     key = ("forward", x.device, x.dtype, tuple(x.shape[1:]), tuple(formats))
     plan = _cached(model, key, ForwardPlan)
     if plan is None:
-        plan, complete = _measure_forward(model, x, formats, min(cap, _MAX_FORWARD_ROWS), step or model, total_rows)
+        plan, complete = _measure_forward(
+            model, x, formats, min(cap, _MAX_FORWARD_ROWS), step or model, total_rows, key
+        )
         if complete:
             _remember(model, key, plan)
     assert isinstance(plan, ForwardPlan)
@@ -213,7 +238,13 @@ def plan_forward(
 
 
 def _measure_forward(
-    model: nn.Module, x: Tensor, formats: list[bool], cap: int, step: Callable[[Tensor], object], total_rows: int
+    model: nn.Module,
+    x: Tensor,
+    formats: list[bool],
+    cap: int,
+    step: Callable[[Tensor], object],
+    total_rows: int,
+    key: tuple,
 ) -> tuple[ForwardPlan, bool]:
     """(plan, whether every format was timed): the default rows in each format, then the fastest
     format's rows doubled while throughput grows, as far as the planning allowance reaches.
@@ -234,12 +265,15 @@ def _measure_forward(
             seconds = _seconds(functools.partial(step, batch), x.device)
         return plan.rows / max(seconds, 1e-9), seconds
 
-    best_rate, seconds = rate(default)
-    allowance.estimate = total_rows / best_rate
+    seconds_per_row, seconds = _first_timing(model, key, lambda: _inverse(rate(default)))
+    best_rate = 1 / seconds_per_row
+    allowance.estimate = total_rows * seconds_per_row
+    # Every format or none: a format measured in one call but not the next would change the
+    # float rounding between calls.
+    if not allowance.affords((len(formats) - 1) * (1 + _TIMED_CALLS) * seconds):
+        return default, False
     best = default
     for channels_last in formats[1:]:
-        if not allowance.affords((1 + _TIMED_CALLS) * seconds):
-            return best, False
         candidate = ForwardPlan(first, channels_last)
         got, seconds = rate(candidate)
         if got > best_rate:
@@ -256,6 +290,11 @@ def _measure_forward(
         elif got < 0.8 * best_rate or (losses := losses + 1) >= 2:
             break
     return best, True
+
+
+def _inverse(timing: tuple[float, float]) -> tuple[float, float]:
+    """(rows per second, seconds) -> (seconds per row, seconds)."""
+    return 1 / max(timing[0], 1e-12), timing[1]
 
 
 def jacobian_row_bytes(cost: RowCost, strategy: str, classes: int, class_chunk: int | None) -> int:
@@ -347,7 +386,17 @@ def plan_jacobian(
     plan = _cached(model, key, JacobianPlan)
     if plan is None:
         plan, complete = _measure_jacobian(
-            x, classes, strategies, formats, fitted, run, rows, total_rows, classes - 1 if passes is None else passes
+            model,
+            key,
+            x,
+            classes,
+            strategies,
+            formats,
+            fitted,
+            run,
+            rows,
+            total_rows,
+            classes - 1 if passes is None else passes,
         )
         if complete:
             _remember(model, key, plan)
@@ -357,6 +406,8 @@ def plan_jacobian(
 
 
 def _measure_jacobian(
+    model: nn.Module,
+    key: tuple,
     x: Tensor,
     classes: int,
     strategies: list[str],
@@ -368,8 +419,9 @@ def _measure_jacobian(
     passes: int,
 ) -> tuple[JacobianPlan, bool]:
     """(plan, whether every candidate was timed): each (strategy, format) timed on a few rows and
-    a class subset, the default first, the others while the planning allowance lasts; then the
-    winner's rows doubled while that pays (unless the caller fixed ``rows``).
+    a class subset, the default first; the others only if timing them all fits the planning
+    allowance (all or none: a plan measured in one call but not the next would change the float
+    rounding between calls); then, on a GPU, the winner's rows doubled while that pays.
 
     Args:
         passes: backward passes per row the call will run (C - 1 margins, or fewer where
@@ -380,38 +432,49 @@ def _measure_jacobian(
     trial_rows = rows if rows is not None else min(_TRIAL_ROWS, total_rows)
     candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
     default_rows = rows if rows is not None else min(total_rows, _DEFAULT_JACOBIAN_ROWS)
-    first = fitted(candidates[0][0], default_rows)
-    default = JacobianPlan(first.strategy, first.rows, first.class_chunk, candidates[0][1])
+
+    def planned(strategy: str, channels_last: bool, rows_wanted: int) -> JacobianPlan:
+        base = fitted(strategy, rows_wanted)
+        return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
+
+    default = planned(*candidates[0], default_rows)
     # The first timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes.
     if total_rows * (1 + passes) < 10 * (1 + _TIMED_CALLS) * trial_rows * (1 + margins):
         return default, False
 
-    def per_row(plan: JacobianPlan) -> tuple[float, float]:
+    def timed(plan: JacobianPlan) -> float:
         batch = _rows_like(x, plan.rows)
-        seconds = _seconds(lambda: run(plan, batch, margins), x.device)
+        return _seconds(lambda: run(plan, batch, margins), x.device)
+
+    def per_row(plan: JacobianPlan, seconds: float) -> float:
         # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
         # computes the whole Jacobian whatever the subset.
         scale = 1.0 if plan.strategy == "forward" else max(passes, 1) / margins
-        return seconds * scale / plan.rows, seconds
+        return seconds * scale / plan.rows
 
-    best: tuple[float, JacobianPlan] | None = None
     failures: list[Exception] = []
+    best: tuple[float, JacobianPlan] | None = None
     seconds = 0.0
-    for strategy, channels_last in candidates:
-        startup = forward_mode_startup() if strategy == "forward" else 0.0
-        if best is not None and not allowance.affords((1 + _TIMED_CALLS) * seconds + startup):
-            return best[1], False
-        base = fitted(strategy, trial_rows)
-        plan = JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
+    for index, (strategy, channels_last) in enumerate(candidates):
+        plan = planned(strategy, channels_last, trial_rows)
         try:
-            cost, seconds = per_row(plan)
+            if best is None:  # the default: its first timing is remembered for later calls
+                memo = (*key, trial_rows, strategy, channels_last)
+                seconds = _first_timing(model, memo, functools.partial(_paired, timed, plan))[0]
+                allowance.estimate = per_row(plan, seconds) * total_rows
+                others = candidates[index + 1 :]
+                startup = forward_mode_startup() if any(s == "forward" for s, _ in others) else 0.0
+                if not allowance.affords(len(others) * (1 + _TIMED_CALLS) * seconds + startup):
+                    return planned(strategy, channels_last, default_rows), False
+            else:
+                seconds = timed(plan)
         except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
             # A strategy this model cannot run (e.g. torch.func on TorchScript) is no candidate.
             failures.append(exc)
             continue
+        cost = per_row(plan, seconds)
         if best is None or cost < best[0]:
             best = (cost, plan)
-        allowance.estimate = min(allowance.estimate, best[0] * total_rows)
     if best is None:
         raise failures[0]
     cost, plan = best
@@ -422,14 +485,15 @@ def _measure_jacobian(
     if x.device.type != "cuda":
         return plan, True  # on a CPU a few dozen rows per pass are as fast as more
     # Rows per pass change no row's result: the plan is complete whether or not they grow.
-    seconds = seconds * plan.rows / max(trial_rows, 1)
-    cost = per_row(plan)[0]
+    seconds = timed(plan)
+    cost = per_row(plan, seconds)
     while plan.rows < _MAX_JACOBIAN_ROWS:
         base = fitted(plan.strategy, plan.rows * 2)
         if base.rows <= plan.rows or not allowance.affords((1 + _TIMED_CALLS) * 2 * seconds):
             break
         bigger = JacobianPlan(plan.strategy, base.rows, base.class_chunk, plan.channels_last)
-        new_cost, seconds = per_row(bigger)
+        seconds = timed(bigger)
+        new_cost = per_row(bigger, seconds)
         if new_cost > 0.95 * cost:
             break
         cost, plan = new_cost, bigger
