@@ -411,7 +411,24 @@ def _memory(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def _table(rows: list[Row]) -> None:
+#: Taylor's linearisation is the paper's (same gradients); only the two mvn-cdf evaluations differ
+#: (scipy: abseps = releps = 1e-4 with R + 1e-5 I; probust: tol 1e-4): beyond this |dp| the two
+#: computed different things. MMSE and Monte Carlo draw different noise (no agreement check).
+TAYLOR_AGREEMENT = 2e-3
+
+
+def _met(r: Row) -> bool:
+    """Whether a row meets its printed target (agreement included where it is checked)."""
+    if "value_mb" in r:
+        return r["value_mb"] < r["target"]
+    if r.get("floor"):
+        return r["ratio"] <= r["target"]
+    agrees = not r["setting"].startswith("taylor") or r["max_dp"] <= TAYLOR_AGREEMENT
+    return r["ratio"] >= r["target"] and agrees
+
+
+def _table(rows: list[Row]) -> bool:
+    """Print the summary; True when every row meets its target."""
     head = ("setting", "paper s", "probust s", "ratio", "target", "met?")
     lines = []
     for r in rows:
@@ -423,7 +440,7 @@ def _table(rows: list[Row]) -> None:
                     "-",
                     f"{r['value_mb']:.0f} MB",
                     f"< {r['target']:.0f} MB",
-                    "yes" if r["value_mb"] < r["target"] else "NO",
+                    "yes" if _met(r) else "NO",
                 )
             )
         elif r.get("floor"):
@@ -434,7 +451,7 @@ def _table(rows: list[Row]) -> None:
                     f"{r['probust_s']:#.3g}",
                     f"{r['ratio']:.2f}x",
                     f"<= {r['target']:.2f}x",
-                    "yes" if r["ratio"] <= r["target"] else "NO",
+                    "yes" if _met(r) else "NO",
                 )
             )
         else:
@@ -445,8 +462,10 @@ def _table(rows: list[Row]) -> None:
                     f"{r['paper_s']:#.3g}",
                     f"{r['probust_s']:#.3g}",
                     fmt.format(r["ratio"]),
-                    ">= " + fmt.format(r["target"]),
-                    "yes" if r["ratio"] >= r["target"] else "NO",
+                    ">= "
+                    + fmt.format(r["target"])
+                    + (f" & |dp| <= {TAYLOR_AGREEMENT:g}" if r["setting"].startswith("taylor") else ""),
+                    "yes" if _met(r) else "NO",
                 )
             )
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)]
@@ -456,6 +475,7 @@ def _table(rows: list[Row]) -> None:
             print("  ".join("-" * w for w in widths))
     print("(rows 'vs best forward': 'paper s' is the time at the best forward throughput, ratio = fraction of it;")
     print(" rows 'vs fastest gradients': 'paper s' is the fastest fixed gradient route alone, ratio = probust / it)")
+    return all(_met(r) for r in rows)
 
 
 def main() -> None:
@@ -519,12 +539,14 @@ def main() -> None:
         print("Peak memory, each in a fresh subprocess")
         rows += _memory(args)
     print()
-    _table(rows)
+    ok = _table(rows)
     if args.json:
         out["rows"] = rows
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
         print(f"wrote {args.json}")
+    print("all targets met" if ok else "TARGETS NOT MET (rows marked NO)")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

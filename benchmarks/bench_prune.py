@@ -7,8 +7,8 @@ own backward pass: C - 1 per point and copy, what probust did before and what th
 does) against the default ``prune="auto"``. For these models "auto" takes the gradients through
 the CNN's linear head (50 features < C - 1 margins: 50 backward passes give every margin's
 gradient and its exact z) and keeps only the boundaries that can matter; ``--route sketch``
-hides the head (logits / 1, computed after it) and runs ``prune="on"``: the forward-mode sketch
-of 32 probes, for comparison.
+hides the head (logits / 1, computed after it) and forces the forward-mode sketch of 32 probes
+(``route="sketch"``), ``--route spectral`` the reverse-mode screening, for comparison.
 
 Printed per row: the time ratio full / pruned (each timed once, after one warm-up call that
 measures the Jacobian plan), the peak memory each call added (resident-set high-water mark,
@@ -20,8 +20,11 @@ Both runs integrate to ``tol`` (1e-4 by default), so |dp| up to about 2 tol is w
 state; ``--tol`` tightens both. Timings depend on the machine's load: the ratios are measured
 in one run, side by side.
 
+Targets (issues 11 and 19): pruned at least 3x faster than full at C = 100 and 15x at C = 1,000,
+with ``over`` = 0 (agreement is part of the verdict). Exits 1 when a row misses either.
+
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/bench_prune.py [--classes 100 1000] [--points 64]
-      [--mmse-points N] [--methods taylor mmse] [--sigmas ...] [--route head|sketch] [--tol 1e-4]
+      [--mmse-points N] [--methods taylor mmse] [--sigmas ...] [--route auto|sketch|spectral] [--tol 1e-4]
       (--mmse-points: MMSE's points at C = 1,000; default: --points)
 """
 
@@ -35,7 +38,10 @@ from pathlib import Path
 import torch
 
 import probust
+from probust.estimators.routes import ROUTE_NAMES
 from probust.execution.budget import peak_memory
+
+TARGETS = {100: 3.0, 1000: 15.0}  # pruned over full, per class count
 
 sys.path.insert(0, str(Path(__file__).parent))
 import prune_models  # noqa: E402 - a sibling module of this script, found once its folder is on the path
@@ -69,19 +75,20 @@ def main() -> None:
     parser.add_argument("--mmse-points", type=int, default=None)
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     parser.add_argument("--methods", nargs="+", default=["taylor", "mmse"], choices=["taylor", "mmse"])
-    parser.add_argument("--route", default="head", choices=["head", "sketch"])
+    parser.add_argument("--route", default="auto", choices=["auto", "sketch", "spectral"])
     parser.add_argument("--tol", type=float, default=1e-4)
     args = parser.parse_args()
     torch.set_num_threads(1)
     header = (
         f"{'C':>5} {'method':>7} {'sigma':>5} {'pts':>4} {'route':>6} {'full s':>8} {'pruned s':>8} {'ratio':>6} "
         f"{'full MB':>7} {'pruned MB':>9} {'kept mean':>9} {'kept max':>8} {'max|dp|':>9} {'mean|dp|':>9} "
-        f"{'max err':>9} {'full err':>9} {'over':>4} {'p in (.05,.95)':>14}"
+        f"{'max err':>9} {'full err':>9} {'over':>4} {'p in (.05,.95)':>14}  verdict"
     )
     print(header, flush=True)
+    ok = True
     for classes in args.classes:
         model, test = prune_models.model({100: 2, 1000: 3}[classes])
-        if args.route == "sketch":
+        if args.route != "auto":
             model = _AfterHead(model)
         x_all, _ = test.tensors()
         for method in args.methods:
@@ -90,23 +97,26 @@ def main() -> None:
             for sigma in args.sigmas:
                 make = probust.Taylor if method == "taylor" else probust.MMSE
                 full, t_full, mb_full = _timed(make(model, sigma, prune="off", tol=args.tol, show_progress=False), x)
-                setting = "on" if args.route == "sketch" else "auto"  # "auto" sketches only from C = 1,000
-                estimator = make(model, sigma, prune=setting, tol=args.tol, show_progress=False)
-                route = "head" if estimator.head(x) is not None else "sketch" if estimator.prunes(x) else "none"
+                estimator = make(model, sigma, route=args.route, tol=args.tol, show_progress=False)
                 pruned, t_pruned, mb_pruned = _timed(estimator, x)
+                route = "direct" if pruned.route is None else ROUTE_NAMES[int(pruned.route.mode().values)]
                 assert pruned.boundaries_kept is not None and pruned.cdf_error is not None
                 assert full.cdf_error is not None
                 gap = (pruned.p - full.p).abs()
                 over = int((gap > pruned.cdf_error + full.cdf_error + 1e-5).sum())
                 mid = int(((full.p > 0.05) & (full.p < 0.95)).sum())
                 kept = pruned.boundaries_kept.double()
+                met = t_full / t_pruned >= TARGETS[classes] and over == 0
+                ok &= met
                 print(
-                    f"{classes:>5} {method:>7} {sigma:>5} {points:>4} {route:>6} {t_full:>8.2f} {t_pruned:>8.2f} "
+                    f"{classes:>5} {method:>7} {sigma:>5} {points:>4} {route[:6]:>6} {t_full:>8.2f} {t_pruned:>8.2f} "
                     f"{t_full / t_pruned:>6.1f} {mb_full:>7.0f} {mb_pruned:>9.0f} {kept.mean():>9.1f} "
                     f"{int(kept.max()):>8} {gap.max():>9.2e} {gap.mean():>9.2e} {pruned.cdf_error.max():>9.2e} "
-                    f"{full.cdf_error.max():>9.2e} {over:>4} {mid:>14}",
+                    f"{full.cdf_error.max():>9.2e} {over:>4} {mid:>14}  {'met' if met else 'NOT met'}",
                     flush=True,
                 )
+    print("all targets met" if ok else f"TARGETS NOT MET (ratio >= {TARGETS} and over = 0)")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
