@@ -256,8 +256,8 @@ def _measure_forward(
     allowance = _Allowance()
     first = min(cap, _FIRST_FORWARD_ROWS)
     default = ForwardPlan(min(first, max(total_rows, 1)), formats[0])
-    if total_rows < 4 * first:
-        return default, False  # a handful of passes: nothing to gain worth a timing
+    if total_rows < 10 * len(formats) * (1 + _TIMED_CALLS) * first:
+        return default, False  # a tenth of the call cannot pay for timing every format
 
     def rate(plan: ForwardPlan) -> tuple[float, float]:
         with weights_in_format(model, plan.channels_last), torch.inference_mode():
@@ -438,8 +438,10 @@ def _measure_jacobian(
         return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
 
     default = planned(*candidates[0], default_rows)
-    # The first timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes.
-    if total_rows * (1 + passes) < 10 * (1 + _TIMED_CALLS) * trial_rows * (1 + margins):
+    # Each timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes: a call
+    # smaller than ten times all of them cannot repay the measuring, so it times nothing.
+    trial_passes = (1 + _TIMED_CALLS) * trial_rows * (1 + margins)
+    if total_rows * (1 + passes) < 10 * len(candidates) * trial_passes:
         return default, False
 
     def timed(plan: JacobianPlan) -> float:
