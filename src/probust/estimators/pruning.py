@@ -97,7 +97,7 @@ def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -
         tol: the mvn-cdf's tolerance (see :func:`shares`).
     """
     budget, delta = shares(tol)
-    return _drop(sketch_z_lower(margin, derivatives, delta), target, budget=budget, delta=delta)
+    return drop(sketch_z_lower(margin, derivatives, delta), target, budget=budget, delta=delta)
 
 
 def sketch_z_lower(margin: Tensor, derivatives: Tensor, failure: float) -> Tensor:
@@ -149,7 +149,7 @@ def select_exact(margin: Tensor, variance: Tensor, target: Tensor, *, tol: float
         target: long [B].
         tol: the mvn-cdf's tolerance.
     """
-    return _drop(exact_z(margin, variance), target, budget=DROP_SHARE * tol, delta=0.0)
+    return drop(exact_z(margin, variance), target, budget=DROP_SHARE * tol, delta=0.0)
 
 
 def exact_z(margin: Tensor, variance: Tensor) -> Tensor:
@@ -160,7 +160,7 @@ def exact_z(margin: Tensor, variance: Tensor) -> Tensor:
     return torch.where(var > 0, c / var.clamp_min(1e-300).sqrt(), torch.where(c > 0, torch.inf, -torch.inf))
 
 
-def _drop(
+def drop(
     z_lower: Tensor,
     target: Tensor,
     *,

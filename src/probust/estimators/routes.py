@@ -321,7 +321,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     if spectral_pays(ctx, classes, inputs):
         z_screen = _spectral(ctx, rows, c, target, indices)
         delta += share
-        screened = pruning._drop(z_screen, target, budget=budget, delta=delta)
+        screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = screened.kept.double()
     if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
         if forced == "sketch":
@@ -338,7 +338,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
             z_sketch = _sketch(ctx, copies[which], target[which], indices[which], c[which])
             z_screen[which] = torch.maximum(z_screen[which], z_sketch)
             delta[which] += share
-            screened = pruning._drop(z_screen, target, budget=budget, delta=delta)
+            screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
             candidates_cost = torch.where(sketch, screened.kept.double(), candidates_cost)
     if forced in ("spectral", "sketch"):
         exact_cost = torch.full_like(exact_cost, math.inf)
@@ -354,7 +354,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     # What no gradient was computed for must be dropped: the screening fitted its tails in the budget.
     unknown = ~exact
     unknown.scatter_(1, target[:, None], False)
-    kept = pruning._drop(z, target, budget=budget, delta=delta, forced=unknown, reserved=budget + 2 * share)
+    kept = pruning.drop(z, target, budget=budget, delta=delta, forced=unknown, reserved=budget + 2 * share)
     return Routed(target, c, kept, grads.kept_normals(kept.classes), route)
 
 
