@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint bench install clean
+.PHONY: demo test test-all test-cuda lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The GPU suite (tests/cuda: CUDA against CPU, bitwise repetition, CUDA memory budgets and plans,
+# a 2-rank nccl torchrun on two GPUs); every test skips where no CUDA device is visible.
+test-cuda: $(STAMP)
+	$(BIN)/python -m pytest -m cuda $(PYTEST_ARGS)
 
 # Lint, format, types and the architecture contracts (pyproject.toml configures each tool).
 lint: $(STAMP)

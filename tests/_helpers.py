@@ -9,14 +9,37 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from torch import nn
 
 import probust
 from probust.experiments.runs import Results
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+
+def require_fashion_mnist() -> Path:
+    """The real Fashion-MNIST folder, for the tests on a trained network. Where it is missing the
+    test skips, except where PROBUST_REQUIRE_FASHION_MNIST=1 (set by .ci/run): there it fails,
+    so that CI cannot go green with those tests silently skipped."""
+    missing = [name for name in FASHION_MNIST_FILES if not (FASHION_MNIST_DIR / name).is_file()]
+    if missing:
+        message = f"Fashion-MNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)"
+        if os.environ.get("PROBUST_REQUIRE_FASHION_MNIST") == "1":
+            pytest.fail(message + f"; missing {', '.join(missing)} and PROBUST_REQUIRE_FASHION_MNIST=1")
+        pytest.skip(message)
+    return FASHION_MNIST_DIR
 
 
 def linear_model(d: int, classes: int, seed: int = 0) -> nn.Linear:

@@ -16,8 +16,9 @@ import torchvision
 import probust.data as pdata
 from probust.data import _locate
 from probust.data._digits import split_indices
+from tests._helpers import FASHION_MNIST_DIR, require_fashion_mnist
 
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FMNIST_DIR = FASHION_MNIST_DIR
 FMNIST_CLASSES = [
     "T-shirt/top",
     "Trouser",
@@ -384,9 +385,7 @@ def test_common_spellings_are_accepted(alias):
 
 @pytest.fixture
 def real_fmnist(monkeypatch):
-    if not all((FMNIST_DIR / f).is_file() for f in ("t10k-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")):
-        pytest.skip(f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
-    monkeypatch.setattr(_locate, "SYSTEM_DIRS", {"fashion-mnist": [FMNIST_DIR]})
+    monkeypatch.setattr(_locate, "SYSTEM_DIRS", {"fashion-mnist": [require_fashion_mnist()]})
 
 
 def test_real_fashion_mnist_has_the_published_sizes_and_statistics(real_fmnist):
@@ -402,3 +401,19 @@ def test_real_fashion_mnist_has_the_published_sizes_and_statistics(real_fmnist):
     # Published training-set statistics of Fashion-MNIST, in [0, 1] units: mean 0.2860, std 0.3530.
     assert abs(float(X.mean()) - 0.2860) < 1e-3 and abs(float(X.std()) - 0.3530) < 1e-3
     assert train.mean == (0.2860,) and train.std == (0.3530,)
+
+
+def test_missing_fashion_mnist_skips_outside_ci_and_fails_under_it(tmp_path, monkeypatch):
+    # .ci/run sets PROBUST_REQUIRE_FASHION_MNIST=1: the tests on a trained network may not skip there.
+    import tests._helpers as helpers
+
+    monkeypatch.setattr(helpers, "FASHION_MNIST_DIR", tmp_path)
+    monkeypatch.delenv("PROBUST_REQUIRE_FASHION_MNIST", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        helpers.require_fashion_mnist()
+    monkeypatch.setenv("PROBUST_REQUIRE_FASHION_MNIST", "1")
+    with pytest.raises(pytest.fail.Exception, match="PROBUST_REQUIRE_FASHION_MNIST=1"):
+        helpers.require_fashion_mnist()
+    # and .ci/run exports it, after failing outright when the files cannot be had
+    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
+    assert "export PROBUST_REQUIRE_FASHION_MNIST=1" in ci and "exit 1" in ci

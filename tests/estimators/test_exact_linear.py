@@ -57,15 +57,17 @@ def _model(classes: int, dtype: torch.dtype, seed: int, rho: float = 0.0) -> tup
     return model, q.numpy(), a.numpy()
 
 
-def _points(model: nn.Linear, q: np.ndarray, a: np.ndarray, sigma: float, seed: int, rho: float) -> torch.Tensor:
-    """Points whose exact p is spread over about (0.05, 0.99): z-scores chosen first (up to 3
+def _points(
+    model: nn.Linear, q: np.ndarray, a: np.ndarray, sigma: float, seed: int, rho: float, n: int = POINTS
+) -> torch.Tensor:
+    """n points whose exact p is spread over about (0.05, 0.99): z-scores chosen first (up to 3
     deciding boundaries, the rest 2.5 to 8 noise units away, some far enough for the mvn-cdf to
     drop them), then x solved for them, plus a random part along the other directions."""
     rng = np.random.default_rng(seed)
     k = len(a)
     bias = model.bias.detach().double().numpy()[1:]
     rows = []
-    for p_goal in np.linspace(0.06, 0.99, POINTS):
+    for p_goal in np.linspace(0.06, 0.99, n):
         deciding = min(k, 3)
         z = rng.uniform(2.5, 8.0, k)
         z[:deciding] = special.ndtri(p_goal ** (1 / deciding))
@@ -137,25 +139,57 @@ def test_taylor_and_mmse_equal_the_product_of_normal_cdfs_within_tol(classes, to
             assert error.max() <= tol, (name, sigma, error.max(), r.p, exact)
 
 
+COVERAGE_POINTS = 24  # per (classes, rho, sigma): 4 x 3 x 24 = 288 points, most of them sampled
+
+
+def _coverage_pool(tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Taylor on equicorrelated boundaries (C = 10 and 30, rho 0.3 and 0.7, every sigma): the
+    actual errors against the integral [n], cdf_error [n], and which points were sampled (QMC:
+    their value moves with the seed). Only those can miss: closed forms (<= 2 boundaries in reach,
+    or orthogonal boundaries, whose QMC integrand is constant) and points pinned by the
+    deterministic bounds carry a guaranteed error."""
+    errors, bounds, sampled = [], [], []
+    for classes in (10, 30):
+        for rho in RHOS:
+            model, q, a = _model(classes, torch.float64, seed=classes, rho=rho)
+            for j, sigma in enumerate(SIGMAS):
+                x = _points(model, q, a, sigma, seed=1000 + 100 * classes + j, rho=rho, n=COVERAGE_POINTS)
+                exact, _ = _exact(model, x, sigma, rho)
+                target = torch.zeros(len(x), dtype=torch.long)
+                r = probust.Taylor(model, sigma, tol=tol)(x, target)
+                other = probust.Taylor(model, sigma, tol=tol, seed=1)(x, target)
+                errors.append(np.abs(r.p.numpy() - exact))
+                bounds.append(r.cdf_error.numpy())
+                sampled.append((r.p != other.p).numpy())
+    return np.concatenate(errors), np.concatenate(bounds), np.concatenate(sampled)
+
+
+def _coverage_misses(error: np.ndarray, bound: np.ndarray, sampled: np.ndarray) -> tuple[int, int]:
+    """(misses among sampled points, the allowance: the 99.9% quantile of Binomial(n_sampled, 0.01)).
+    Points with a guaranteed error may not miss at all (asserted here)."""
+    assert not (error[~sampled] > bound[~sampled] + ROUNDING).any(), "a guaranteed error was exceeded"
+    n = int(sampled.sum())
+    return int((error[sampled] > bound[sampled] + ROUNDING).sum()), int(stats.binom.ppf(0.999, n, 0.01))
+
+
 @pytest.mark.parametrize("tol", [1e-4, 1e-5])
 def test_cdf_error_bounds_the_actual_error_in_at_least_99_percent_of_cases(tol):
     # cdf_error is "about a 99% bound" on the mvn-cdf's error, "~0 (<= 1e-14)" where at most two
-    # boundaries are left: there it is exactly 0 (C = 2 here), while the float64 rounding of the
-    # margins and of Phi is ~1e-16. ROUNDING is that documented floor. The correlated cases make
-    # the QMC integrand non-constant. Failures may be at most what a 1% failure rate gives with
-    # probability 0.999.
-    errors, bounds = [], []
-    cases = [(classes, 0.0) for classes in CLASSES] + [(classes, rho) for classes in (3, 10) for rho in RHOS]
-    for classes, rho in cases:
-        for model, x, sigma, exact, _ in _cases(classes, torch.float64, rho):
-            target = torch.zeros(len(x), dtype=torch.long)
-            r = probust.Taylor(model, sigma, tol=tol)(x, target)
-            errors.append(np.abs(r.p.numpy() - exact))
-            bounds.append(r.cdf_error.numpy())
-    error, bound = np.concatenate(errors), np.concatenate(bounds)
-    misses = int((error > bound + ROUNDING).sum())
-    assert misses <= stats.binom.ppf(0.999, len(error), 0.01), (misses, len(error), error[error > bound + ROUNDING])
+    # boundaries are left; ROUNDING is that documented floor (the float64 rounding of the margins
+    # and of Phi is ~1e-16). The check counts misses among the points that can miss, and holds
+    # enough of them that a doubled error (a miss rate of ~12%) fails it with 99% probability.
+    error, bound, sampled = _coverage_pool(tol)
+    n = int(sampled.sum())
+    misses, allowed = _coverage_misses(error, bound, sampled)
+    assert stats.binom.cdf(allowed, n, 0.12) < 0.01, f"only {n} sampled points: cannot see a doubled error"
+    assert misses <= allowed, (misses, n, error[sampled & (error > bound)])
     assert (bound <= tol).all(), bound.max()  # and it is within the tolerance asked for
+    if tol == 1e-4:
+        # The check sees an error twice as large (same error estimate, sampled points only). Not
+        # at tol 1e-5, where these points' estimates are conservative (measured: 0 misses, and 4
+        # of 288 with a doubled error): there the check's power is the assertion above.
+        doubled_misses, _ = _coverage_misses(np.where(sampled, 2 * error, error), bound, sampled)
+        assert doubled_misses > allowed, (doubled_misses, allowed, n)
 
 
 def _check_equicorrelated(classes: int, rho: float, tol: float) -> None:

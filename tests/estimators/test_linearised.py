@@ -152,12 +152,18 @@ def test_mmse_beats_taylor_for_anisotropic_quadratic_boundaries():
 
 
 def test_mv_sigmoid_is_the_paper_formula():
+    # z from the weights in float64 (not the estimator's own r.z): z_i = g_i / (sigma ||w_t - w_i||).
     model = linear_model(8, 5, seed=9)
     x = points_near_boundaries(model, 4, 0.3)
     r = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x)
-    others = r.z.isfinite()
-    expected = 1 / (1 + torch.where(others, torch.exp(-r.z), 0.0).sum(1))
-    torch.testing.assert_close(r.p, expected)
+    w, b = model.weight.detach().double(), model.bias.detach().double()
+    logits = x.double() @ w.T + b
+    t = logits.argmax(1)
+    assert torch.equal(r.target, t)
+    z = (logits.gather(1, t[:, None]) - logits) / (0.3 * (w[t][:, None, :] - w[None]).norm(dim=2))
+    expected = 1 / (1 + torch.where(z.isfinite(), torch.exp(-z), 0.0).sum(1))  # z = 0/0 (NaN) at t
+    # float32 margins and gradients: z to ~1e-6 relative, p to ~1e-6
+    torch.testing.assert_close(r.p, expected, rtol=0, atol=2e-6)
     assert r.method == "taylor_mvs"
 
 
@@ -228,7 +234,9 @@ def test_zero_gradient_boundary_drops_out_instead_of_nan():
     r = probust.Taylor(model, 0.2)(x, target)
     assert torch.isfinite(r.p).all()
     assert torch.isinf(r.z[:, 2]).all()
-    c = (r.margin[:, 1] / (0.2 * r.grad_norm[:, 1])).double()
+    # What is left is the binary problem of class 1, from the weights (not r.margin, r.grad_norm).
+    w, b = model.weight.detach().double(), model.bias.detach().double()
+    c = (x.double() @ (w[0] - w[1]) + (b[0] - b[1])) / (0.2 * (w[0] - w[1]).norm())
     torch.testing.assert_close(r.p, torch.special.ndtr(c), atol=1e-6, rtol=0)
 
 

@@ -1,11 +1,60 @@
-"""Plain Monte Carlo: its seed, its interval and standard error, its adaptive mode."""
+"""Plain Monte Carlo: p = k / n exactly, its seed, its interval and standard error, its adaptive mode."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 import probust
 from tests._helpers import linear_model, points_near_boundaries
+
+
+class _Counting(nn.Module):
+    """``inner``'s logits; counts the rows of every pass without autograd that differ from
+    ``clean`` (the noisy copies) and, among them, those whose argmax is ``target``."""
+
+    def __init__(self, inner: nn.Module, clean: torch.Tensor, target: int) -> None:
+        super().__init__()
+        self.inner, self.clean, self.target = inner, clean, target
+        self.copies = self.kept = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.inner(x)
+        if not torch.is_grad_enabled():
+            noisy = (x != self.clean).flatten(1).any(1)
+            self.copies += int(noisy.sum())
+            self.kept += int((noisy & (logits.argmax(1) == self.target)).sum())
+        return logits
+
+
+def test_mc_returns_exactly_k_over_n():
+    # docs/estimate.md: p = k / n exactly, k the noisy copies whose prediction is the target, counted
+    # here by the model itself as the estimator runs it (one point per call, so every copy is its own).
+    model = linear_model(10, 3, seed=2)
+    for i, x in enumerate(points_near_boundaries(model, 4, 0.5)):
+        target = int(model(x[None]).argmax())
+        counting = _Counting(model, x, target)
+        r = probust.MonteCarlo(counting, 0.5, n_samples=777, seed=3)(x[None], torch.tensor([target]), index_offset=i)
+        assert counting.copies == 777 and 0 < counting.kept < 777
+        assert r.p.item() == counting.kept / 777  # float equality: the same division
+
+
+def test_mc_interval_contains_p_with_ends_exactly_0_at_k_0_and_1_at_k_n():
+    # Class 0's logit is 1 and class 2's is -1 wherever x is: every noisy copy is predicted 0.
+    model = nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
+    x = torch.zeros(2, 4)
+    for interval in ("wilson", "clopper-pearson"):
+        survive = probust.MonteCarlo(model, 0.5, n_samples=50, interval=interval)(x, torch.tensor([0, 0]))
+        fail = probust.MonteCarlo(model, 0.5, n_samples=50, interval=interval)(x, torch.tensor([2, 2]))
+        assert (survive.p == 1).all() and (survive.ci_high == 1).all() and (survive.ci_low < 1).all()
+        assert (fail.p == 0).all() and (fail.ci_low == 0).all() and (fail.ci_high > 0).all()
+        mid = probust.MonteCarlo(linear_model(10, 3, seed=2), 0.5, n_samples=300, interval=interval)(
+            points_near_boundaries(linear_model(10, 3, seed=2), 8, 0.5)
+        )
+        assert ((mid.ci_low <= mid.p) & (mid.p <= mid.ci_high)).all()
 
 
 def test_seed_changes_the_noise_and_fixes_it():

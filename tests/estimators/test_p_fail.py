@@ -55,21 +55,41 @@ def test_taylor_p_fail_is_one_minus_prod_phi_for_orthogonal_boundaries():
         assert (r.p_fail_error < 1e-2).all()
 
 
+def _standardised_margins(model: nn.Linear, x: torch.Tensor, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """From the weights, in float64 numpy, never through probust: the predicted class t [B] and
+    z_i = (f_t(x) - f_i(x)) / (sigma ||w_t - w_i||) [B, C] (+inf at i = t)."""
+    w, b = model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+    logits = x.double().numpy() @ w.T + b
+    t = logits.argmax(1)
+    margins = logits[np.arange(len(x)), t][:, None] - logits
+    norms = np.linalg.norm(w[t][:, None, :] - w[None, :, :], axis=2)
+    z = np.full(margins.shape, np.inf)
+    other = norms > 0
+    z[other] = margins[other] / (sigma * norms[other])
+    return t, z
+
+
 def test_binary_p_fail_is_the_normal_tail():
-    model = linear_model(12, 2, seed=3)
-    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(0))
+    # A float64 model, so that the estimator's margins carry no float32 rounding and the oracle's
+    # z (computed from the weights) is the same number to ~1e-15.
+    model = linear_model(12, 2, seed=3).double()
+    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(0), dtype=F64)
     r = probust.Taylor(model, 0.05, p_fail=True)(x)
-    z = r.z.gather(1, (1 - r.target)[:, None]).squeeze(1)
-    expected = special.ndtr(-z.numpy())
+    t, z = _standardised_margins(model, x, 0.05)
+    assert np.array_equal(r.target.numpy(), t)
+    expected = special.ndtr(-z[np.arange(5), 1 - t])
+    assert (expected < 0.5).all() and (expected > 0).any()  # down to 1e-188 and an underflow to 0
     np.testing.assert_allclose(r.p_fail.numpy(), expected, rtol=1e-9)
 
 
 def test_mv_sigmoid_p_fail_is_the_closed_form_complement():
-    model = linear_model(8, 5, seed=4)
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    model = linear_model(8, 5, seed=4).double()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2), dtype=F64)
     r = probust.Taylor(model, 0.02, cdf="mv-sigmoid", p_fail=True)(x)
-    s = torch.where(r.z.isfinite(), torch.exp(-r.z), 0.0).sum(1)
-    torch.testing.assert_close(r.p_fail, s / (1 + s), rtol=1e-12, atol=0)
+    t, z = _standardised_margins(model, x, 0.02)
+    assert np.array_equal(r.target.numpy(), t)
+    s = np.exp(-z).sum(1)  # exp(-inf) = 0 at the target
+    np.testing.assert_allclose(r.p_fail.numpy(), s / (1 + s), rtol=1e-10, atol=0)
     assert (r.p_fail_error == 0).all()
 
 

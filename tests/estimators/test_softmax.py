@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import probust
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3, 4.0])
+def test_softmax_is_softmax_of_the_logits_over_t_in_float64(temperature):
+    # docs/estimate.md: softmax(f(x) / T)_t in float64, here from the float32 logits by numpy.
+    gen = torch.Generator().manual_seed(1)
+    model = nn.Linear(6, 5)
+    x = torch.randn(7, 6, generator=gen) * 3
+    with torch.no_grad():
+        logits = model(x).double().numpy() / temperature
+    expected = np.exp(logits - logits.max(1, keepdims=True))
+    expected = expected.max(1) / expected.sum(1)
+    r = probust.Softmax(model, temperature=temperature)(x)
+    assert r.p.dtype == torch.float64 and torch.equal(r.target, torch.from_numpy(logits.argmax(1)))
+    np.testing.assert_allclose(r.p.numpy(), expected, rtol=1e-14, atol=0)
 
 
 def test_softmax_equals_taylor_mvs_when_boundary_norms_are_equal():

@@ -171,21 +171,36 @@ def test_in_batch_values_of_singular_problems_are_within_their_error_of_the_exac
     assert checked == 5
 
 
+SCIPY_SINGULAR_ERROR = 1e-5  # scipy at abseps 1e-6 on these rank-2 problems: within 3.5e-6 of exact
+
+
+def scipy_singular_cdf(z: np.ndarray, u: np.ndarray) -> float:
+    """P(U T <= z) by scipy's randomised lattice rules (Genz's algorithm, scipy's own code), which
+    take a singular covariance with allow_singular; slow (seconds to a minute per problem)."""
+    corr = u @ u.T
+    np.fill_diagonal(corr, 1.0)
+    return float(
+        multivariate_normal.cdf(z, cov=corr, allow_singular=True, abseps=1e-6, releps=0.0, maxpts=2_000_000, rng=0)
+    )
+
+
 @pytest.mark.slow
-def test_in_batch_values_of_rank12_problems_match_a_precise_run():
-    # No closed form at rank 12: the reference is each problem alone at tol 1e-6 (its error
-    # estimate is checked against exact references in test_cdf_tolerance.py).
+def test_in_batch_values_of_rank12_problems_match_scipy():
+    # No closed form at rank 12: the reference is scipy's integrator, first checked against the
+    # exact rank-2 values of the same kind of problem (measured 1.4e-6 to 3.5e-6 off at abseps 1e-6).
     z, c, own = mixed_batch()
+    for zi, ui in own:
+        if ui.shape[1] == 2 and len(zi) <= 82:
+            assert abs(scipy_singular_cdf(zi, ui) - rank2_cdf(zi, ui)) <= SCIPY_SINGULAR_ERROR
     p, err = mvn_cdf(z, c, return_error=True)
+    checked = 0
     for i, (zi, ui) in enumerate(own):
         if ui.shape[1] != 12:
             continue
-        corr = ui @ ui.T
-        np.fill_diagonal(corr, 1.0)
-        ref, ref_err = mvn_cdf(
-            torch.tensor(zi), torch.tensor(corr), tol=1e-6, max_samples=4_000_000, seed=7, return_error=True
-        )
-        assert abs(p[i].item() - ref.item()) <= err[i].item() + ref_err.item(), SPECS[i]
+        ref = scipy_singular_cdf(zi, ui)
+        assert abs(p[i].item() - ref) <= err[i].item() + SCIPY_SINGULAR_ERROR, (SPECS[i], p[i].item(), ref)
+        checked += 1
+    assert checked == 4
 
 
 def test_values_do_not_depend_on_how_many_problems_share_an_integrand_call(monkeypatch):

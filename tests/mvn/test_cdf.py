@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import ndtr
-from scipy.stats import multivariate_normal
+from scipy.stats import binom, multivariate_normal
 
 from probust.mvn import mvn_cdf
 
@@ -71,12 +71,22 @@ def mc_orthant(z: np.ndarray, root: np.ndarray, draws: int, seed: int) -> tuple[
     return p, 3.29 * math.sqrt(max(p * (1 - p), 1.0 / draws) / draws)
 
 
-def check_against(p, err, ref, ref_tol, *, max_abs=1e-3, coverage=0.9):
-    diff = np.abs(p.numpy() - ref)
-    assert diff.max() < max_abs, f"max |error| {diff.max():.2e}"
-    covered = np.mean(diff <= err.numpy() + ref_tol)
-    worst = np.sort(diff - err.numpy())[-5:]
-    assert covered >= coverage, f"error estimate covers only {covered:.0%}; worst excess {worst}"
+def check_against(p, err, ref, ref_tol, *, tol=1e-4, allowed=None):
+    """mvn_cdf's values p [n] and errors err [n] against a reference ref [n] known to ref_tol: the
+    documented claims at their stated size (a point that stopped on ``tol`` is within tol, and
+    within its error estimate, each with ~99% confidence), with at most ``allowed`` misses of
+    each (default: the 99.9% quantile of Binomial(n, 0.01)). The 1% rate itself needs more
+    problems than scipy's references here can afford: tests/mvn/test_cdf_tolerance.py measures
+    it against exact references."""
+    p, err = p.numpy(), err.numpy()
+    diff = np.abs(p - ref)
+    allowed = int(binom.ppf(0.999, len(diff), 0.01)) if allowed is None else allowed
+    beyond_err = diff > err + ref_tol
+    stopped = err <= tol
+    beyond_tol = stopped & (diff > tol + ref_tol)
+    worst = np.sort(diff - err)[-3:]
+    assert beyond_err.sum() <= allowed, f"{beyond_err.sum()} of {len(diff)} beyond their error; worst excess {worst}"
+    assert beyond_tol.sum() <= allowed, f"{beyond_tol.sum()} stopped on tol beyond it: {diff[beyond_tol]}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,9 +138,11 @@ def test_matches_scipy_boundary_like(k):
 
 
 def test_matches_scipy_k30_boundary_like():
+    # Six problems cannot show a 1% miss rate (test_cdf_tolerance.py measures it on hundreds):
+    # each value must lie within its own error of scipy's (measured: within 0.35 of it).
     z, cov = boundary_like(6, 30, seed=30, scale=(0.3, 1.5))
     p, err = mvn_cdf(torch.from_numpy(z), torch.from_numpy(cov), return_error=True)
-    check_against(p, err, scipy_cdf(z, cov, abseps=1e-5, maxpts=600_000), 2e-5, coverage=5 / 6)
+    check_against(p, err, scipy_cdf(z, cov, abseps=1e-5, maxpts=600_000), 2e-5, allowed=0)
 
 
 def test_matches_scipy_k30_random_covariances():

@@ -1,8 +1,14 @@
 """mvn_sf, the failure probability with relative accuracy, against independent oracles.
 
-Oracles: closed forms (k = 1; orthogonal boundaries, 1 - prod Phi(z_i) computed with log1p/expm1),
-one-dimensional integrals by scipy's adaptive quadrature at relative tolerance 1e-12 (bivariate;
-equicorrelated k = 6), and mvn_cdf where both are accurate.
+Oracles: closed forms (k = 1, in log space beyond float64's normal range; orthogonal boundaries,
+1 - prod Phi(z_i) computed with log1p/expm1, up to k = 999), one-dimensional integrals by scipy's
+adaptive quadrature at relative tolerance 1e-11 or better (bivariate; equicorrelated k = 6; any
+one-factor correlation R_ij = lambda_i lambda_j, up to k = 999, where the failure probability given
+the factor is again 1 - prod Phi without cancellation), and mvn_cdf where both are accurate.
+
+The relative error bound ("about 99%" per QMC term, summed over the terms) is checked like
+mvn_cdf's error (tests/mvn/test_cdf_tolerance.py): over 200 one-factor problems at most the 99.9%
+quantile of Binomial(n, 0.01) misses, and an error twice as large is seen.
 """
 
 from __future__ import annotations
@@ -46,6 +52,41 @@ def _equicorrelated_fail(z: np.ndarray, rho: float) -> float:
 
 def _orthogonal_fail_from_tails(tails: np.ndarray) -> float:
     return float(-np.expm1(np.sum(np.log1p(-np.minimum(tails, 1.0 - 1e-16)))))
+
+
+def _one_factor_fail(z: np.ndarray, lam: np.ndarray) -> float:
+    """Y_i = lambda_i W + sqrt(1 - lambda_i^2) E_i: P(some Y_i > z_i) = E_W[1 - prod_i Phi(.)], the
+    inner complement without cancellation and the outer integral by quadrature (relative 1e-11)."""
+    s = np.sqrt(1.0 - lam**2)
+
+    def given(w: float) -> float:
+        tails = special.ndtr(-(z - lam * w) / s)
+        return math.exp(-0.5 * w * w) / math.sqrt(2 * math.pi) * _orthogonal_fail_from_tails(tails)
+
+    return integrate.quad(given, -np.inf, np.inf, epsabs=0, epsrel=1e-11, limit=500)[0]
+
+
+def _one_factor_corr(lam: np.ndarray) -> np.ndarray:
+    return np.outer(lam, lam) + np.diag(1.0 - lam**2)
+
+
+def _one_factor_sf_problems(k: int, n: int, seed: int, near: int | None = None):
+    """n problems of dimension k: loadings |lambda| in [0.1, 0.9] (a fifth negative), bounds
+    z = level + Exp(0.7) spread with level uniform in [3, 7] (failure probabilities ~1e-12 to
+    1e-2); with ``near``, only that many bounds are near the level and the rest beyond 10 (the
+    shape of a many-class point: most boundaries far). Returns z [n, k], corr [n, k, k], exact [n]."""
+    rng = np.random.default_rng(seed)
+    zs, corrs, refs = [], [], []
+    for _ in range(n):
+        lam = rng.uniform(0.1, 0.9, k) * np.where(rng.random(k) < 0.2, -1.0, 1.0)
+        z = rng.uniform(3.0, 7.0) + rng.exponential(0.7, k)
+        if near is not None:
+            z[near:] = 10.0 + rng.exponential(1.0, k - near)
+            rng.shuffle(z)
+        zs.append(z)
+        corrs.append(_one_factor_corr(lam))
+        refs.append(_one_factor_fail(z, lam))
+    return np.array(zs), np.array(corrs), np.array(refs)
 
 
 @pytest.mark.parametrize("z", [0.5, 3.0, 5.0, 6.0, 7.0])
@@ -123,3 +164,87 @@ def test_sf_edge_cases_are_exact():
     frozen = torch.diag(torch.tensor([0.0, 1.0], dtype=F64))
     assert mvn_sf(torch.tensor([-0.1, 9.0], dtype=F64), frozen) == 1
     assert abs(mvn_sf(torch.tensor([0.1, 6.0], dtype=F64), frozen).item() / special.ndtr(-6.0) - 1) < 1e-12
+
+
+def test_one_factor_oracle_matches_the_equicorrelated_and_orthogonal_forms():
+    z = np.array([6.5, 6.7, 6.9, 7.0, 7.2, 7.4])
+    assert abs(_one_factor_fail(z, np.full(6, math.sqrt(0.5))) / _equicorrelated_fail(z, 0.5) - 1) < 1e-10
+    assert abs(_one_factor_fail(z, np.zeros(6)) / _orthogonal_fail(z) - 1) < 1e-10
+
+
+@pytest.mark.parametrize("k, n, near", [(9, 4, None), (30, 3, None), (99, 2, None), (999, 2, 6)])
+def test_sf_one_factor_matches_the_integral_beyond_k6(k, n, near):
+    z, corr, exact = _one_factor_sf_problems(k, n, seed=k, near=near)
+    p, rel = mvn_sf(torch.from_numpy(z), torch.from_numpy(corr), rtol=1e-2, return_error=True)
+    actual = np.abs(p.numpy() / exact - 1)
+    assert (actual <= rel.numpy()).all(), (actual, rel)
+    assert (rel.numpy() < 1e-2).all()
+
+
+@pytest.mark.parametrize("k", [99, 999])
+def test_sf_orthogonal_boundaries_equal_one_minus_the_product_at_many_classes(k):
+    # Most boundaries far, a few near (a many-class point): each term within reach is a QMC
+    # integral of up to k dimensions, so hundreds of near ones would take minutes.
+    rng = np.random.default_rng(k)
+    z = 10.0 + rng.exponential(1.0, (2, k))
+    z[0, :4] = [6.0, 6.2, 6.5, 7.0]
+    z[1, -8:] = 5.0 + rng.exponential(1.0, 8)
+    p, rel = mvn_sf(torch.from_numpy(z), torch.eye(k, dtype=F64), return_error=True)
+    expected = np.array([_orthogonal_fail(row) for row in z])
+    assert (np.abs(p.numpy() / expected - 1) <= rel.numpy()).all(), (p, expected, rel)
+    assert (rel.numpy() < 1e-2).all()
+
+
+def _sf_misses(p: np.ndarray, rel: np.ndarray, exact: np.ndarray) -> int:
+    """Points whose actual relative error exceeds the returned bound."""
+    return int((np.abs(p / exact - 1) > rel).sum())
+
+
+@pytest.fixture(scope="module")
+def sf_study():
+    """200 one-factor problems at k = 9 (each with QMC terms), mvn_sf's values, bounds, exact values."""
+    z, corr, exact = _one_factor_sf_problems(9, 200, seed=2024)
+    p, rel = mvn_sf(torch.from_numpy(z), torch.from_numpy(corr), rtol=1e-2, return_error=True)
+    return p.numpy(), rel.numpy(), exact
+
+
+def test_sf_relative_error_bound_covers_at_least_99_percent(sf_study):
+    p, rel, exact = sf_study
+    allowed = int(stats.binom.ppf(0.999, len(p), 0.01))
+    assert _sf_misses(p, rel, exact) <= allowed
+    assert (rel < 1e-2).all()
+
+
+def test_a_doubled_sf_error_fails_the_coverage_check(sf_study):
+    # The check can see an error twice the bound's size: the bound is not so loose that it hides it.
+    p, rel, exact = sf_study
+    allowed = int(stats.binom.ppf(0.999, len(p), 0.01))
+    assert _sf_misses(exact * (1 + 2 * (p / exact - 1)), rel, exact) > allowed
+
+
+@pytest.mark.slow
+def test_sf_relative_error_bound_covers_at_k30():
+    z, corr, exact = _one_factor_sf_problems(30, 150, seed=30)
+    p, rel = mvn_sf(torch.from_numpy(z), torch.from_numpy(corr), rtol=1e-2, return_error=True)
+    assert _sf_misses(p.numpy(), rel.numpy(), exact) <= int(stats.binom.ppf(0.999, 150, 0.01))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_sf_beyond_z_37_reports_the_precision_float64_keeps(k):
+    # Phi(-z) leaves float64's normal range near z = 37.5 (subnormal numbers: a fixed absolute
+    # step of 2^-1074) and underflows to 0 near z = 38.5. Independent boundaries; the exact value
+    # sum_i Phi(-z_i) prod_{j < i} Phi(z_j) (disjoint events, no cancellation) in 50-digit
+    # arithmetic (mpmath), whose exponent range nothing here leaves.
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    zs = np.arange(36.0, 40.01, 0.1)
+    upper = np.stack([z + np.arange(k) * 0.3 for z in zs])
+    p, rel = mvn_sf(torch.from_numpy(upper), torch.eye(k, dtype=F64), return_error=True)
+    p, rel = p.numpy(), rel.numpy()
+    assert np.isfinite(rel).all() and (rel <= 1).all()
+    for row, value, bound in zip(upper, p, rel):
+        tails = [mpmath.ncdf(-mpmath.mpf(float(zi))) for zi in row]
+        exact = mpmath.fsum(t * mpmath.fprod([1 - u for u in tails[:i]]) for i, t in enumerate(tails))
+        actual = float(abs(mpmath.mpf(float(value)) / exact - 1))
+        assert actual <= bound, (row[0], value, float(exact), actual, bound)
+    assert (p[zs < 37.5] > 0).all() and (p[zs > 38.6] == 0).all() and (rel[p == 0] == 1).all()

@@ -73,9 +73,16 @@ def test_one_row_per_point_sigma_method_and_sample_count(tmp_path):
     assert df[df.method != "mc"][["ci_low", "ci_high", "stderr"]].isna().all().all()
     assert (df.target == df.prediction).all() and (df.seed == 0).all() and (df.seconds > 0).all()
     assert df.p.between(0, 1).all()
-    # softmax's p is the clean prediction's confidence at temperature 1
-    soft = df[df.method == "softmax"]
-    np.testing.assert_allclose(soft.p, soft.confidence, rtol=1e-12)
+    # softmax's p is softmax(f(x))_t of the model itself (float64 from its float32 logits), the
+    # clean prediction's confidence at temperature 1
+    soft = df[df.method == "softmax"].sort_values(["sigma", "index"])
+    x, _ = tiny_data().tensors()
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model()(x[torch.as_tensor(soft["index"].to_numpy().copy())]).double(), dim=1)
+    assert (soft.prediction.to_numpy() == probs.argmax(1).numpy()).all()
+    expected = probs.max(1).values.numpy()
+    np.testing.assert_allclose(soft.p, expected, rtol=0, atol=1e-6)  # float32 logits batched differently
+    np.testing.assert_allclose(soft.confidence, soft.p, rtol=1e-12)
 
 
 def test_rows_equal_direct_estimator_calls_at_the_true_data_set_indices(tmp_path):

@@ -15,8 +15,8 @@ from torch import nn
 import probust.models as pm
 from probust.data import _locate
 from probust.training import SCHEDULES, TrainConfig, evaluate, train
+from tests._helpers import require_fashion_mnist
 
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 QUICK = {"epochs": 1, "lr": 0.05, "batch_size": 64, "show_progress": False}
 
 
@@ -188,19 +188,30 @@ def test_settings_both_in_config_and_as_keywords_are_refused_naming_them():
 # ---- the paper's Fashion-MNIST models (minutes: `pytest -m slow`) ----------------------------
 
 
+# Accuracy floors from the spread between CPUs. Ten epochs of SGD amplify each CPU's rounding
+# (its kernels round differently): the same code, seed and one thread gave these test accuracies
+# on four set-ups (two build machines; and on an AMD EPYC with torch 2.14's AVX2 kernels and with
+# its non-vectorised ones, ATEN_CPU_CAPABILITY=default):
+#   linear, lr 0.01:         0.844 (build machine), 0.8441 (AVX2), 0.8441 (default)  spread 0.0001
+#   cnn no pool, lr 0.02:    0.909 (build machine), 0.909 (AVX2), 0.9123 (default)   spread 0.0033
+#   cnn, lr 0.05 (fixture):  0.905, 0.8988 (build machines), 0.902 (AVX2), 0.9026    spread 0.0062
+# Each floor is the lowest measurement minus 1.5 x the largest spread (0.0093), rounded down, so
+# that another CPU does not fail a correct build while a real regression (a point or more) does.
+ACCURACY_SPREAD = 0.0062
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "arch, arch_kwargs, lr, floor",
     [
-        ("linear", {}, 0.01, 0.835),  # measured 0.844 (paper: 84%)
-        ("cnn", {"pool": False}, 0.02, 0.905),  # measured 0.909
+        ("linear", {}, 0.01, 0.834),  # lowest 0.844 - 0.0093 (paper: 84%)
+        ("cnn", {"pool": False}, 0.02, 0.899),  # lowest 0.909 - 0.0093
     ],
     ids=["linear", "cnn-no-pool"],
 )
 def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwargs, lr, floor):
     # selected by its marker alone (`make test-all`, `pytest -m slow`), like every slow test
-    if not (FMNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
+    require_fashion_mnist()
     result = train(
         "fashion-mnist",
         arch,
@@ -219,8 +230,9 @@ def test_fashion_mnist_models_reach_the_papers_accuracy(tmp_path, arch, arch_kwa
 def test_fashion_mnist_cnn_reaches_the_papers_accuracy(fashion_mnist_cnn):
     # the same recipe as above (lr 0.05), trained once per session by the fixture in tests/conftest.py,
     # which the MMSE-against-Monte-Carlo test (tests/estimators/test_mmse_trained.py) reuses.
-    # Measured 0.905 on one build machine, 0.8988 on another with the same code, seed and one
-    # thread (each CPU's kernels round differently; ten epochs of SGD amplify it); paper: 91%.
+    # Measured 0.905 and 0.8988 on two build machines, 0.902 and 0.9026 on a third CPU's AVX2 and
+    # default kernels (the table above; paper: 91%): floor 0.8988 - 1.5 x 0.0062, rounded down.
     meta = fashion_mnist_cnn.meta
     assert (meta["arch"], meta["epochs"], meta["lr"], meta["batch_size"]) == ("cnn", 10, 0.05, 128)
-    assert meta["test_accuracy"] >= 0.895
+    assert meta["test_accuracy"] >= 0.889
+    assert 0.8988 - 0.889 >= 1.5 * ACCURACY_SPREAD
