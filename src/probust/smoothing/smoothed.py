@@ -41,7 +41,7 @@ from probust.smoothing import stats
 from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
 
 # Sequential CERTIFY looks at the counts after FIRST_CHECK estimation draws, then each time the
-# draws have grown by GROWTH (at least FIRST_CHECK more): about 35 looks up to n = 100,000, and
+# draws have grown by GROWTH (at least FIRST_CHECK more): 28 looks up to n = 100,000, and
 # a point stops at most 25% past the draw where its last radius was decided. The schedule is
 # the same for every point, so a point's draws do not depend on its batch.
 FIRST_CHECK = 128
