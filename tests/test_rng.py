@@ -91,3 +91,13 @@ def test_streams_and_seeds_are_independent():
     for other in (b, c):
         correlation = torch.corrcoef(torch.stack([a, other]))[0, 1].item()
         assert abs(correlation) < 5 / math.sqrt(a.numel())
+
+
+def test_every_stream_has_its_own_keys():
+    # A purpose's draws must not repeat another's (CERTIFY's selection and estimation draws are
+    # independent only because their streams differ): distinct constants, distinct keys.
+    streams = {name: value for name, value in vars(_rng).items() if name.startswith("STREAM_")}
+    assert len(set(streams.values())) == len(streams), streams
+    index = torch.arange(50)
+    keys = torch.stack([_rng.point_keys(0, index, stream) for stream in streams.values()])
+    assert keys.flatten().unique().numel() == keys.numel()

@@ -6,6 +6,10 @@ of scale sigma. The estimators share one call convention::
     import probust
     r = probust.MMSE(model, sigma=0.1, n_samples=5)(x)   # x [B, ...] -> Estimate, r.p float64 [B]
     p = probust.estimate(model, x, sigma=0.1, method="taylor")
+
+Randomized smoothing (Cohen et al.'s certified L2 radius; :mod:`probust.smoothing`)::
+
+    c = probust.certify(model, x, sigma=0.25)   # c.prediction int64 [B] (-1: abstain), c.radius float64 [B]
 """
 
 from probust.estimators import (
@@ -23,6 +27,7 @@ from probust.estimators import (
 )
 from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
+from probust.smoothing import Certify, CertifyResult, Predict, PredictResult, certify, predict, radius_estimate
 from probust.training import RobustLoss
 
 __version__ = "0.3.0"
@@ -40,6 +45,8 @@ def __getattr__(name: str):
 __all__ = [
     "METHODS",
     "MMSE",
+    "Certify",
+    "CertifyResult",
     "Estimate",
     "Estimator",
     "Gaussian",
@@ -48,14 +55,19 @@ __all__ = [
     "MonteCarloCV",
     "MonteCarloIS",
     "Noise",
+    "Predict",
+    "PredictResult",
     "RobustLoss",
     "Softmax",
     "Taylor",
     "Uniform",
     "__version__",
+    "certify",
     "estimate",
     "make_estimator",
     "mvn_cdf",
     "mvn_sf",
+    "predict",
+    "radius_estimate",
     "run_estimate",
 ]

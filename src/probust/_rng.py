@@ -30,6 +30,12 @@ STREAM_MC = 1
 STREAM_MMSE = 2
 STREAM_CONTROL = 3
 STREAM_PRUNE = 4
+# Randomized smoothing (probust.smoothing): CERTIFY's selection draws must be independent of its
+# estimation draws (the class is chosen on the first, its probability bounded on the second);
+# PREDICT has a stream of its own.
+STREAM_CERTIFY_SELECT = 5
+STREAM_CERTIFY_ESTIMATE = 6
+STREAM_PREDICT = 7
 STREAM_SCREEN = 9  # reverse-mode probes of the spectral screening (estimators/routes.py)
 
 

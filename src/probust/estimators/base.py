@@ -36,8 +36,11 @@ from probust.noise import Noise
 CLEAN_ROWS = 256  # rows per clean forward pass: a handful of passes, far from any memory limit
 
 
-class Estimator(ABC):
-    """Common call convention: ``estimator(x, target=None, index_offset=0) -> Estimate``.
+class PointwiseMethod:
+    """What every method that runs a model over a batch of points shares: the arguments, the
+    input checks, eval mode and the execution plan. Each point has its own random streams,
+    derived from ``seed`` and its index in the data set. Subclasses: :class:`Estimator` (returns
+    an :class:`Estimate`) and the randomized-smoothing procedures of :mod:`probust.smoothing`.
 
     Args:
         model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
@@ -79,15 +82,11 @@ class Estimator(ABC):
         self.seed = seed
         self.show_progress = show_progress
 
-    def __call__(self, x: Tensor, target: Tensor | None = None, *, index_offset: int = 0) -> Estimate:
-        """Estimate p_robust for each row of ``x``.
+    def _prepare(self, x: Tensor, index_offset: int) -> tuple[Tensor, Tensor]:
+        """Check ``x`` and ``index_offset``; move ``x`` to the model's device and dtype.
 
-        Args:
-            x: float inputs [B, *S] in the units the noise is measured in.
-            target: long [B], the class whose survival is measured; default the model's
-                prediction on the clean x (a tie there is an error).
-            index_offset: the index of row 0 in the whole data set, so that a point's random
-                stream is the same however the data set is batched.
+        Returns:
+            (x, indices): the inputs [B, *S] and each row's index in the data set, int64 [B].
         """
         x = check_x(x)
         if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
@@ -98,12 +97,11 @@ class Estimator(ABC):
         dtype = _parameter_dtype(self.model)
         if dtype is not None and x.dtype != dtype:
             x = x.to(dtype)
-        indices = torch.arange(index_offset, index_offset + x.shape[0], device=x.device)
-        with eval_mode(self.model) if isinstance(self.model, nn.Module) else contextlib.nullcontext():
-            return self._estimate(x, target, indices)
+        return x, torch.arange(index_offset, index_offset + x.shape[0], device=x.device)
 
-    @abstractmethod
-    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...
+    def _evaluating(self) -> contextlib.AbstractContextManager:
+        """Eval mode for the computation, every submodule's own mode given back afterwards."""
+        return eval_mode(self.model) if isinstance(self.model, nn.Module) else contextlib.nullcontext()
 
     def _clean_logits(self, x: Tensor) -> Tensor:
         step = self.batch_size or CLEAN_ROWS
@@ -142,6 +140,32 @@ class Estimator(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
+
+
+class Estimator(PointwiseMethod, ABC):
+    """Common call convention: ``estimator(x, target=None, index_offset=0) -> Estimate``.
+
+    Args:
+        model, batch_size, memory_budget, channels_last, seed, show_progress: see
+            :class:`PointwiseMethod`.
+    """
+
+    def __call__(self, x: Tensor, target: Tensor | None = None, *, index_offset: int = 0) -> Estimate:
+        """Estimate p_robust for each row of ``x``.
+
+        Args:
+            x: float inputs [B, *S] in the units the noise is measured in.
+            target: long [B], the class whose survival is measured; default the model's
+                prediction on the clean x (a tie there is an error).
+            index_offset: the index of row 0 in the whole data set, so that a point's random
+                stream is the same however the data set is batched.
+        """
+        x, indices = self._prepare(x, index_offset)
+        with self._evaluating():
+            return self._estimate(x, target, indices)
+
+    @abstractmethod
+    def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...
 
 
 def check_noisy_copies(noise: Noise, nonfinite: Tensor, copies: int, indices: Tensor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -14,6 +16,39 @@ from probust.estimators.estimate import Estimate
 from probust.execution.tuning import ForwardPlan, to_format, weights_in_format
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise
+
+
+def noisy_predictions(
+    model: nn.Module, noise: Noise, x: Tensor, keys: Tensor, start: int, n: int, plan: ForwardPlan
+) -> Iterator[tuple[slice, Tensor, Tensor]]:
+    """The model's predicted class on noisy copies x + eps, one forward pass at a time.
+
+    Copy j of point b is ``x[b] + noise.sample(keys[b], start + j)``: samples start..start+n-1
+    of each point's stream, so a point's copies do not depend on how the points or the samples
+    are split into passes. Call it with the model in eval mode, without autograd, with the
+    weights in the plan's memory format (:func:`probust.execution.tuning.weights_in_format`).
+
+    Args:
+        model: maps [R, *S] to logits [R, C].
+        noise: the noise added to each copy (in the units of x).
+        x: clean inputs [B, *S].
+        keys: int64 [B], each point's key for the stream (:func:`probust._rng.point_keys`).
+        start: the first sample of each point's stream.
+        n: copies per point.
+        plan: rows per pass and memory format.
+
+    Yields:
+        (points, predicted, finite) per pass: the slice of points it covers, their predicted
+        classes int64 [P, count] and whether those logits were finite, bool [P, count] (a
+        non-finite copy has no prediction: ``predicted`` is meaningless there).
+    """
+    shape = x.shape[1:]
+    for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
+        noisy = noise.sample(keys[points], start + first, count, shape)
+        noisy += x[points, None]
+        with torch.inference_mode():
+            logits = model(to_format(noisy.view(-1, *shape), plan.channels_last))
+        yield points, logits.argmax(dim=1).view(-1, count), finite_rows(logits, count)
 
 
 class MonteCarlo(Estimator):
@@ -66,18 +101,12 @@ class MonteCarlo(Estimator):
         """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B].
 
         Raises ValueError (naming the points) if any copy gave NaN or inf logits."""
-        shape = x.shape[1:]
         counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros_like(counts)
-        for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
-            noisy = self.noise.sample(keys[points], start + first, count, shape)
-            noisy += x[points, None]
-            with torch.inference_mode():
-                logits = self.model(to_format(noisy.view(-1, *shape), plan.channels_last))
-            finite = finite_rows(logits, count)
-            kept = (logits.argmax(dim=1).view(-1, count) == target[points, None]) & finite
+        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan):
+            kept = (predicted == target[points, None]) & finite
             counts[points] += kept.sum(dim=1)
-            nonfinite[points] += count - finite.sum(dim=1)
+            nonfinite[points] += predicted.shape[1] - finite.sum(dim=1)
             bar.update(kept.numel())
         check_noisy_copies(self.noise, nonfinite, n, indices)
         return counts

@@ -1,0 +1,476 @@
+"""Cohen, Rosenfeld and Kolter's CERTIFY and PREDICT (ICML 2019), batched over points.
+
+    r = probust.certify(model, x, sigma=0.25)              # x [B, ...] -> CertifyResult
+    r.prediction, r.radius                                 # int64 [B] (-1: abstain), float64 [B]
+    r = probust.certify(model, x, 0.25, radii=[0, 0.25, 0.5, 0.75])   # sequential: fewer draws
+    r.certified                                            # bool [B, 4]
+    probust.predict(model, x, 0.25).prediction
+
+The smoothed classifier is g(x) = argmax_c P[f(x + eps) = c], eps ~ N(0, sigma^2 I), with the
+noise added to ``x`` itself: in the space of the tensors the model receives, per coordinate. A
+model with its normalisation inside (probust's models, torchvision-style wrappers) gets the noise
+in pixel space, and the radius is an L2 distance in pixels; a model fed normalised tensors gets
+it, and the radius, in normalised units. Nothing is clipped.
+
+The draws of a point are a pure function of (seed, its index ``index_offset + row``, purpose):
+the selection draws, the estimation draws and PREDICT's draws come from three independent
+streams (:mod:`probust._rng`), so results do not depend on how points are batched, split or
+resumed. The forward passes are Monte Carlo's (:func:`probust.estimators.monte_carlo.noisy_predictions`,
+with its measured plan and memory budget).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from scipy import special
+from torch import Tensor, nn
+
+from probust import _rng
+from probust._checks import check_logits, check_positive_int
+from probust._progress import Progress, progress
+from probust.estimators.base import PointwiseMethod, check_noisy_copies
+from probust.estimators.monte_carlo import noisy_predictions
+from probust.execution.tuning import ForwardPlan, weights_in_format
+from probust.noise import Gaussian, Noise
+from probust.smoothing import stats
+from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
+
+# Sequential CERTIFY looks at the counts after FIRST_CHECK estimation draws, then each time the
+# draws have grown by GROWTH (at least FIRST_CHECK more): 28 looks up to n = 100,000, and
+# a point stops at most 25% past the draw where its last radius was decided. The schedule is
+# the same for every point, so a point's draws do not depend on its batch.
+FIRST_CHECK = 128
+GROWTH = 1.25
+
+
+def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
+    """The standard deviation of isotropic Gaussian noise, or a ValueError saying why not.
+
+    Cohen et al.'s radius ``sigma * Phi^-1(p)`` is a property of isotropic Gaussian noise
+    N(0, sigma^2 I): it bounds the change of the smoothed class under any perturbation of L2
+    norm below it. Per-coordinate standard deviations, a full covariance (the bound would hold
+    in another norm) and non-Gaussian noise (another bound altogether) are refused.
+    """
+    if isinstance(sigma, Gaussian):
+        if sigma.sigma is None:
+            raise ValueError(
+                "sigma must be isotropic Gaussian noise (one standard deviation for every coordinate): the "
+                "certified radius sigma * Phi^-1(p) holds for N(0, sigma^2 I) only, and this Gaussian has "
+                "per-coordinate standard deviations or a full covariance"
+            )
+        return sigma.sigma
+    if isinstance(sigma, Noise):
+        raise ValueError(
+            f"sigma must be a number (isotropic Gaussian noise N(0, sigma^2 I)), got {type(sigma).__name__} noise: "
+            "the certified radius sigma * Phi^-1(p) is a property of Gaussian noise and does not hold for others"
+        )
+    if isinstance(sigma, bool) or sigma is None:
+        raise ValueError(f"sigma must be a positive number, the noise standard deviation per coordinate, got {sigma!r}")
+    if isinstance(sigma, Tensor):
+        if sigma.numel() != 1:
+            raise ValueError(
+                f"sigma must be one number (isotropic Gaussian noise), got a tensor of shape {tuple(sigma.shape)}: "
+                "the certified radius sigma * Phi^-1(p) holds for N(0, sigma^2 I) only"
+            )
+        sigma = float(sigma.item())
+    return Gaussian(sigma).sigma  # type: ignore[return-value]  # a positive float, checked there
+
+
+def _check_float_inputs(x: Tensor) -> None:
+    if isinstance(x, Tensor) and not x.is_floating_point():
+        raise ValueError(
+            f"x must be floating point, got dtype {x.dtype}: the noise N(0, sigma^2 I) is added to x itself, "
+            "in the units the model receives, and the radius is measured in them; an integer tensor cannot hold "
+            "x + noise (for uint8 images use x.float() / 255, with sigma in those units)"
+        )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Smoothing(PointwiseMethod):
+    """The parts of CERTIFY and PREDICT in common: noise, level, counting the draws' votes."""
+
+    def __init__(self, model: nn.Module, sigma: float | Tensor | Noise, *, alpha: float = 0.001, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        self.sigma = isotropic_sigma(sigma)
+        self.noise = Gaussian(self.sigma)
+        self.alpha = stats.check_level(alpha, "alpha")
+
+    def _prepare(self, x: Tensor, index_offset: int) -> tuple[Tensor, Tensor]:
+        _check_float_inputs(x)
+        return super()._prepare(x, index_offset)
+
+    def _classes(self, x: Tensor) -> int:
+        """C, from one clean pass on one row (checked: finite logits [1, C], C >= 2)."""
+        with torch.no_grad():
+            return check_logits(self.model(x[:1]), 1).shape[1]
+
+    def _count(
+        self,
+        x: Tensor,
+        keys: Tensor,
+        indices: Tensor,
+        start: int,
+        n: int,
+        plan: ForwardPlan,
+        bar: Progress,
+        *,
+        classes: int | None = None,
+        of: Tensor | None = None,
+    ) -> Tensor:
+        """Votes of the noisy copies (samples start..start+n-1 of each point's stream).
+
+        With ``classes``: int64 [B, classes], the copies predicted as each class. With ``of``
+        (int64 [B], one class per point): int64 [B], the copies predicted as that class.
+        Raises ValueError (naming the points) if any copy gave NaN or inf logits.
+        """
+        batch = x.shape[0]
+        votes = torch.zeros((batch, classes) if classes is not None else (batch,), dtype=torch.int64, device=x.device)
+        nonfinite = torch.zeros(batch, dtype=torch.int64, device=x.device)
+        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan):
+            if of is None:
+                block = torch.zeros(predicted.shape[0], votes.shape[1], dtype=torch.int64, device=x.device)
+                votes[points] += block.scatter_add_(1, predicted, finite.long())
+            else:
+                votes[points] += ((predicted == of[points, None]) & finite).sum(dim=1)
+            nonfinite[points] += predicted.shape[1] - finite.sum(dim=1)
+            bar.update(predicted.numel())
+        check_noisy_copies(self.noise, nonfinite, n, indices)
+        return votes
+
+
+class Certify(_Smoothing):
+    """Cohen et al.'s CERTIFY, batched: the smoothed class and a certified L2 radius per point.
+
+    Without ``radii`` it is the authors' procedure exactly. Per point: ``n0`` selection draws
+    x + eps choose the class c_A predicted most often (the lowest index among ties); ``n``
+    estimation draws, independent of those, count the copies predicted as c_A; p_lower is the
+    one-sided Clopper-Pearson lower bound of that proportion at level ``alpha``; the point
+    abstains where p_lower < 1/2 and is otherwise certified at radius sigma * Phi^-1(p_lower).
+
+    With ``radii`` the estimation draws are sequential: every point draws, in rounds, only until
+    each radius r in ``radii`` is decided, up to ``n``. A radius is certified once the
+    anytime-valid test of the confidence sequence (:func:`probust.smoothing.stats.log_evidence_above`)
+    rejects p_A <= Phi(r / sigma) at level ``alpha``; it is given up once the mirror test shows
+    p_A < Phi(r / sigma) at level ``futility``, or once even all the remaining draws could not
+    certify it. The guarantee is the same as CERTIFY's and holds whatever the stopping time:
+    with probability at least 1 - alpha, every radius certified for a point is right.
+
+    The noise N(0, sigma^2 I) is added to the tensors the model receives, per coordinate (pixel
+    space for a model with its normalisation inside): the radius is an L2 distance in those units.
+
+    Args:
+        model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
+        sigma: the noise's standard deviation per input coordinate, in the units of x: a
+            positive number or an isotropic :class:`probust.Gaussian` (other noise is refused).
+        n0: selection draws per point (Cohen et al.: 100).
+        n: estimation draws per point (with ``radii``: the most).
+        alpha: the probability that the result is wrong for a point (Cohen et al.: 0.001).
+        radii: radii to decide (units of x, >= 0), or None for fixed-n CERTIFY.
+        futility: with ``radii``: the level of the test that gives a radius up. Per point and
+            radius, the probability of giving up a radius the point has (p_A above Phi(r / sigma))
+            is at most this; it can lower the share certified, never the guarantee.
+        batch_size, memory_budget, channels_last, seed, show_progress: see
+            :class:`probust.estimators.base.PointwiseMethod` (``batch_size`` bounds the noisy
+            copies per forward pass).
+    """
+
+    method = "certify"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sigma: float | Tensor | Noise,
+        *,
+        n0: int = 100,
+        n: int = 100_000,
+        alpha: float = 0.001,
+        radii: Sequence[float] | Tensor | None = None,
+        futility: float = 0.001,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, sigma, alpha=alpha, **kwargs)
+        self.n0 = check_positive_int(n0, "n0")
+        self.n = check_positive_int(n, "n")
+        self.radii = None if radii is None else _check_radii(radii)
+        self.futility = stats.check_level(futility, "futility")
+
+    def __call__(self, x: Tensor, *, index_offset: int = 0) -> CertifyResult:
+        """Certify each row of ``x``.
+
+        Args:
+            x: float inputs [B, *S], in the units the noise is measured in.
+            index_offset: the index of row 0 in the whole data set (each point's random streams).
+
+        Returns:
+            :class:`probust.smoothing.CertifyResult`, one row per point, on x's device.
+        """
+        x, indices = self._prepare(x, index_offset)
+        with self._evaluating():
+            return self._certify(x, indices)
+
+    def _certify(self, x: Tensor, indices: Tensor) -> CertifyResult:
+        batch = x.shape[0]
+        classes = self._classes(x)
+        plan = self._forward_plan(x, batch * (self.n0 + self.n), self.noise)
+        seconds = torch.zeros(batch, dtype=torch.float64)
+        with (
+            torch.no_grad(),
+            weights_in_format(self.model, plan.channels_last),
+            progress(batch * (self.n0 + self.n), "certify", self.show_progress) as bar,
+        ):
+            started = time.perf_counter()
+            keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_SELECT)
+            selected = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes).argmax(dim=1)
+            keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_ESTIMATE)
+            if self.radii is None:
+                hits = self._count(x, keys, indices, 0, self.n, plan, bar, of=selected)
+                trials = torch.full_like(hits, self.n)
+                _sync(x.device)
+                seconds += (time.perf_counter() - started) / batch
+                p_lower = stats.clopper_pearson_lower(hits, trials, self.alpha).cpu()
+                certified = None
+                floor = torch.zeros(batch, dtype=torch.float64)
+            else:
+                _sync(x.device)
+                seconds += (time.perf_counter() - started) / batch
+                hits, trials, certified = self._sequential(x, keys, indices, selected, plan, bar, seconds)
+                p_lower = stats.cs_lower(hits, trials, self.alpha).cpu()
+                # The confidence sequence holds at every look at once, so each radius certified at
+                # an earlier look stays certified, and the bound is at least its threshold.
+                thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
+                floor = torch.where(certified.cpu(), thresholds, 0.0).amax(dim=1)
+                p_lower = torch.maximum(p_lower, floor)
+        abstain = p_lower < 0.5
+        radius = torch.where(abstain, 0.0, self.sigma * torch.special.ndtri(p_lower))
+        if certified is not None:
+            # The radius is at least every radius certified (sigma * Phi^-1(Phi(r / sigma)) may round below r).
+            largest = torch.where(certified.cpu(), torch.tensor(self.radii, dtype=torch.float64), 0.0).amax(dim=1)
+            radius = torch.where(abstain, 0.0, torch.maximum(radius, largest))
+        device = x.device
+        return CertifyResult(
+            prediction=torch.where(abstain.to(device), ABSTAIN, selected),
+            radius=radius.to(device),
+            p_lower=p_lower.to(device),
+            selected=selected,
+            hits=hits,
+            n_drawn=trials + self.n0,
+            seconds=seconds.to(device),
+            sigma=self.sigma,
+            alpha=self.alpha,
+            radii=self.radii,
+            certified=None if certified is None else certified.to(device),
+        )
+
+    def _sequential(
+        self,
+        x: Tensor,
+        keys: Tensor,
+        indices: Tensor,
+        selected: Tensor,
+        plan: ForwardPlan,
+        bar: Progress,
+        seconds: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Estimation draws in rounds until every radius of every point is decided.
+
+        Returns (hits int64 [B], trials int64 [B], certified bool [B, R]) on x's device; adds
+        each round's wall time to ``seconds`` (float64 [B], CPU) of the points it drew for."""
+        assert self.radii is not None
+        batch, device = x.shape[0], x.device
+        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
+        certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / self.futility)
+        hits = torch.zeros(batch, dtype=torch.int64)
+        trials = torch.zeros(batch, dtype=torch.int64)
+        certified = torch.zeros(batch, len(self.radii), dtype=torch.bool)
+        given_up = torch.zeros_like(certified)
+        active = torch.ones(batch, dtype=torch.bool)
+        for start, stop in checkpoints(self.n):
+            rows = active.nonzero().flatten()
+            if len(rows) == 0:
+                break
+            started = time.perf_counter()
+            on = rows.to(device)
+            hits[rows] += self._count(
+                x[on], keys[on], indices[on], start, stop - start, plan, bar, of=selected[on]
+            ).cpu()
+            trials[rows] = stop
+            s, t = hits[rows, None], trials[rows, None]
+            certified[rows] |= stats.log_evidence_above(s, t, thresholds) >= certify_at
+            # Given up: the mirror test says p_A < Phi(r / sigma), or even n - t more hits could not certify r.
+            below = stats.log_evidence_below(s, t, thresholds) >= give_up_at
+            reach = stats.log_evidence_above(s + (self.n - t), torch.full_like(t, self.n), thresholds) >= certify_at
+            given_up[rows] |= below | ~reach
+            active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
+            seconds[rows] += (time.perf_counter() - started) / len(rows)
+        bar.update(int(batch * self.n - trials.sum()))  # the draws that were not needed
+        return hits.to(device), trials.to(device), certified
+
+
+def checkpoints(n: int) -> Iterator[tuple[int, int]]:
+    """The rounds of sequential CERTIFY: (first draw, end) pairs covering [0, n), each look
+    :data:`GROWTH` times the draws before it (at least :data:`FIRST_CHECK` more)."""
+    start = 0
+    while start < n:
+        stop = min(n, max(start + FIRST_CHECK, math.ceil(start * GROWTH)))
+        yield start, stop
+        start = stop
+
+
+class Predict(_Smoothing):
+    """Cohen et al.'s PREDICT, batched: the smoothed class, or abstain.
+
+    Per point: ``n`` draws x + eps; the two classes predicted most often, with counts n_A and
+    n_B; the class is returned where the two-sided binomial test of n_A out of n_A + n_B
+    rejects p = 1/2 at level ``alpha``, otherwise it abstains. The probability of returning a
+    class other than the smoothed classifier's is at most ``alpha``.
+
+    Args:
+        model, sigma, alpha, batch_size, memory_budget, channels_last, seed, show_progress: as
+            :class:`Certify`.
+        n: draws per point (Cohen et al.: 100,000).
+    """
+
+    method = "predict"
+
+    def __init__(self, model: nn.Module, sigma: float | Tensor | Noise, *, n: int = 100_000, **kwargs) -> None:
+        super().__init__(model, sigma, **kwargs)
+        self.n = check_positive_int(n, "n")
+
+    def __call__(self, x: Tensor, *, index_offset: int = 0) -> PredictResult:
+        """The smoothed prediction for each row of ``x``.
+
+        Args:
+            x: float inputs [B, *S], in the units the noise is measured in.
+            index_offset: the index of row 0 in the whole data set (each point's random stream).
+
+        Returns:
+            :class:`probust.smoothing.PredictResult`, one row per point, on x's device.
+        """
+        x, indices = self._prepare(x, index_offset)
+        with self._evaluating():
+            return self._predict(x, indices)
+
+    def _predict(self, x: Tensor, indices: Tensor) -> PredictResult:
+        batch = x.shape[0]
+        classes = self._classes(x)
+        plan = self._forward_plan(x, batch * self.n, self.noise)
+        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_PREDICT)
+        with (
+            torch.no_grad(),
+            weights_in_format(self.model, plan.channels_last),
+            progress(batch * self.n, "predict", self.show_progress) as bar,
+        ):
+            started = time.perf_counter()
+            votes = self._count(x, keys, indices, 0, self.n, plan, bar, classes=classes)
+            _sync(x.device)
+            seconds = torch.full((batch,), (time.perf_counter() - started) / batch, dtype=torch.float64)
+        count_top, top = votes.max(dim=1)
+        count_second = votes.scatter(1, top[:, None], -1).amax(dim=1)
+        p_value = stats.binomial_test_half(count_top, count_top + count_second)
+        return PredictResult(
+            prediction=torch.where(p_value <= self.alpha, top, ABSTAIN),
+            top=top,
+            count_top=count_top,
+            count_second=count_second,
+            p_value=p_value,
+            n_drawn=torch.full_like(count_top, self.n),
+            seconds=seconds.to(x.device),
+            sigma=self.sigma,
+            alpha=self.alpha,
+        )
+
+
+def certify(
+    model: nn.Module,
+    x: Tensor,
+    sigma: float | Tensor | Noise,
+    *,
+    n0: int = 100,
+    n: int = 100_000,
+    alpha: float = 0.001,
+    radii: Sequence[float] | Tensor | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    memory_budget: int | str | None = None,
+    index_offset: int = 0,
+    show_progress: bool = False,
+    **kwargs,
+) -> CertifyResult:
+    """Cohen et al.'s CERTIFY for each row of ``x``: ``Certify(model, sigma, ...)(x, index_offset=...)``.
+
+    Args:
+        model: maps float inputs [B, *S] to logits [B, C].
+        x: float inputs [B, *S]; the noise N(0, sigma^2 I) is added to x itself, in the units
+            the model receives (pixel space for a model with its normalisation inside).
+        sigma: noise standard deviation per input coordinate (isotropic Gaussian only).
+        n0, n, alpha, radii: see :class:`Certify` (Cohen et al.'s defaults; ``radii`` makes the
+            estimation sequential).
+        seed, batch_size, memory_budget, show_progress: see :class:`Certify`.
+        index_offset: the index of row 0 in the data set (each point's random streams).
+        **kwargs: passed to :class:`Certify` (``futility``, ``channels_last``).
+
+    Returns:
+        :class:`probust.smoothing.CertifyResult`: ``prediction`` int64 [B] (-1 where it
+        abstains), ``radius`` float64 [B] (0 there), ``p_lower``, ``n_drawn``, and with ``radii``
+        ``certified`` bool [B, len(radii)].
+    """
+    return Certify(
+        model,
+        sigma,
+        n0=n0,
+        n=n,
+        alpha=alpha,
+        radii=radii,
+        seed=seed,
+        batch_size=batch_size,
+        memory_budget=memory_budget,
+        show_progress=show_progress,
+        **kwargs,
+    )(x, index_offset=index_offset)
+
+
+def predict(
+    model: nn.Module,
+    x: Tensor,
+    sigma: float | Tensor | Noise,
+    *,
+    n: int = 100_000,
+    alpha: float = 0.001,
+    seed: int = 0,
+    batch_size: int | None = None,
+    memory_budget: int | str | None = None,
+    index_offset: int = 0,
+    show_progress: bool = False,
+    **kwargs,
+) -> PredictResult:
+    """Cohen et al.'s PREDICT for each row of ``x``: ``Predict(model, sigma, ...)(x, index_offset=...)``.
+
+    Args:
+        model, x, sigma, seed, batch_size, memory_budget, index_offset, show_progress: as :func:`certify`.
+        n: draws per point.
+        alpha: the level of the binomial test.
+        **kwargs: passed to :class:`Predict` (``channels_last``).
+
+    Returns:
+        :class:`probust.smoothing.PredictResult`: ``prediction`` int64 [B], -1 where it abstains.
+    """
+    return Predict(
+        model,
+        sigma,
+        n=n,
+        alpha=alpha,
+        seed=seed,
+        batch_size=batch_size,
+        memory_budget=memory_budget,
+        show_progress=show_progress,
+        **kwargs,
+    )(x, index_offset=index_offset)

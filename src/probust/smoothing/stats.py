@@ -1,0 +1,257 @@
+"""The statistics of randomized smoothing: bounds and tests on a binomial proportion.
+
+Algorithms only (no models, no I/O). Every function takes counts as integer tensors (any shapes
+that broadcast together), computes in float64 with scipy on the CPU, and returns float64 on the
+counts' device. A bad argument raises ValueError naming it.
+
+- :func:`clopper_pearson_lower`: the one-sided exact lower bound that Cohen et al.'s CERTIFY
+  uses after a fixed number of draws.
+- :func:`binomial_test_half`: the two-sided binomial test of p = 1/2 of their PREDICT.
+- :func:`log_evidence_above`, :func:`log_evidence_below`, :func:`cs_lower`, :func:`cs_upper`: a
+  confidence sequence for the proportion, valid at every number of draws at once, so that a
+  caller may look after every draw and stop whenever it likes (anytime-valid).
+
+The confidence sequence. For a threshold p0 and draws X_1, X_2, ... in {0, 1}, let S_t and
+F_t = t - S_t count the ones and zeros among the first t, and
+
+    M_t(p0) = integral over q uniform on [p0, 1] of  prod_s (q / p0)^X_s ((1 - q) / (1 - p0))^(1 - X_s)
+            = integral_0^1 (1 + u (1 - p0) / p0)^S_t (1 - u)^F_t du.
+
+Each factor has expectation p q / p0 + (1 - p)(1 - q) / (1 - p0) <= 1 whenever the true
+proportion p is at most p0 (and q >= p0), so under "p <= p0" M_t(p0) is a non-negative
+supermartingale starting at 1, and by Ville's inequality P(M_t(p0) >= 1 / alpha for some t) <= alpha:
+the test "reject p <= p0 once M_t(p0) >= 1 / alpha" has level alpha whatever the stopping time.
+The second form shows that M_t(p0) decreases in p0, so the rejected thresholds form an
+interval [0, L_t): L_t, the largest p0 with M_t(p0) >= 1 / alpha, is a lower confidence
+sequence, P(L_t > p for some t) <= alpha, simultaneously over every threshold. Mixing over
+[p0, 1] only (a one-sided mixture) spends no prior mass on proportions below the threshold: for a
+point whose draws all succeed, certifying p > Phi(3) at alpha = 0.001 takes about 6,700 draws,
+against about 12,000 with a uniform mixture over [0, 1] and 5,100 for a Clopper-Pearson bound
+after a fixed number chosen in advance (which is valid only at that number). In closed form,
+
+    M_t(p0) = B(S + 1, F + 1) * P[Beta(S + 1, F + 1) > p0] / ((1 - p0) p0^S (1 - p0)^F),
+
+evaluated in logarithms. The upper sequence mirrors it (ones and zeros swapped, p0 by 1 - p0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy import special
+from torch import Tensor
+
+__all__ = [
+    "binomial_test_half",
+    "clopper_pearson_lower",
+    "cs_lower",
+    "cs_upper",
+    "log_evidence_above",
+    "log_evidence_below",
+]
+
+# The bisection of cs_lower / cs_upper runs on z = Phi^-1(p0) in [-_Z_MAX, _Z_MAX]: Phi(-37) is
+# 5.7e-300, the smallest threshold whose logarithm is still a normal float.
+_Z_MAX = 37.0
+_BISECTIONS = 56  # bracket width 74 * 2**-56 = 1e-15 in z
+
+
+def check_level(value: float, name: str) -> float:
+    """A significance level in (0, 1) (e.g. ``alpha``), as a float; ValueError naming ``name``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    try:
+        level = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return level
+
+
+def _counts(successes: Tensor, trials: Tensor) -> tuple[np.ndarray, np.ndarray, torch.device]:
+    """(successes, trials) as float64 arrays broadcast together, checked; and the device."""
+    for name, value in (("successes", successes), ("trials", trials)):
+        if not isinstance(value, Tensor):
+            raise ValueError(f"{name} must be an integer tensor, got {type(value).__name__}")
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor (counts), got dtype {value.dtype}")
+    try:
+        k, n = torch.broadcast_tensors(successes.cpu(), trials.cpu())
+    except RuntimeError:
+        raise ValueError(
+            f"successes {tuple(successes.shape)} and trials {tuple(trials.shape)} must have shapes that broadcast"
+        ) from None
+    if (k < 0).any():
+        raise ValueError("successes must be >= 0")
+    if (k > n).any():
+        raise ValueError("successes must be at most trials")
+    return k.numpy().astype(np.float64), n.numpy().astype(np.float64), successes.device
+
+
+def _threshold(p0: float | Tensor, shape: tuple[int, ...]) -> np.ndarray:
+    p = torch.as_tensor(p0, dtype=torch.float64).cpu()
+    if not torch.isfinite(p).all() or (p <= 0).any() or (p >= 1).any():
+        raise ValueError("p0 must lie strictly between 0 and 1")
+    try:
+        return np.broadcast_to(p.numpy(), np.broadcast_shapes(p.shape, shape))
+    except ValueError:
+        raise ValueError(f"p0 of shape {tuple(p.shape)} does not broadcast with the counts {shape}") from None
+
+
+def clopper_pearson_lower(successes: Tensor, trials: Tensor, alpha: float) -> Tensor:
+    """One-sided Clopper-Pearson lower confidence bound of a binomial proportion.
+
+    The alpha quantile of Beta(k, n - k + 1): P(bound > p) <= alpha for the true proportion p,
+    after a number of trials fixed in advance. It is what Cohen et al.'s CERTIFY computes
+    (``proportion_confint(k, n, alpha=2 * alpha, method="beta")[0]``) and equals
+    ``scipy.stats.beta.ppf(alpha, k, n - k + 1)``.
+
+    Args:
+        successes: int [...], k, the draws that came out as the class (0 <= k <= n).
+        trials: int [...], n (broadcasts with ``successes``; n >= 1).
+        alpha: the bound's level, in (0, 1).
+
+    Returns:
+        float64 [...] in [0, 1); exactly 0 where k = 0.
+    """
+    alpha = check_level(alpha, "alpha")
+    k, n, device = _counts(successes, trials)
+    if (n < 1).any():
+        raise ValueError("trials must be >= 1")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = special.betaincinv(np.maximum(k, 1.0), n - k + 1.0, alpha)
+    return torch.from_numpy(np.where(k == 0, 0.0, bound)).to(device)
+
+
+def binomial_test_half(successes: Tensor, trials: Tensor) -> Tensor:
+    """Two-sided p-value of the binomial test of p = 1/2 (Cohen et al.'s PREDICT).
+
+    The probability, under Binomial(n, 1/2), of an outcome at most as likely as k: for this
+    symmetric distribution ``min(1, 2 P[X <= min(k, n - k)])``, which is scipy's
+    ``binomtest(k, n, 0.5).pvalue`` (and the ``binom_test`` the authors call).
+
+    Args:
+        successes: int [...], k (0 <= k <= n).
+        trials: int [...], n (>= 1), broadcasting with ``successes``.
+
+    Returns:
+        float64 [...] in (0, 1]; exactly 1 where k = n / 2.
+    """
+    k, n, device = _counts(successes, trials)
+    if (n < 1).any():
+        raise ValueError("trials must be >= 1")
+    tail = special.bdtr(np.minimum(k, n - k).astype(np.int64), n.astype(np.int64), 0.5)
+    return torch.from_numpy(np.where(2 * k == n, 1.0, np.minimum(1.0, 2.0 * tail))).to(device)
+
+
+def _log_evidence(s: np.ndarray, f: np.ndarray, p0: np.ndarray, q0: np.ndarray) -> np.ndarray:
+    """log M for s ones, f zeros against "p <= p0"; q0 = 1 - p0 given separately (accurate near 1).
+
+    P[Beta(s + 1, f + 1) > p0] = I_{q0}(f + 1, s + 1). Above the observed proportion (p0 >= s / t)
+    M <= 1, since the likelihood ratio of every q >= p0 >= s / t to p0 is at most 1: no test at
+    any level rejects there, and there the far tail of I is only accurate to about 1e-4 relative,
+    or underflows to 0 (log M = -inf). Below it, where decisions are made, I >= about 1/2."""
+    with np.errstate(divide="ignore"):
+        tail = np.log(special.betainc(f + 1.0, s + 1.0, q0))
+        return special.betaln(s + 1.0, f + 1.0) + tail - np.log(q0) - s * np.log(p0) - f * np.log(q0)
+
+
+def log_evidence_above(successes: Tensor, trials: Tensor, p0: float | Tensor) -> Tensor:
+    """log M_t(p0): the evidence, against "p <= p0", of ``successes`` out of ``trials`` draws.
+
+    The logarithm of the one-sided uniform-mixture likelihood ratio of the module docstring, a
+    test supermartingale under every p <= p0: rejecting "p <= p0" (concluding p > p0) once it
+    reaches log(1 / alpha) has level alpha however the number of draws was chosen, including
+    by looking at this value after every draw. It decreases in p0.
+
+    Args:
+        successes: int [...], the ones among the draws so far.
+        trials: int [...], the draws so far (>= 0; 0 gives log M = 0).
+        p0: the threshold, in (0, 1): a float or a float tensor broadcasting with the counts.
+
+    Returns:
+        float64 [...]. Where p0 is above the observed proportion the value is below 0 (no level
+        rejects there), only accurate to about 1e-4 relative, or -inf where it underflows.
+    """
+    k, n, device = _counts(successes, trials)
+    p = _threshold(p0, k.shape)
+    return torch.from_numpy(np.broadcast_to(_log_evidence(k, n - k, p, 1.0 - p), p.shape).copy()).to(device)
+
+
+def log_evidence_below(successes: Tensor, trials: Tensor, p0: float | Tensor) -> Tensor:
+    """log of the mirror test martingale, against "p >= p0" (evidence that p < p0).
+
+    :func:`log_evidence_above` with ones and zeros swapped and p0 replaced by 1 - p0: rejecting
+    "p >= p0" once it reaches log(1 / alpha) has level alpha at any stopping time.
+
+    Args:
+        successes, trials: as :func:`log_evidence_above`.
+        p0: the threshold, in (0, 1).
+
+    Returns:
+        float64 [...]; it increases in p0.
+    """
+    k, n, device = _counts(successes, trials)
+    p = _threshold(p0, k.shape)
+    return torch.from_numpy(np.broadcast_to(_log_evidence(n - k, k, 1.0 - p, p), p.shape).copy()).to(device)
+
+
+def _bisect_z(s: np.ndarray, f: np.ndarray, level: float) -> np.ndarray:
+    """The largest z with log M(Phi(z)) >= log(1 / level) for s ones and f zeros, where M is the
+    evidence against "p <= Phi(z)"; -inf where no z >= -_Z_MAX qualifies. Bisection on z, all
+    points at once (M decreases in z); the returned z always satisfies the inequality."""
+    target = math.log(1.0 / level)
+
+    def passes(z: np.ndarray) -> np.ndarray:
+        return _log_evidence(s, f, special.ndtr(z), special.ndtr(-z)) >= target
+
+    lo = np.full(s.shape, -_Z_MAX)
+    hi = np.full(s.shape, _Z_MAX)
+    ok_lo = passes(lo)
+    ok_hi = passes(hi)
+    for _ in range(_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        ok = passes(mid)
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    return np.where(ok_hi, _Z_MAX, np.where(ok_lo, lo, -np.inf))
+
+
+def cs_lower(successes: Tensor, trials: Tensor, alpha: float) -> Tensor:
+    """The lower confidence sequence: the largest p0 that :func:`log_evidence_above` rejects.
+
+    P(cs_lower(S_t, t) > p for some t) <= alpha, for the true proportion p, at every number of
+    draws simultaneously: a bound read at a data-dependent stopping time is still valid, and so
+    is the largest of the bounds read at several times.
+
+    Args:
+        successes: int [...], the ones among the draws so far.
+        trials: int [...], the draws so far (>= 0).
+        alpha: the level, in (0, 1).
+
+    Returns:
+        float64 [...] in [0, 1): 0 where nothing is rejected (e.g. no draws, or no ones). It is
+        never above the exact bound (bisection keeps the side that rejects).
+    """
+    alpha = check_level(alpha, "alpha")
+    k, n, device = _counts(successes, trials)
+    z = _bisect_z(k, n - k, alpha)
+    return torch.from_numpy(np.where(np.isneginf(z), 0.0, special.ndtr(z))).to(device)
+
+
+def cs_upper(successes: Tensor, trials: Tensor, alpha: float) -> Tensor:
+    """The upper confidence sequence, mirror of :func:`cs_lower`: P(cs_upper(S_t, t) < p for some t) <= alpha.
+
+    Args:
+        successes, trials, alpha: as :func:`cs_lower`.
+
+    Returns:
+        float64 [...] in (0, 1]: 1 where nothing is rejected.
+    """
+    alpha = check_level(alpha, "alpha")
+    k, n, device = _counts(successes, trials)
+    z = _bisect_z(n - k, k, alpha)  # the lower bound of 1 - p, read on the zeros
+    return torch.from_numpy(np.where(np.isneginf(z), 1.0, special.ndtr(-z))).to(device)
