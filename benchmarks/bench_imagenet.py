@@ -22,10 +22,13 @@ sigma: per model and head, set by bisection so that the 10-class model's mean Ta
 - the seconds of one call of the 10-class model and of the 1,000-class model (``auto``, the default),
   each after a warm-up call on one point (plans measured and kept), and the ratio (target <= 2);
 - the seconds of each route forced alone on the 1,000-class model (``direct`` is ``prune="off"``,
-  every boundary by its own backward pass), and auto over the fastest (target <= 1.2);
+  every boundary by its own backward pass), and auto over the fastest (target <= 1.2); ``--alone``
+  picks the routes timed (the others are not in the row), ``--direct-points K`` times ``direct`` on
+  the first K points and scales it to all (it costs C - 1 backward passes per point and copy);
 - agreement: max |p_auto - p_ref| and ``over``, the points where it exceeds the two runs' stated
-  errors (+1e-5 for float rounding): the reference is ``prune="off"`` on the same model, and for the
-  trained head also the 10-class model (the far classes cannot move p);
+  errors (+1e-5 for float rounding): the reference is ``prune="off"`` on the same model (on the
+  ``--direct-points``), and for the trained head also the 10-class model (the far classes cannot move
+  p, so it is exact on every point; without ``direct`` in ``--alone`` it is the only one);
 - the peak memory each call adds (resident-set high-water mark, MB), the routes the points took and
   the boundaries they kept;
 - with ``--first-use``: the 1,000-class auto call in a fresh process with an empty plan cache (what
@@ -34,7 +37,8 @@ sigma: per model and head, set by bisection so that the 10-class model's mean Ta
 Run (minutes to hours on 2 cores: the references compute every boundary's gradient):
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_imagenet.py [--models resnet18 ...] [--heads trained random]
-        [--methods taylor mmse] [--points N] [--vit-layers 2] [--first-use] [--json out.json]
+        [--methods taylor mmse] [--points N] [--vit-layers 2] [--alone ROUTE ...] [--direct-points K]
+        [--first-use] [--json out.json]
 
 Exits 1 when a printed target is missed (or agreement fails), 0 otherwise.
 """
@@ -56,7 +60,7 @@ import torchvision
 from torch import Tensor, nn
 
 import probust
-from probust.estimators.routes import ROUTE_NAMES
+from probust.estimators.routes import ROUTE_CHOICES, ROUTE_NAMES
 from probust.execution.budget import peak_memory
 from probust.linear_head import find_linear_head
 
@@ -196,19 +200,32 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
                 row: dict[str, Any] = {"model": name, "head": head, "method": method, "sigma": sigma, "points": points}
                 r10, t10, mb10 = _timed(_estimator(method, small, sigma), x)
                 auto, t_auto, mb_auto = _timed(_estimator(method, big, sigma), x)
-                off, t_off, mb_off = _timed(_estimator(method, big, sigma, prune="off"), x)
-                alone = {"direct": t_off}
-                memory = {"c10": mb10, "auto": mb_auto, "direct": mb_off}
+                # Every boundary's gradient (prune="off") costs C - 1 backward passes per copy: on the
+                # 224 x 224 backbones it is timed on the first `direct_points` points and scaled to all,
+                # or (trained heads, whose 10-class twin is an exact reference) left out with --alone.
+                few = min(points, args.direct_points or points)
+                alone, memory = {}, {"c10": mb10, "auto": mb_auto}
+                off = None
+                if "direct" in args.alone or head != "trained":
+                    off, t_off, memory["direct"] = _timed(_estimator(method, big, sigma, prune="off"), x[:few])
+                    if "direct" in args.alone:
+                        alone["direct"] = t_off * points / few
                 for route in _routes_alone(big, x):
-                    _, t_route, mb_route = _timed(_estimator(method, big, sigma, route=route), x)
-                    alone[route], memory[route] = t_route, mb_route
+                    if route in args.alone:
+                        _, alone[route], memory[route] = _timed(_estimator(method, big, sigma, route=route), x)
                 best = min(alone, key=alone.__getitem__)
-                assert auto.cdf_error is not None and off.cdf_error is not None and r10.cdf_error is not None
-                gap = (auto.p - off.p).abs()
-                over = int((gap > auto.cdf_error + off.cdf_error + SLACK).sum())
+                assert auto.cdf_error is not None and r10.cdf_error is not None
+                over, max_dp = 0, 0.0
+                if off is not None:
+                    assert off.cdf_error is not None
+                    gap = (auto.p[:few] - off.p).abs()
+                    over += int((gap > auto.cdf_error[:few] + off.cdf_error + SLACK).sum())
+                    max_dp = float(gap.max())
                 if head == "trained":
+                    # The 990 classes 1,000 logits below make the 10-class twin an exact reference on every point.
                     twin_gap = (auto.p - r10.p).abs()
                     over += int((twin_gap > auto.cdf_error + r10.cdf_error + SLACK).sum())
+                    max_dp = max(max_dp, float(twin_gap.max()))
                 row.update(
                     c10_s=t10,
                     auto_s=t_auto,
@@ -216,9 +233,12 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
                     routes_s=alone,
                     best_route=best,
                     auto_over_best=t_auto / alone[best],
-                    max_dp=float(gap.max()),
+                    max_dp=max_dp,
                     over=over,
-                    mean_p=float(off.p.mean()),
+                    mean_p=float(auto.p.mean()),
+                    reference="twin"
+                    if off is None
+                    else f"direct on {few}" + (" and twin" if head == "trained" else ""),
                     taken=_describe(auto),
                     peak_mb=memory,
                 )
@@ -233,8 +253,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
                     f"C1000 {t_auto:7.2f} s  ratio {row['ratio']:5.2f} ({'met' if met_ratio else 'NOT met'} <= "
                     f"{RATIO_TARGET}) | alone {' '.join(f'{k} {v:.2f}' for k, v in alone.items())}  auto/best "
                     f"{row['auto_over_best']:.2f} ({'met' if met_auto else 'NOT met'} <= {AUTO_TARGET}) | "
-                    f"{row['taken']} | max|dp| {row['max_dp']:.1e} over {over} | MB auto {mb_auto:.0f} C10 {mb10:.0f} "
-                    f"direct {mb_off:.0f}{first}",
+                    f"{row['taken']} | max|dp| {row['max_dp']:.1e} over {over} (against {row['reference']}) | MB "
+                    f"{' '.join(f'{k} {v:.0f}' for k, v in memory.items())}{first}",
                     flush=True,
                 )
                 rows.append(row)
@@ -250,6 +270,19 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.0, help="fix sigma (default: calibrated per model)")
     parser.add_argument("--vit-layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--direct-points",
+        type=int,
+        default=0,
+        help="time prune='off' (every boundary, the agreement reference) on this many points and scale (default: all)",
+    )
+    parser.add_argument(
+        "--alone",
+        nargs="+",
+        default=list(ROUTE_CHOICES[1:]),
+        choices=ROUTE_CHOICES[1:],
+        help="the routes timed alone for auto/best (default: every one that applies)",
+    )
     parser.add_argument("--first-use", action="store_true", help="also time a fresh process's first call")
     parser.add_argument("--json", help="write every number to this file")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)

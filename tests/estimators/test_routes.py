@@ -140,10 +140,16 @@ def test_forward_mode_is_not_timed_where_its_start_up_would_cost_more_than_the_p
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(3, 6)
     plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)
+    calls = []
+    original = routes.Pullback
+    monkeypatch.setattr(routes, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
     small = routes.unit_costs(model, None, x, plan, work=3 * 399)
     assert small.jvp == float("inf")  # forward mode left out: seconds of imports for a tiny call
-    large = routes.unit_costs(model, None, x, plan, work=1e9)  # not cached above: measured now
+    reverse_passes = len(calls)
+    large = routes.unit_costs(model, None, x, plan, work=1e9)  # forward mode not cached above: timed now
     assert large.jvp < float("inf")
+    assert len(calls) == reverse_passes  # the reverse-mode costs were kept, not timed again
+    assert (large.forward, large.pull) == (small.forward, small.pull)
 
 
 def test_measured_pass_costs_are_kept_per_model(monkeypatch):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -70,7 +70,8 @@ class UnitCosts:
     Attributes:
         forward: one forward pass with autograd.
         pull: one pullback (backward pass) of one cotangent.
-        jvp: one forward-mode Jacobian-vector product; inf where forward mode cannot run.
+        jvp: one forward-mode Jacobian-vector product; inf where forward mode cannot run (or was not
+            timed: a call too small to pay for it); NaN only inside the cache (not timed yet).
     """
 
     forward: float
@@ -91,42 +92,59 @@ def unit_costs(
     Two rows, each pass timed twice and the second kept (first calls build kernels): a few
     passes. Forward mode is timed only where that fits the planning share of the call
     (``work``: the call's pullbacks of one row): its first use in a process imports torch's
-    compiler stack (seconds), so a small call leaves it out (``jvp`` inf, not cached) unless
-    ``forward_mode`` (a route that needs it was asked for).
+    compiler stack (seconds), so a small call leaves it out (``jvp`` inf until a call large
+    enough, or ``forward_mode``: a route that needs it was asked for). Each part is measured
+    once per model, shape and plan: the reverse-mode costs are kept while ``jvp`` waits.
     """
     key = ("route-costs", x.device, x.dtype, tuple(x.shape[1:]), plan.strategy, plan.channels_last, head is None)
-    stored = plan_cache.lookup(model, plan_cache.plan_key(model, x.device, key), UnitCosts)
-    if isinstance(stored, UnitCosts):
-        return stored
-    started = time.perf_counter()
+    cache_key = plan_cache.plan_key(model, x.device, key)
+    stored = plan_cache.lookup(model, cache_key, UnitCosts)
     rows = to_format(x[:1].expand(2, *x.shape[1:]).contiguous(), plan.channels_last)
+    started = time.perf_counter()
+    if isinstance(stored, UnitCosts):
+        costs = stored
+    else:
+        costs = _reverse_costs(model, head, rows, plan)
+        plan_cache.store(model, cache_key, costs)
+    # NaN: forward mode not timed yet; inf: timed and unavailable.
+    if not math.isnan(costs.jvp):
+        return costs
+    spent = time.perf_counter() - started
+    if not forward_mode and spent + forward_mode_startup() + 4 * costs.forward > PLANNING_SHARE * work * costs.pull:
+        return replace(costs, jvp=math.inf)
+    costs = replace(costs, jvp=_jvp_cost(model, head, rows))
+    plan_cache.store(model, cache_key, costs)
+    return costs
+
+
+def _reverse_costs(model: nn.Module, head: nn.Linear | None, rows: Tensor, plan: JacobianPlan) -> UnitCosts:
+    """Forward and pullback seconds per row on two ``rows`` (``jvp`` NaN: not measured)."""
     strategy = plan.strategy if plan.strategy in ("loop", "vmap") else "loop"
     forward = pull = math.inf
     for _ in range(2):
         start = time.perf_counter()
         pb = Pullback(model, rows, head, strategy=strategy)
-        sync(x.device)
+        sync(rows.device)
         middle = time.perf_counter()
-        pb.pull(torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=x.device))
-        sync(x.device)
+        pb.pull(torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=rows.device))
+        sync(rows.device)
         forward, pull = (time.perf_counter() - start) / 2, (time.perf_counter() - middle) / 4
-    first_jvp = forward_mode_startup()
-    spent = time.perf_counter() - started
-    if not forward_mode and spent + first_jvp + 4 * forward > PLANNING_SHARE * work * pull:
-        return UnitCosts(forward=forward, pull=pull, jvp=math.inf)
+    return UnitCosts(forward=forward, pull=pull, jvp=math.nan)
+
+
+def _jvp_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> float:
+    """Seconds per row of one forward-mode probe on ``rows`` (inf where forward mode cannot run)."""
     jvp = math.inf
     try:
         for _ in range(2):
             with torch.no_grad():
                 start = time.perf_counter()
                 torch.func.jvp(features_and_logits(model, head), (rows,), (torch.ones_like(rows),))
-                sync(x.device)
+                sync(rows.device)
                 jvp = (time.perf_counter() - start) / 2
     except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         jvp = math.inf
-    costs = UnitCosts(forward=forward, pull=pull, jvp=jvp)
-    plan_cache.store(model, plan_cache.plan_key(model, x.device, key), costs)
-    return costs
+    return jvp
 
 
 @dataclass(frozen=True)
