@@ -16,7 +16,7 @@ Heads:
   rows whose bias is 1,000 lower (a trained head ranks most classes far below the top ones);
 - ``random``: the architecture's own random 1,000-class head against a random 10-class head.
 
-sigma: per model and head, set by bisection so that the 10-class model's mean Taylor p is in
+sigma: per model, head and method, set by bisection so that the 10-class model's mean p is in
 [0.4, 0.8] on the points (``--sigma`` fixes it). Per (model, head, method; MMSE with N = 5):
 
 - the seconds of one call of the 10-class model and of the 1,000-class model (``auto``, the default),
@@ -135,11 +135,12 @@ def _timed(estimator: probust.Estimator, x: Tensor) -> tuple[probust.Estimate, f
     return r, seconds, (peak.bytes or 0) / 2**20
 
 
-def calibrate(model: nn.Module, x: Tensor, low: float = 1e-3, high: float = 100.0) -> float:
-    """sigma with the mean Taylor p of ``model`` on ``x`` in [0.4, 0.8] (bisection in log sigma)."""
+def calibrate(method: str, model: nn.Module, x: Tensor, low: float = 1e-3, high: float = 100.0) -> float:
+    """sigma with the mean p of ``method`` on ``model`` and ``x`` in [0.4, 0.8] (bisection in log
+    sigma): MMSE's averaged linearisation flattens with sigma, so it gets its own."""
     for _ in range(30):
         sigma = (low * high) ** 0.5
-        p = float(probust.Taylor(model, sigma)(x).p.mean())
+        p = float(_estimator(method, model, sigma)(x).p.mean())
         if 0.4 <= p <= 0.8:
             return sigma
         low, high = (sigma, high) if p > 0.8 else (low, sigma)
@@ -195,8 +196,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
         x = _inputs(name, points, args.seed + 2)
         for head in args.heads:
             small, big = models(name, head, args.seed, args.vit_layers)
-            sigma = args.sigma or calibrate(small, x)
             for method in args.methods:
+                sigma = args.sigma or calibrate(method, small, x)
                 row: dict[str, Any] = {"model": name, "head": head, "method": method, "sigma": sigma, "points": points}
                 r10, t10, mb10 = _timed(_estimator(method, small, sigma), x)
                 auto, t_auto, mb_auto = _timed(_estimator(method, big, sigma), x)

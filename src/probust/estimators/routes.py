@@ -341,6 +341,15 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         delta += share
         screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = screened.kept.double()
+    if forced == "auto" and ctx.prune and ctx.costs is not None and not math.isfinite(jvp):
+        # Forward mode was left out as too costly to time for the call foreseen; the screening
+        # has now shown the work left (the cheapest route per point), which may repay it.
+        work = float(torch.minimum(exact_cost, candidates_cost).sum()) * n
+        if math.isfinite(work):
+            jvp = unit_costs(ctx.model, ctx.head, copies[:, 0], ctx.plan, work).jvp_in_pulls
+            if math.isfinite(jvp) and inputs < classes - 1:
+                forward_cost.fill_(inputs * jvp)
+                exact_cost = torch.minimum(exact_cost, forward_cost)
     if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
         if forced == "sketch":
             if not math.isfinite(jvp):
