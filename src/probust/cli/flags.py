@@ -37,9 +37,11 @@ def _word(value: Any, option: Option) -> str:
     return str(value)
 
 
-def _help(field: dataclasses.Field, option: Option) -> str:
+def _help(field: dataclasses.Field, option: Option, default: Any = dataclasses.MISSING) -> str:
     text = option.help
-    if option.default_help is not None:
+    if default is not dataclasses.MISSING:
+        shown = _word(default, option)
+    elif option.default_help is not None:
         shown = option.default_help
     elif _switch(field) or field.default is dataclasses.MISSING or field.default is None:
         shown = ""
@@ -49,17 +51,29 @@ def _help(field: dataclasses.Field, option: Option) -> str:
 
 
 def add_options(
-    parser: argparse.ArgumentParser, cls: Any, title: str | None = None, *, required: Iterable[str] = ()
+    parser: argparse.ArgumentParser,
+    cls: Any,
+    title: str | None = None,
+    *,
+    required: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
 ) -> argparse._ArgumentGroup:
     """Add a flag for each declared field of ``cls`` (none for ``hidden`` ones) to a group of
     ``parser`` titled ``title`` (default: ``cls.TITLE``). The value is stored under the field's
-    name, and only when given: the dataclass keeps its own default."""
+    name, and only when given: the dataclass keeps its own default, except for the fields of
+    ``defaults``, where the command's default differs from the library's (shown in the help)."""
+    defaults = dict(defaults or {})
     group = parser.add_argument_group(title if title is not None else getattr(cls, "TITLE", None))
     for f, o in declared(cls):
         if o.hidden:
             continue
         flag = flag_of(f, o)
-        common: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f, o)}
+        default = defaults.get(f.name, dataclasses.MISSING)
+        common: dict[str, Any] = {
+            "dest": f.name,
+            "default": argparse.SUPPRESS if default is dataclasses.MISSING else default,
+            "help": _help(f, o, default),
+        }
         if _switch(f) and o.choices is None:
             if f.default is None:  # None / True / False: a pair of flags
                 group.add_argument(flag, action="store_true", **common)
