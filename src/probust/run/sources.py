@@ -115,10 +115,13 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
         return data
     try:
         return pdata.load(str(data), split, root=root, download=download)
-    except (pdata.ProbustDataError, FileNotFoundError) as exc:
-        lines = str(exc).strip().splitlines()
-        hint = next((line for line in lines if line.startswith("to get it")), "")
-        raise ConfigError(f"{lines[0] if lines else exc}" + (f" ({hint})" if hint else ""), field="data") from None
+    except pdata.ProbustDataError as exc:
+        # Its first line, and how to get the data (with the settings it names, kept as such).
+        lines = exc.lines()
+        hint = next((line for line in lines if line and str(line[0]).startswith("to get it")), ())
+        raise ConfigError(*lines[0], *((" (", *hint, ")") if hint else ()), field="data") from None
+    except FileNotFoundError as exc:
+        raise ConfigError(first_line(exc), field="data") from None
     except ValueError as exc:
         raise ConfigError(f"{first_line(exc)}", field="data") from None
 
