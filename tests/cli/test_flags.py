@@ -409,7 +409,6 @@ def test_confidence_and_interval_change_the_mc_interval(in_root):
     base = _estimate(in_root, "c1", *common)
     narrow = _estimate(in_root, "c2", *common, "--confidence", "0.5")
     cp = _estimate(in_root, "c3", *common, "--interval", "clopper-pearson")
-    assert (base["confidence"] == 0.95).all() and (narrow["confidence"] == 0.5).all()
     width = (base["ci_high"] - base["ci_low"]).to_numpy()
     assert ((narrow["ci_high"] - narrow["ci_low"]).to_numpy() < width).all()
     assert np.array_equal(cp["p"], base["p"]) and not np.allclose(cp["ci_low"], base["ci_low"])
