@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["OptionError", "ProbustError", "Setting", "python_name"]
+__all__ = ["OptionError", "ProbustError", "Setting", "first_parts", "python_name"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ class ProbustError(Exception):
             for line in rest:
                 out.append([line] if line else [])
         return [tuple(line) for line in out]
+
+
+def first_parts(error: BaseException) -> tuple[Part, ...]:
+    """The first line of an error's message, as parts (settings kept as such), without its subject."""
+    if isinstance(error, ProbustError):
+        lines = error.lines()
+        return lines[0] if lines and lines[0] else (error.reason,)
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__,)
 
 
 class OptionError(ProbustError, ValueError):

@@ -84,8 +84,8 @@ def register(subparsers: Any) -> None:
 
 def _check(args: argparse.Namespace) -> Any:
     """The data set name checked and the :class:`~probust.training.TrainConfig` of the flags."""
-    from probust.cli.flags import flag_map, message, values
-    from probust.data import FileOptions, canonical_name, is_builtin
+    from probust.cli.flags import message, values
+    from probust.data import canonical_name, is_builtin
     from probust.errors import ProbustError
     from probust.models import check_arch
     from probust.training import TrainConfig
@@ -101,7 +101,7 @@ def _check(args: argparse.Namespace) -> Any:
     try:
         config = TrainConfig(**values(args, TrainConfig))
     except ProbustError as exc:
-        raise UsageError(message(exc, flag_map(TrainConfig, FileOptions))) from None
+        raise UsageError(message(exc, flags())) from None
     if not (args.robust_loss >= 0 and math.isfinite(args.robust_loss)):
         raise UsageError(f"--robust-loss must be >= 0, got {args.robust_loss}")
     if args.robust_loss > 0 and args.robust_sigma is None:
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     config = _check(args)
     import dataclasses
 
+    from probust.cli.flags import message
     from probust.data import ProbustDataError, is_builtin
     from probust.models import CheckpointError
     from probust.training import train
@@ -156,14 +157,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ProbustDataError, CheckpointError, ImportError, FloatingPointError) as exc:
         # Not usage errors: the command was fine, the data, files or installation are not.
-        print(f"probust train: error: {exc}", file=sys.stderr)
+        print(f"probust train: error: {message(exc, flags())}", file=sys.stderr)
         return 1
     except ValueError as exc:  # settings only training can check, e.g. an unknown --arch-kwargs key
-        from probust.cli.flags import flag_map, message
-        from probust.data import FileOptions
-        from probust.training import TrainConfig
-
-        raise UsageError(message(exc, flag_map(TrainConfig, FileOptions))) from None
+        raise UsageError(message(exc, flags())) from None
     if not args.quiet:
         meta = result.meta
         acc = meta.get("test_accuracy")
@@ -176,17 +173,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def flags() -> dict[str, str]:
+    """Every option of ``probust train`` and its flag (errors name options; see
+    :func:`probust.cli.flags.message`)."""
+    from probust.cli.flags import flag_map
+    from probust.data import FileOptions
+    from probust.training import TrainConfig
+
+    # train()'s own arguments, set by the flags declared in register()
+    return {**flag_map(TrainConfig, FileOptions), "resume": "--no-resume", "download": "--download", "root": "--root"}
+
+
 def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """The training and test data read from the user's files (``--data``, ``--test-data``)."""
-    from probust.cli.flags import flag_map, message, values
+    from probust.cli.flags import message, values
     from probust.data import DATASETS, FileOptions, ProbustDataError, load_file
     from probust.errors import ProbustError
 
-    flags = flag_map(FileOptions)
     try:
         options = values(args, FileOptions)
     except ProbustError as exc:
-        raise UsageError(message(exc, flags)) from None
+        raise UsageError(message(exc, flags())) from None
     read: list[Any] = []
     for flag, path in (("--data", args.data), ("--test-data", args.test_data)):
         if path is None:
@@ -200,9 +207,9 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
         try:
             read.append(load_file(path, options))
         except ProbustDataError as exc:
-            raise UsageError(f"{flag}: {message(exc, flags)}") from None
+            raise UsageError(f"{flag}: {message(exc, flags())}") from None
         except ValueError as exc:  # an option that does not apply to this kind of file
-            raise UsageError(message(exc, flags)) from None
+            raise UsageError(message(exc, flags())) from None
     train_ds, test_ds = read
     if test_ds is not None and (test_ds.input_shape != train_ds.input_shape or test_ds.classes != train_ds.classes):
         raise UsageError(

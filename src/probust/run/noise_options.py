@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probust.errors import Setting
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.run.errors import ConfigError, first_line
 
@@ -88,11 +89,13 @@ def check_noise(noise: str, noise_std: Any, noise_cov: Any, noise_scale: str, ga
     if len(shaped) > 1:
         raise ConfigError(f"cannot be combined with {shaped[0]} (give one shape of noise)", field=shaped[1])
     if shaped and noise != "gaussian":
-        raise ConfigError(f"applies to Gaussian noise only, not to noise={noise!r}", field=shaped[0])
+        raise ConfigError("applies to Gaussian noise only, not to ", Setting("noise", noise), field=shaped[0])
     if noise != "gaussian" and gaussian_methods:
         raise ConfigError(
             f"{', '.join(gaussian_methods)} {'needs' if len(gaussian_methods) == 1 else 'need'} Gaussian noise (their correction is a Gaussian "
-            f"integral), got noise={noise!r}; use mc for other noise",
+            f"integral), got ",
+            Setting("noise", noise),
+            "; use mc for other noise",
             field="noise",
         )
 

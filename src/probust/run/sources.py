@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from probust._checks import eval_mode
 from probust._io import sha256_file
 from probust._json import jsonable
-from probust.errors import Setting
+from probust.errors import Setting, first_parts
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, first_line
 
@@ -123,7 +123,7 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
     except FileNotFoundError as exc:
         raise ConfigError(first_line(exc), field="data") from None
     except ValueError as exc:
-        raise ConfigError(f"{first_line(exc)}", field="data") from None
+        raise ConfigError(*first_parts(exc), field="data") from None
 
 
 def data_name(ds: Any) -> str:
@@ -172,7 +172,7 @@ def hash_data(ds: Any, chunk: int = 4096) -> str:
         try:
             x, y = batch(ds, np.arange(first, min(first + chunk, len(ds)), dtype=np.int64))
         except ProbustDataError as exc:  # an image of a folder that fails to decode
-            raise ConfigError(f"{first_line(exc)}", field="data") from None
+            raise ConfigError(*first_parts(exc), field="data") from None
         h.update(x.contiguous().numpy().tobytes())
         h.update(y.numpy().astype("<i8").tobytes())
     return h.hexdigest()
@@ -219,7 +219,7 @@ def load_model(
         try:
             module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :])
         except pmodels.CheckpointError as exc:
-            raise ConfigError(f"{first_line(exc)}", field="model") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         info: dict[str, Any] = {
             "source": f"{pmodels.HF_PREFIX}{Path(model[len(pmodels.HF_PREFIX) :]).resolve()}",
             "class": f"{type(module.model).__module__}.{type(module.model).__qualname__}",
@@ -231,12 +231,12 @@ def load_model(
         try:
             built = pmodels.build_from_factory(os.fspath(model), model_args)
         except pmodels.CheckpointError as exc:
-            raise ConfigError(f"{first_line(exc)}", field="model") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         if weights is not None:
             try:
                 pmodels.load_weights(built, weights)
             except pmodels.CheckpointError as exc:
-                raise ConfigError(f"{first_line(exc)}", field="weights") from None
+                raise ConfigError(*first_parts(exc), field="weights") from None
         info = {
             "source": f"factory:{os.fspath(model)}",
             "class": f"{type(built).__module__}.{type(built).__qualname__}",
@@ -272,7 +272,7 @@ def load_model(
                 field="model",
             ) from None
         except (pmodels.CheckpointError, OSError) as exc:
-            raise ConfigError(f"{first_line(exc)}", field="model") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         trained_on = meta.get("dataset")
         # Between built-in sets only: a user's files are named freely (train.csv, test.csv).
         if trained_on is not None and hasattr(ds, "name") and pdata.is_builtin(str(trained_on)):
