@@ -21,17 +21,87 @@ import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from probust import experiments
 from probust._io import atomic_write_text
+from probust._options import declared, option
+from probust.errors import OptionError
 from probust.experiments import REGISTRY, Output, Results, style
 from probust.experiments import estimation_error as _estimation_error
 
-__all__ = ["Report", "build_report", "error_summary", "render_html"]
+__all__ = ["Report", "ReportSettings", "build_report", "error_summary", "render_html"]
+
+
+def _at_least_one(value: Any, name: str) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise OptionError(f"must be at least 1, got {value!r}", field=name)
+    return value
+
+
+def _experiments(value: Any, name: str) -> Any:
+    if value is None:
+        return None
+    unknown = [v for v in value if v not in experiments.EXPERIMENTS]
+    if unknown:
+        raise OptionError(f"unknown experiment {unknown[0]!r}; known: {', '.join(experiments.EXPERIMENTS)}", field=name)
+    return tuple(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportSettings:
+    """What ``probust report`` runs and with which experiment settings (each declared once: the
+    command's flags and help are derived from these fields)."""
+
+    TITLE: ClassVar[str] = "experiments"
+
+    only: tuple[str, ...] | None = option(
+        None,
+        help=f"run only these experiments: {' '.join(experiments.EXPERIMENTS)}",
+        default_help="all",
+        metavar="NAME",
+        many=True,
+        check=_experiments,
+    )
+    skip: tuple[str, ...] = option(
+        (),
+        help="leave these experiments out (e.g. runtime case_study, which measure and train)",
+        default_help="none",
+        metavar="NAME",
+        many=True,
+        check=_experiments,
+    )
+    title: str = option("probust report", help="page title")
+    runtime_points: int = option(
+        5, help="points the runtime experiment times (the paper: 50)", metavar="N", parse=int, check=_at_least_one
+    )
+    runtime_sigma: float = option(0.1, help="noise level of the runtime experiment", metavar="S", parse=float)
+    case_seeds: int = option(5, help="repetitions of the case study", metavar="N", parse=int, check=_at_least_one)
+    case_epochs: int = option(
+        30, help="training epochs of the case study's CNN", metavar="N", parse=int, check=_at_least_one
+    )
+    case_k: int = option(
+        25, help="images per class and end in the case study", metavar="K", parse=int, check=_at_least_one
+    )
+    threads: int | None = option(
+        None, help="CPU threads for torch", default_help="torch's choice", metavar="N", parse=int, check=_at_least_one
+    )
+
+    def __post_init__(self) -> None:
+        for f, o in declared(self):
+            if o.check is not None:
+                object.__setattr__(self, f.name, o.check(getattr(self, f.name), f.name))
+
+    def experiment_options(self) -> dict[str, dict[str, Any]]:
+        """The options of the experiments that take some (``build_report``'s ``options``)."""
+        return {
+            "runtime": {"points": self.runtime_points, "sigma": self.runtime_sigma},
+            "case_study": {"seeds": self.case_seeds, "epochs": self.case_epochs, "k": self.case_k},
+        }
+
 
 REPORT_NAME = "report.html"
 EXPERIMENTS_DIR = "experiments"

@@ -272,61 +272,6 @@ def test_a_tied_prediction_is_a_usage_error_naming_the_points_and_the_flags(chec
     assert (read_results(tmp_path / "r").prediction == 0).all()
 
 
-@pytest.mark.parametrize(
-    ("message", "shown"),
-    [
-        ("sigmas: 'abc' is not a number", "--sigma: 'abc' is not a number"),
-        ("ci_level: must be in (0, 1), got 2.0", "--confidence: must be in (0, 1), got 2.0"),
-        ("eval_batch_size: must be an integer >= 1, got 0", "--eval-batch-size: must be an integer >= 1, got 0"),
-        (
-            "device: no GPU here (use device='cpu' or device='auto')",
-            "--device: no GPU here (use --device cpu or --device auto)",
-        ),
-        ("overwrite=True and extend=True exclude each other", "--overwrite and --extend exclude each other"),
-        (
-            (
-                "r holds results of a different run (seed: 0 there, 1 here); use extend=True to add these rows to it, "
-                "overwrite=True to replace it, or another out folder"
-            ),
-            (
-                "r holds results of a different run (seed: 0 there, 1 here); use --extend to add these rows to it, "
-                "--overwrite to replace it, or another --out"
-            ),
-        ),
-        (
-            "data: x not found; to get it: pass download=True (CLI: --download) to fetch it",
-            "--data: x not found; to get it: pass --download to fetch it",
-        ),
-        ("model: no model file at seed: 3", "--model: no model file at seed: 3"),  # only the leading name
-        (
-            "r holds results written by probust 0.0.1, this is probust 0.1.0 and its rows could differ; use "
-            "overwrite=True to replace them, or another out folder (or allow_version_change=True to mix them)",
-            "r holds results written by probust 0.0.1, this is probust 0.1.0 and its rows could differ; use "
-            "--overwrite to replace them, or another --out (or --allow-version-change to mix them)",
-        ),
-        (
-            "target: the clean prediction is tied between two classes at data-set indices [3] (1 point): p_robust "
-            "of the prediction is undefined there; measure the true class with target='label' (and overwrite=True "
-            "or another out folder), or leave these points out with indices='...' (and extend=True)",
-            "--target: the clean prediction is tied between two classes at data-set indices [3] (1 point): "
-            "p_robust of the prediction is undefined there; measure the true class with --target label (and "
-            "--overwrite or another --out), or leave these points out with --indices ... (and --extend)",
-        ),
-    ],
-)
-def test_library_messages_are_shown_with_the_flags(message, shown):
-    from probust.cli.messages import ARGUMENT_FLAGS, cli_message
-
-    assert cli_message(message) == shown
-    # every name is run_estimate's, every flag this command's
-    import inspect
-
-    from probust.run import run_estimate
-
-    assert set(ARGUMENT_FLAGS) <= set(inspect.signature(run_estimate).parameters)
-    assert set(ARGUMENT_FLAGS.values()) <= {a for action in _parser_actions() for a in action.option_strings}
-
-
 def _parser_actions():
     from probust.cli import build_parser
 

@@ -127,7 +127,9 @@ def test_a_split_is_only_checked_for_a_named_data_set():
 def test_run_estimate_takes_exactly_the_fields_of_run_settings_with_the_same_defaults():
     params = inspect.signature(run_estimate).parameters
     fields = dataclasses.fields(RunSettings)
-    assert list(params) == [f.name for f in fields]
+    # generated from the declarations: the five leading arguments, then every other field by keyword
+    assert list(params)[:5] == ["data", "model", "sigmas", "methods", "out"]
+    assert set(params) == {f.name for f in fields} and len(params) == len(fields)
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
     assert set(defaults) == {f.name for f in fields} - {"data", "model", "sigmas"}
     # run_estimate's defaults and RunSettings' give the same checked settings
@@ -218,6 +220,7 @@ WRONG_TYPE = [
     ("data_options", 42),
     ("data_options", ["x_key"]),
     ("weights", 42),
+    ("model_args", 3),
     ("noise", 3),
     ("noise", None),
     ("noise_std", object()),

@@ -72,9 +72,9 @@ def test_learning_rate_follows_the_schedule(digits):
 
 
 def test_bad_hyper_parameters_are_refused_before_any_work():
-    with pytest.raises(ValueError, match="epochs must be an integer >= 1"):
+    with pytest.raises(ValueError, match="epochs: must be an integer >= 1"):
         train("digits", "linear", epochs=0)
-    with pytest.raises(ValueError, match="lr must be a positive number"):
+    with pytest.raises(ValueError, match="lr: must be a positive number"):
         train("digits", "linear", lr=-1.0)
     with pytest.raises(ValueError, match="unknown schedule 'warm'; known schedules: cosine, step, constant"):
         train("digits", "linear", schedule="warm")

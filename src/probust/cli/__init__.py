@@ -11,12 +11,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from probust.errors import ProbustError
+
 # Sub-command modules, in the order `probust --help` lists them.
 _COMMANDS = ("estimate", "train", "report", "demo")
 
 
-class UsageError(Exception):
-    """A bad argument found before any work started: printed on one line, exit status 2."""
+class UsageError(ProbustError):
+    """A bad argument found before any work started: printed on one line, exit status 2 (the
+    message already names the flag, in the command's words)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

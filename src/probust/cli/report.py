@@ -21,7 +21,8 @@ RESULTS_DIR is a folder written by `probust estimate`, or a folder holding sever
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``report`` sub-command."""
-    from probust.experiments import EXPERIMENTS
+    from probust.cli.flags import add_options
+    from probust.report import ReportSettings
 
     p = subparsers.add_parser(
         "report",
@@ -34,54 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="a results folder, or a folder holding several")
     p.add_argument("--out", metavar="DIR", help="where report.html and experiments/ go (default: RESULTS_DIR)")
-    p.add_argument(
-        "--only",
-        nargs="+",
-        metavar="NAME",
-        choices=EXPERIMENTS,
-        help=f"run only these experiments: {' '.join(EXPERIMENTS)}",
-    )
-    p.add_argument(
-        "--skip",
-        nargs="+",
-        default=[],
-        metavar="NAME",
-        choices=EXPERIMENTS,
-        help="leave these experiments out (e.g. runtime case_study, which measure and train)",
-    )
-    p.add_argument("--title", default="probust report", help="page title")
-    g = p.add_argument_group("experiment settings")
-    g.add_argument(
-        "--runtime-points",
-        type=int,
-        default=5,
-        metavar="N",
-        help="points the runtime experiment times (default 5; the paper: 50)",
-    )
-    g.add_argument(
-        "--runtime-sigma",
-        type=float,
-        default=0.1,
-        metavar="S",
-        help="noise level of the runtime experiment (default 0.1)",
-    )
-    g.add_argument("--case-seeds", type=int, default=5, metavar="N", help="repetitions of the case study (default 5)")
-    g.add_argument(
-        "--case-epochs", type=int, default=30, metavar="N", help="training epochs of the case study's CNN (default 30)"
-    )
-    g.add_argument(
-        "--case-k", type=int, default=25, metavar="K", help="images per class and end in the case study (default 25)"
-    )
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    add_options(p, ReportSettings)
     p.add_argument("--quiet", action="store_true", help="print only where the report is")
     p.set_defaults(func=run)
-
-
-def options_from(args: argparse.Namespace) -> dict:
-    return {
-        "runtime": {"points": args.runtime_points, "sigma": args.runtime_sigma},
-        "case_study": {"seeds": args.case_seeds, "epochs": args.case_epochs, "k": args.case_k},
-    }
 
 
 def print_output(output, file=None) -> None:
@@ -97,19 +53,21 @@ def print_output(output, file=None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from probust.cli import UsageError
+    from probust.cli.flags import flag_map, message, values
+    from probust.errors import ProbustError
+    from probust.report import ReportSettings
 
-    for name in ("runtime_points", "case_seeds", "case_epochs", "case_k"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')}: must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads: must be at least 1")
+    try:
+        settings = ReportSettings(**values(args, ReportSettings))
+    except ProbustError as exc:
+        raise UsageError(message(exc, flag_map(ReportSettings))) from None
     import torch
 
     from probust.experiments import load_results
     from probust.report import build_report
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
     try:
         results = load_results(args.results_dir)
     except FileNotFoundError as exc:
@@ -131,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(
         results,
         out,
-        only=args.only,
-        skip=args.skip,
-        options=options_from(args),
-        title=args.title,
+        only=settings.only,
+        skip=settings.skip,
+        options=settings.experiment_options(),
+        title=settings.title,
         extra=extra,
         on_done=None if args.quiet else print_output,
     )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from probust.errors import ProbustError
 
-class ProbustDataError(FileNotFoundError):
+
+class ProbustDataError(ProbustError, FileNotFoundError):
     """A data set cannot be used: its files are missing, unreadable or corrupted.
 
     The message says which files, where they were looked for, and how to get them. It is a
-    ``FileNotFoundError`` so that callers who only care about "no usable data" catch one type.
+    :class:`~probust.errors.ProbustError` and a ``FileNotFoundError``, so that callers who only
+    care about "no usable data" catch one type.
     """
 
 

@@ -6,11 +6,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from probust._options import option
 from probust.data._errors import DataFormatError, ProbustDataError
 from probust.data._folder import ImageFolderDataset, read_image_folder
 from probust.data._tensors import TensorDataset, read_table, read_tensor_file
+from probust.errors import OptionError
 
 #: File endings of tensor files and of tables.
 TENSOR_SUFFIXES = (".npz", ".pt", ".pth", ".npy")
@@ -19,26 +21,47 @@ TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 
 @dataclass(frozen=True)
 class FileOptions:
-    """How to read a user's data file or folder (each option applies to one kind of source).
-
-    Attributes:
-        x_key, y_key: ``.npz``/``.pt``: the names of the inputs [N, ...] and the labels [N]
-            (default "x" and "y"); ``.npy``: ``y_key`` is the labels' ``.npy`` file, relative to
-            the inputs' folder (default "y.npy").
-        label_column: tables: the label column (default "label"); integers are class indices,
-            strings class names (sorted).
-        feature_columns: tables: the feature columns, in this order (default: every other column).
-        image_size: image folders: resize to this size, an int or (height, width) (default: the
-            images' own size, which must then be the same for all).
-        channels: image folders: 1 (grey) or 3 (RGB) (default: 3 if any image is in colour).
+    """How to read a user's data file or folder (each option applies to one kind of source; an
+    option given for another kind is refused, naming it). Each field is declared once with its help.
     """
 
-    x_key: str = "x"
-    y_key: str | None = None
-    label_column: str | None = None
-    feature_columns: tuple[str, ...] | None = None
-    image_size: int | tuple[int, ...] | None = None
-    channels: int | None = None
+    TITLE: ClassVar[str] = "your own data (a file or folder as --data)"
+
+    x_key: str = option("x", help="tensor files: name of the inputs [N, ...] in .npz/.pt", metavar="KEY")
+    y_key: str | None = option(
+        None,
+        help="tensor files: name of the labels [N] in .npz/.pt; for .npy, the labels' .npy file, relative to "
+        "the inputs' folder",
+        default_help="y; .npy: y.npy",
+        metavar="KEY",
+    )
+    label_column: str | None = option(
+        None,
+        help="tables: the label column; integers are class indices, strings class names (sorted)",
+        default_help="label",
+        metavar="COL",
+    )
+    feature_columns: tuple[str, ...] | None = option(
+        None,
+        help="tables: the feature columns, in this order",
+        default_help="every other column",
+        metavar="COL",
+        many=True,
+    )
+    image_size: int | tuple[int, ...] | None = option(
+        None,
+        help="image folders: resize to N x N (or H W)",
+        default_help="the images' own size, which must then be the same for all",
+        metavar="N",
+        many=True,
+        parse=int,
+    )
+    channels: int | None = option(
+        None,
+        help="image folders: 1 (grey) or 3 (RGB)",
+        default_help="3 if any image is in colour",
+        choices=(1, 3),
+    )
 
     @classmethod
     def of(cls, options: FileOptions | Mapping[str, Any] | None) -> FileOptions:
@@ -48,11 +71,13 @@ class FileOptions:
         if isinstance(options, FileOptions):
             return options
         if not isinstance(options, Mapping):
-            raise ValueError(f"file options must be a dict of {', '.join(f.name for f in fields(cls))}")
+            raise OptionError(f"must be a dict of {', '.join(f.name for f in fields(cls))}", field="data_options")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"unknown file option {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            raise OptionError(
+                f"unknown file option {unknown[0]!r}; known: {', '.join(sorted(known))}", field="data_options"
+            )
         values = {k: v for k, v in options.items() if v is not None}
         if "feature_columns" in values:
             values["feature_columns"] = tuple(str(c) for c in values["feature_columns"])
@@ -124,4 +149,4 @@ def _check_applicable(p: Path, opts: FileOptions) -> None:
     for name in opts.given():
         if suffix not in kinds[name]:
             what = "an image folder" if suffix == "folder" else f"a {suffix} file"
-            raise ValueError(f"{name}: does not apply to {what} ({p})")
+            raise OptionError(f"does not apply to {what} ({p})", field=name)

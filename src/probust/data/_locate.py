@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from probust.data._errors import ProbustDataError
+from probust.errors import Setting
 
 #: Environment variable naming the default data folder (used when ``root`` is None).
 DATA_DIR_ENV = "PROBUST_DATA_DIR"
@@ -61,9 +62,11 @@ def not_found(
     lines.extend(notes)
     if download_error is not None:
         lines.append(f"download failed: {download_error}")
-    how = [f"pass download=True (CLI: --download) to fetch it into {download_root}"]
-    if name in SYSTEM_PACKAGES:
-        how.append(SYSTEM_PACKAGES[name])
-    how.append(f"put the files in --root (or ${DATA_DIR_ENV})")
-    lines.append("to get it: " + "; or ".join(how))
-    return ProbustDataError("\n".join(lines))
+    how = "; or ".join(
+        [
+            f"to fetch it into {download_root}",
+            *([SYSTEM_PACKAGES[name]] if name in SYSTEM_PACKAGES else []),
+            f"put the files in --root (or ${DATA_DIR_ENV})",
+        ]
+    )
+    return ProbustDataError("\n".join(lines), "\nto get it: pass ", Setting("download", True), f" {how}")

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from probust.errors import OptionError
 from probust.estimators import PAPER_METHODS
 
 __all__ = ["FAMILY_METHODS", "PAPER_METHODS", "DemoConfig", "DemoConfigError", "check_config", "config_for"]
@@ -15,7 +16,7 @@ __all__ = ["FAMILY_METHODS", "PAPER_METHODS", "DemoConfig", "DemoConfigError", "
 FAMILY_METHODS = ("mc", "taylor", "mmse", "softmax")
 
 
-class DemoConfigError(ValueError):
+class DemoConfigError(OptionError):
     """A bad demo setting, found before any work started."""
 
 

@@ -16,9 +16,12 @@ import re
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from probust.errors import OptionError
 
 #: Fraction of the free memory the default budget takes: the rest is left to the caller's own
 #: tensors, the allocator's fragmentation and other processes.
@@ -37,8 +40,13 @@ _UNITS = {
 }
 
 
-class MemoryBudgetError(ValueError):
-    """The work cannot be split finely enough to fit ``memory_budget``."""
+class MemoryBudgetError(OptionError):
+    """The work cannot be split finely enough to fit ``memory_budget`` (its ``field``)."""
+
+    prefixed = False  # the messages name the budget themselves
+
+    def __init__(self, *parts: object, field: str | None = "memory_budget", **where: Any) -> None:
+        super().__init__(*parts, field=field, **where)
 
 
 def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:

@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from probust._io import atomic_write, first_line
+from probust.errors import ProbustError
 from probust.models._registry import ARCHS, spec_of
 
 FORMAT = "probust.checkpoint"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ProbustError, ValueError):
     """A model file cannot be loaded: unknown format, damaged, or not self-describing."""
 
 

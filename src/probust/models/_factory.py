@@ -7,6 +7,7 @@ import importlib
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,13 @@ def is_factory(spec: str | os.PathLike) -> bool:
     return bool(FACTORY_PATTERN.match(text)) and not Path(text).exists()
 
 
-def build_from_factory(spec: str) -> nn.Module:
-    """Import ``package.module`` and call ``function()`` with no arguments; it must return an
-    ``nn.Module``. The current folder is searched first for the module (as ``python -m`` does).
+def build_from_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+    """Import ``package.module`` and call ``function(**kwargs)``; it must return an ``nn.Module``.
+    The current folder is searched first for the module (as ``python -m`` does).
+
+    Args:
+        spec: ``"package.module:function"``, e.g. ``"torchvision.models:resnet18"``.
+        kwargs: the function's keyword arguments, e.g. ``{"num_classes": 3}`` (None: none).
 
     Raises:
         CheckpointError: the module or function cannot be found, the call fails or returns
@@ -54,12 +59,14 @@ def build_from_factory(spec: str) -> nn.Module:
         target = getattr(target, part)
     if not callable(target):
         raise CheckpointError(f"{spec}: {attr} is a {type(target).__name__}, not a function")
+    kwargs = dict(kwargs or {})
+    call = f"{attr}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     try:
-        model = target()
+        model = target(**kwargs)
     except Exception as exc:
-        raise CheckpointError(f"{spec}: calling {attr}() failed ({type(exc).__name__}: {first_line(exc)})") from None
+        raise CheckpointError(f"{spec}: calling {call} failed ({type(exc).__name__}: {first_line(exc)})") from None
     if not isinstance(model, nn.Module):
-        raise CheckpointError(f"{spec}: {attr}() returned a {type(model).__name__}, expected a torch.nn.Module")
+        raise CheckpointError(f"{spec}: {call} returned a {type(model).__name__}, expected a torch.nn.Module")
     return model
 
 

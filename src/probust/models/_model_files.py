@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._io import first_line
+from probust.errors import Setting
 from probust.models._checkpoint import (
     FORMAT,
     CheckpointError,
@@ -107,8 +108,9 @@ def _load_torch_save(path: Path, map_location: Any, allow_pickle: bool) -> tuple
         if not allow_pickle:
             raise CheckpointError(
                 f"{path}: holds pickled Python objects (e.g. torch.save(model)), and loading them runs "
-                "code from the file; pass allow_pickle=True if you trust it, or save the model with "
-                "probust.models.save_checkpoint or torch.export"
+                "code from the file; pass ",
+                Setting("allow_pickle", True),
+                " if you trust it, or save the model with probust.models.save_checkpoint or torch.export",
             ) from None
         obj = torch.load(path, map_location=map_location, weights_only=False)
     if isinstance(obj, dict) and obj.get("format") == FORMAT:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from probust._io import first_line
+from probust.errors import OptionError, ProbustError
 from probust.run.distributed import World
 
 __all__ = ["ConfigError", "ConfigMismatchError", "TiedPredictionError", "agree", "first_line"]
 
 
-class ConfigError(ValueError):
-    """A bad argument, found before any work started (the CLI prints it on one line, exit 2)."""
+class ConfigError(OptionError):
+    """A bad argument, found before any work started (the CLI prints it on one line, exit 2).
+
+    ``field`` names the argument (a field of :class:`~probust.run.RunSettings`), when there is one."""
 
 
 class ConfigMismatchError(ConfigError):
@@ -21,8 +25,8 @@ class ConfigMismatchError(ConfigError):
         differences: one ``"field: value there, value here"`` string per differing field.
     """
 
-    def __init__(self, message: str, differences: Sequence[str] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, *parts: Any, differences: Sequence[str] = (), **where: Any) -> None:
+        super().__init__(*parts, **where)
         self.differences = list(differences)
 
 
@@ -35,24 +39,32 @@ class TiedPredictionError(ConfigError):
         indices: the data-set indices of the tied points (sorted).
     """
 
-    def __init__(self, message: str, indices: Sequence[int] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, *parts: Any, indices: Sequence[int] = (), **where: Any) -> None:
+        super().__init__(*parts, **where)
         self.indices = list(indices)
+
+
+_KNOWN: dict[str, type[ConfigError]] = {
+    "ConfigMismatchError": ConfigMismatchError,
+    "TiedPredictionError": TiedPredictionError,
+    "ConfigError": ConfigError,
+}
 
 
 def agree(world: World, error: BaseException | None) -> None:
     """Raise on every rank if any rank failed (so no rank waits forever for the others)."""
-    outcomes = world.all_gather(None if error is None else (type(error).__name__, str(error)))
+    if error is None:
+        outcome = None
+    elif isinstance(error, ProbustError):
+        outcome = (type(error).__name__, error.parts, error.field, error.path)
+    else:
+        outcome = (type(error).__name__, (str(error),), None, None)
+    outcomes = world.all_gather(outcome)
     if error is not None:
         raise error
-    for rank, outcome in enumerate(outcomes):
-        if outcome is not None:
-            kind, message = outcome
-            known = {
-                "ConfigMismatchError": ConfigMismatchError,
-                "TiedPredictionError": TiedPredictionError,
-                "ConfigError": ConfigError,
-            }
-            if kind in known:
-                raise known[kind](message)
-            raise RuntimeError(f"rank {rank} failed: {kind}: {message}")
+    for rank, other in enumerate(outcomes):
+        if other is not None:
+            kind, parts, field, path = other
+            if kind in _KNOWN:
+                raise _KNOWN[kind](*parts, field=field, path=path)
+            raise RuntimeError(f"rank {rank} failed: {kind}: {''.join(map(str, parts))}")

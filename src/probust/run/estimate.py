@@ -13,13 +13,14 @@ or all at once, returning the table: ``df = probust.run_estimate(...)``. See
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from probust.run import distributed
@@ -29,7 +30,7 @@ from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
 from probust.run.noise_options import noise_setting
 from probust.run.plan import RunPlan
-from probust.run.settings import RunSettings
+from probust.run.settings import RunSettings, recorded
 from probust.run.sources import (
     batch,
     data_name,
@@ -75,11 +76,12 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
             else:
                 if selected[-1] >= len(ds):
                     raise ConfigError(
-                        f"indices: index {int(selected[-1])} is out of range for {data_name(ds)} "
-                        f"{data_split(ds, s.split)} ({len(ds)} points)"
+                        f"index {int(selected[-1])} is out of range for {data_name(ds)} "
+                        f"{data_split(ds, s.split)} ({len(ds)} points)",
+                        field="indices",
                     )
                 selected = selected[: s.limit] if s.limit is not None else selected
-            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights)
+            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights, s.model_args)
             noise = noise_setting(
                 s.noise,
                 s.noise_std,
@@ -88,21 +90,8 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 input_shape(ds),
                 batch(ds, np.arange(len(ds), dtype=np.int64))[0] if s.noise_scale == "std" else None,
             )
-            recorded: dict[str, Any] = {
-                "seed": s.seed,
-                "target": s.target,
-                "temperature": s.temperature,
-                "tol": s.tol,
-                "ci_level": s.ci_level,
-                "interval": s.interval,
-                "mmse_sampling": s.mmse_sampling,
-                "p_fail": s.p_fail,
-                "mc_half_width": s.mc_half_width,
-                "noise": noise.description,
-                "prune": s.prune,
-            }
             grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
-            config = new_config(ds, s.split, model_info, recorded, grid, dev, world)
+            config = new_config(ds, s.split, model_info, recorded(s, noise.description), grid, dev, world)
             if world.is_main:
                 config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
             plan = RunPlan(
@@ -114,17 +103,11 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
                 tasks=tasks(list(s.sigmas), list(s.methods), list(s.mc_samples), list(s.mmse_samples)),
                 config=config,
                 world=world,
-                batch_size=s.batch_size,
-                eval_batch_size=s.eval_batch_size,
-                memory_budget=s.memory_budget,
-                jacobian=s.jacobian,
-                channels_last=s.channels_last,
+                settings=s,
                 show_progress=s.show_progress and world.is_main,
-                merge=s.merge,
                 linearisation_samples=s.mmse_samples[0],
                 warnings=notes,
                 noise=noise,
-                **{k: v for k, v in recorded.items() if k != "noise"},
             )
         except ConfigError as exc:
             error = exc
@@ -150,42 +133,7 @@ def run_estimate(
     sigmas: float | Sequence[float],
     methods: str | Sequence[str] = DEFAULT_METHODS,
     out: str | os.PathLike = "results",
-    *,
-    split: str = "test",
-    mc_samples: int | Sequence[int] = 10_000,
-    mmse_samples: int | Sequence[int] = 5,
-    limit: int | None = None,
-    indices: str | Sequence[int | str] | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    batch_size: int = 256,
-    eval_batch_size: int | None = None,
-    memory_budget: int | str | None = None,
-    jacobian: str = "auto",
-    channels_last: bool | None = None,
-    temperature: float = 1.0,
-    target: str = "prediction",
-    tol: float = 1e-4,
-    ci_level: float = 0.95,
-    interval: str = "wilson",
-    mmse_sampling: str = "centred",
-    p_fail: bool = False,
-    mc_half_width: float | None = None,
-    prune: str = "auto",
-    show_progress: bool = True,
-    overwrite: bool = False,
-    extend: bool = False,
-    merge: bool = True,
-    download: bool = False,
-    data_root: str | os.PathLike | None = None,
-    allow_pickle: bool = False,
-    allow_version_change: bool = False,
-    data_options: Any = None,
-    weights: str | os.PathLike | None = None,
-    noise: str = "gaussian",
-    noise_std: Any = None,
-    noise_cov: Any = None,
-    noise_scale: str = "absolute",
+    **options: Any,
 ) -> Any:
     """Score a data set with estimators of p_robust at several noise levels, into ``out``.
 
@@ -194,8 +142,9 @@ def run_estimate(
     identical to an uninterrupted run's. Under torchrun every rank calls this and shares the work.
 
     Args:
-        data, model, sigmas, methods, out, ...: the fields of :class:`~probust.run.RunSettings`
-            of the same names, documented there (units, defaults, what each changes).
+        data, model, sigmas, methods, out, **options: the fields of :class:`~probust.run.RunSettings`
+            of the same names (keyword arguments only, after ``out``), each declared once with its
+            unit, default and what it changes (see :mod:`probust.run.settings`).
 
     Returns:
         The results table as :func:`probust.run.store.read_results` gives it (every row in ``out``,
@@ -207,10 +156,27 @@ def run_estimate(
             version (``allow_version_change``) or results format.
         TiedPredictionError: with ``target="prediction"``, the clean prediction of a point to
             compute is tied between two classes (found before any estimator runs).
+        TypeError: an unknown keyword argument.
     """
-    plan = prepare(RunSettings(**locals()))
+    settings = RunSettings(data=data, model=model, sigmas=sigmas, methods=methods, out=out, **options)
+    plan = prepare(settings)
     if plan.world.is_main:
         for note in plan.warnings:
             warnings.warn(note, UserWarning, stacklevel=2)
     execute(plan)
     return read_results(plan.store.path)
+
+
+def _signature() -> inspect.Signature:
+    """run_estimate's signature as help() and editors show it: its five leading arguments, then
+    every other declared field of RunSettings as a keyword argument with its default."""
+    head = list(inspect.signature(run_estimate).parameters.values())[:5]
+    rest = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(RunSettings)
+        if f.name not in {p.name for p in head}
+    ]
+    return inspect.Signature([*head, *rest], return_annotation=Any)
+
+
+run_estimate.__signature__ = _signature()  # type: ignore[attr-defined]

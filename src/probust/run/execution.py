@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from probust._checks import eval_mode
+from probust.errors import Setting
 from probust.execution.tuning import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
@@ -53,7 +54,7 @@ def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(prediction int64 [B], softmax confidence of it float64 [B], tied bool [B]) on the CPU;
     ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
     classes)."""
-    step = plan.eval_batch_size or 256
+    step = plan.settings.eval_batch_size or 256
     with eval_mode(plan.model), torch.no_grad():
         logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
     logits = logits.detach().to("cpu", torch.float64)
@@ -82,15 +83,25 @@ def _clean_passes(plan: RunPlan, todo: list[tuple[np.ndarray, np.ndarray]]) -> d
         clean[int(block[0])] = _clean_pass(plan, x.to(plan.device))
         tied.append(np.intersect1d(block[clean[int(block[0])][2].numpy()], missing))
     points = np.concatenate(tied) if tied else np.empty(0, np.int64)
-    if plan.target == "prediction" and len(points):
+    if plan.settings.target == "prediction" and len(points):
         first = points[:5].tolist()
         more = "..." if len(points) > 5 else ""
         raise TiedPredictionError(
-            f"target: the clean prediction is tied between two classes at data-set indices {first}{more} "
+            f"the clean prediction is tied between two classes at data-set indices {first}{more} "
             f"({len(points)} point{'s' if len(points) > 1 else ''}): p_robust of the prediction is undefined "
-            "there; measure the true class with target='label' (and overwrite=True or another out folder), or "
-            "leave these points out with indices='...' (and extend=True)",
-            points.tolist(),
+            "there; measure the true class with ",
+            Setting("target", "label"),
+            " (and ",
+            Setting("overwrite", True),
+            " or another ",
+            Setting("out"),
+            " folder), or leave these points out with ",
+            Setting("indices", "..."),
+            " (and ",
+            Setting("extend", True),
+            ")",
+            indices=points.tolist(),
+            field="target",
         )
     return clean
 
@@ -107,7 +118,7 @@ def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo
     if not rows.all():
         sel = torch.from_numpy(rows)
         x, labels, prediction, confidence = x[sel], labels[sel], prediction[sel], confidence[sel]
-    target = prediction if plan.target == "prediction" else labels
+    target = prediction if plan.settings.target == "prediction" else labels
     sync(plan.device)
     start = time.perf_counter()
     est = _estimate(estimator, x.to(plan.device), target.to(plan.device), todo)
@@ -132,7 +143,7 @@ def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo
             "cdf_error": est["cdf_error"],
             **{name: est[name] for name in OPTIONAL_COLUMNS},
             "seconds": np.full(n, seconds),
-            "seed": np.full(n, plan.seed, dtype=np.int64),
+            "seed": np.full(n, plan.settings.seed, dtype=np.int64),
         },
         metadata=plan.config["run"],
     )
@@ -247,4 +258,4 @@ def _finish(plan: RunPlan) -> Path | None:
     if config.get("history"):
         config["history"][-1]["finished"] = now()
     store.write_config(config)
-    return store.merge(config, rows) if plan.merge else None
+    return store.merge(config, rows) if plan.settings.merge else None

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from probust.errors import Setting
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, ConfigMismatchError, first_line
 from probust.run.indices import index_ranges
@@ -39,6 +40,7 @@ __all__ = ["claim_folder", "new_config", "now", "request", "start_history"]
 #: The copies those methods used before the runner passed ``mmse_samples`` on (MonteCarloCV's
 #: default), implied by a folder's request that recorded no ``mmse_samples`` for them.
 _LEGACY_LINEARISATION_SAMPLES = 5
+OVERWRITE, OUT = Setting("overwrite", True), Setting("out")
 
 
 def now() -> str:
@@ -91,21 +93,28 @@ def _check_versions(old: ResultsConfig, new: dict[str, Any], path: Path, allow_v
     """Refuse to add rows to a folder written in another results format, or (unless allowed) by
     another probust version: the table has no column telling which version computed a row, and
     two versions' rows may differ (an estimator fixed or changed in between)."""
-    way_out = "use overwrite=True to replace them, or another out folder"
+    way_out = ("use ", OVERWRITE, " to replace them, or another ", OUT, " folder")
     if old.format_version != new["format_version"]:
         there = "no format version" if old.format_version is None else f"format version {old.format_version}"
         raise ConfigMismatchError(
             f"{path} holds results in {there} (probust {old.probust_version or 'unknown'}), this probust "
-            f"({new['probust_version']}) writes format version {new['format_version']}; {way_out}",
-            [f"format_version: {old.format_version} there, {new['format_version']} here"],
+            f"({new['probust_version']}) writes format version {new['format_version']}; ",
+            *way_out,
+            differences=[f"format_version: {old.format_version} there, {new['format_version']} here"],
+            path=path,
         )
     others = [v for v in _written_by(old) if v != new["probust_version"]]
     if others and not allow_version_change:
         there = ", ".join("an unrecorded version" if v is None else v for v in others)
         raise ConfigMismatchError(
             f"{path} holds results written by probust {there}, this is probust {new['probust_version']} and "
-            f"its rows could differ; {way_out} (or allow_version_change=True to mix them)",
-            [f"probust_version: {there} there, {new['probust_version']} here"],
+            "its rows could differ; ",
+            *way_out,
+            " (or ",
+            Setting("allow_version_change", True),
+            " to mix them)",
+            differences=[f"probust_version: {there} there, {new['probust_version']} here"],
+            path=path,
         )
 
 
@@ -124,7 +133,7 @@ def _compare(
         old = None
     if old is None or not old.is_probust:
         raise ConfigMismatchError(
-            f"{path}/config.json is not a probust results configuration; use overwrite=True to replace it"
+            f"{path}/config.json is not a probust results configuration; use ", OVERWRITE, " to replace it", path=path
         )
     _check_versions(old, new, path, allow_version_change)
     # Everything under "run" must match: the data, the model and the settings of the estimators
@@ -138,9 +147,13 @@ def _compare(
     ]
     if diffs:
         raise ConfigMismatchError(
-            f"{path} holds results of a different run ({'; '.join(diffs)}); "
-            "use overwrite=True to replace them, or another out folder",
-            diffs,
+            f"{path} holds results of a different run ({'; '.join(diffs)}); use ",
+            OVERWRITE,
+            " to replace them, or another ",
+            OUT,
+            " folder",
+            differences=diffs,
+            path=path,
         )
     request = new["requests"][0]
     old_requests = [_with_legacy_defaults(r) for r in old.requests]
@@ -156,9 +169,15 @@ def _compare(
         if last.get(k) != request.get(k)
     ]
     raise ConfigMismatchError(
-        f"{path} holds results of a different run ({'; '.join(diffs)}); use extend=True to add these rows to it, "
-        "overwrite=True to replace it, or another out folder",
-        diffs,
+        f"{path} holds results of a different run ({'; '.join(diffs)}); use ",
+        Setting("extend", True),
+        " to add these rows to it, ",
+        OVERWRITE,
+        " to replace it, or another ",
+        OUT,
+        " folder",
+        differences=diffs,
+        path=path,
     )
 
 
@@ -188,7 +207,8 @@ def _check_linearisation(old_requests: list[dict[str, Any]], request: dict[str, 
         f"{path} holds mc_cv/mc_is rows linearised with {min(there)} MMSE copies, this run would use {here} "
         f"(the smallest mmse_samples); include {min(there)} as the smallest mmse_samples, or leave mc_cv and "
         "mc_is out of this extension",
-        [diff],
+        differences=[diff],
+        path=path,
     )
 
 
@@ -235,7 +255,7 @@ def claim_folder(
     ``allow_version_change``), as well as when its run differs (see :func:`_compare`)."""
     path = store.path
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"out: {path} exists and is not a folder")
+        raise ConfigError(f"{path} exists and is not a folder", field="out")
     try:
         store.create()
         probe = store.parts_dir / f".write-test-{os.getpid()}.tmp"
@@ -243,20 +263,20 @@ def claim_folder(
         # missing_ok: a run holding the folder may clean temporaries meanwhile
         probe.unlink(missing_ok=True)
     except OSError as exc:
-        raise ConfigError(f"out: cannot write to {path} ({exc.strerror or first_line(exc)})") from None
+        raise ConfigError(f"cannot write to {path} ({exc.strerror or first_line(exc)})", field="out") from None
     try:
         store.acquire_lock()
     except (FolderLockedError, OSError) as exc:
-        raise ConfigError(f"out: {first_line(exc)}") from None
+        raise ConfigError(f"{first_line(exc)}", field="out") from None
     try:
         old = store.read_config()
     except ValueError as exc:
-        raise ConfigError(f"out: {first_line(exc)}; use overwrite=True to replace it") from None
+        raise ConfigError(f"{first_line(exc)}; use ", OVERWRITE, " to replace it", field="out") from None
     if overwrite or old is None:
         if old is None and store.has_results():
             if not overwrite:
                 raise ConfigError(
-                    f"out: {path} holds result files but no config.json; use overwrite=True to replace them"
+                    f"{path} holds result files but no config.json; use ", OVERWRITE, " to replace them", field="out"
                 )
         return config
     kept = _compare(old, config, extend, path, allow_version_change)
@@ -287,4 +307,6 @@ def start_history(
     try:
         store.write_config(config)
     except OSError as exc:
-        raise ConfigError(f"out: cannot write {store.config_path} ({exc.strerror or first_line(exc)})") from None
+        raise ConfigError(
+            f"cannot write {store.config_path} ({exc.strerror or first_line(exc)})", field="out"
+        ) from None

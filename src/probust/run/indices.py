@@ -31,24 +31,24 @@ def parse_indices(spec: str | int | Iterable[str | int]) -> np.ndarray:
     parts: list[np.ndarray] = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (int, np.integer, str)):
-            raise ConfigError(f"indices: expected integers or strings like '0-99', got {item!r}")
+            raise ConfigError(f"expected integers or strings like '0-99', got {item!r}", field="indices")
         if isinstance(item, (int, np.integer)):
             if item < 0:
-                raise ConfigError(f"indices: indices must be >= 0, got {item}")
+                raise ConfigError(f"indices must be >= 0, got {item}", field="indices")
             parts.append(np.array([item], dtype=np.int64))
             continue
         for token in str(item).replace(",", " ").split():
             m = _RANGE.match(token)
             if m is None:
-                raise ConfigError(f"indices: cannot read {token!r}; expected N, A-B (inclusive) or A-B:STEP")
+                raise ConfigError(f"cannot read {token!r}; expected N, A-B (inclusive) or A-B:STEP", field="indices")
             start = int(m.group(1))
             stop = int(m.group(2)) if m.group(2) is not None else start
             step = int(m.group(3)) if m.group(3) is not None else 1
             if stop < start or step < 1:
-                raise ConfigError(f"indices: {token!r} is an empty range (need A <= B and STEP >= 1)")
+                raise ConfigError(f"{token!r} is an empty range (need A <= B and STEP >= 1)", field="indices")
             parts.append(np.arange(start, stop + 1, step, dtype=np.int64))
     if not parts:
-        raise ConfigError("indices: no indices given")
+        raise ConfigError("no indices given", field="indices")
     return np.unique(np.concatenate(parts))
 
 

@@ -1,8 +1,8 @@
 """What the runner knows about each method, read from the method registry: defaults, sample
 counts, and the estimator it builds for a task.
 
-The per-method rules of ``probust estimate`` live in :data:`probust.estimators.REGISTRY`; this
-module only maps the run's settings onto each method's options.
+The per-method rules of ``probust estimate`` live in :data:`probust.estimators.REGISTRY`; the run's
+settings name the estimator argument each sets (:mod:`probust.run.settings`).
 """
 
 from __future__ import annotations
@@ -51,33 +51,19 @@ def tasks(sigmas: list[float], methods: list[str], mc: list[int], mmse: list[int
     return [Task(s, m, n) for s in sigmas for m in methods for n in counts[sample_kind(m)]]
 
 
-def _run_options(plan: RunPlan) -> dict[str, Any]:
-    """The run's value of every setting a method may take (None: leave the estimator's default)."""
-    return {
-        "confidence": plan.ci_level,
-        "interval": plan.interval,
-        "tol": plan.tol,
-        "sampling": plan.mmse_sampling,
-        "temperature": plan.temperature,
-        "jacobian": plan.jacobian,
-        "mmse_samples": plan.linearisation_samples,
-        "p_fail": True if plan.p_fail else None,
-        "target_half_width": plan.mc_half_width,
-        "prune": plan.prune,
-    }
-
-
 def make_task_estimator(plan: RunPlan, task: Task) -> Estimator:
-    """The estimator that computes ``task``'s rows with the plan's settings."""
+    """The estimator that computes ``task``'s rows with the plan's settings.
+
+    Its keyword arguments are those the settings declare for estimators (see
+    :func:`probust.run.settings.estimator_parameters`), plus the task's sample count and, for the
+    Monte Carlo methods around an MMSE linearisation, its copies."""
+    from probust.run.settings import estimator_parameters
+
     spec = REGISTRY[task.method]
-    kwargs: dict[str, Any] = {"seed": plan.seed, "memory_budget": plan.memory_budget}
-    if plan.channels_last is not None:
-        kwargs["channels_last"] = plan.channels_last
-    if plan.eval_batch_size is not None:
-        kwargs["batch_size"] = plan.eval_batch_size
+    kwargs: dict[str, Any] = estimator_parameters(plan.settings, spec.run_options)
+    if "mmse_samples" in spec.run_options:
+        kwargs["mmse_samples"] = plan.linearisation_samples
     if spec.samples is not None:
         kwargs["n_samples"] = task.n_samples
-    values = _run_options(plan)
-    kwargs.update({name: values[name] for name in sorted(spec.run_options) if values[name] is not None})
     noise = task.sigma if plan.noise is None else plan.noise.at(task.sigma)
     return make_estimator(task.method, plan.model, noise if spec.uses_noise else None, **kwargs)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probust.errors import Setting
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.run.errors import ConfigError, first_line
 
@@ -76,9 +77,9 @@ def check_noise(noise: str, noise_std: Any, noise_cov: Any, noise_scale: str, ga
         gaussian_methods: the run's methods that need Gaussian noise.
     """
     if noise not in NOISE_KINDS:
-        raise ConfigError(f"noise: expected one of {', '.join(NOISE_KINDS)}, got {noise!r}")
+        raise ConfigError(f"expected one of {', '.join(NOISE_KINDS)}, got {noise!r}", field="noise")
     if noise_scale not in NOISE_SCALES:
-        raise ConfigError(f"noise_scale: expected one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}")
+        raise ConfigError(f"expected one of {', '.join(NOISE_SCALES)}, got {noise_scale!r}", field="noise_scale")
     shaped = [
         name
         for name, given in (("noise_std", noise_std is not None), ("noise_cov", noise_cov is not None))
@@ -86,13 +87,16 @@ def check_noise(noise: str, noise_std: Any, noise_cov: Any, noise_scale: str, ga
         if given
     ]
     if len(shaped) > 1:
-        raise ConfigError(f"{shaped[1]}: cannot be combined with {shaped[0]} (give one shape of noise)")
+        raise ConfigError(f"cannot be combined with {shaped[0]} (give one shape of noise)", field=shaped[1])
     if shaped and noise != "gaussian":
-        raise ConfigError(f"{shaped[0]}: applies to Gaussian noise only, not to noise={noise!r}")
+        raise ConfigError("applies to Gaussian noise only, not to ", Setting("noise", noise), field=shaped[0])
     if noise != "gaussian" and gaussian_methods:
         raise ConfigError(
-            f"noise: {', '.join(gaussian_methods)} {'needs' if len(gaussian_methods) == 1 else 'need'} Gaussian noise (their correction is a Gaussian "
-            f"integral), got noise={noise!r}; use mc for other noise"
+            f"{', '.join(gaussian_methods)} {'needs' if len(gaussian_methods) == 1 else 'need'} Gaussian noise (their correction is a Gaussian "
+            f"integral), got ",
+            Setting("noise", noise),
+            "; use mc for other noise",
+            field="noise",
         )
 
 
@@ -103,16 +107,18 @@ def _array(value: Any, name: str) -> tuple[np.ndarray, dict[str, Any]]:
         try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{name}: cannot read {path} as a .npy array ({first_line(exc)})") from None
+            raise ConfigError(
+                f"cannot read {path} as a .npy array ({first_line(exc)})", field=name, path=path
+            ) from None
         where: dict[str, Any] = {"file": str(path.resolve())}
     else:
         array = value.detach().cpu().numpy() if isinstance(value, Tensor) else np.asarray(value)
         where = {"file": None}
     if array.dtype.kind not in "iuf":
-        raise ConfigError(f"{name}: must hold numbers, got dtype {array.dtype}")
+        raise ConfigError(f"must hold numbers, got dtype {array.dtype}", field=name)
     array = array.astype(np.float64)
     if not np.isfinite(array).all():
-        raise ConfigError(f"{name}: holds NaN or infinite values")
+        raise ConfigError("holds NaN or infinite values", field=name)
     digest = hashlib.sha256(np.ascontiguousarray(array).tobytes() + str(array.shape).encode()).hexdigest()
     return array, {**where, "shape": list(array.shape), "sha256": digest}
 
@@ -133,10 +139,11 @@ def noise_setting(
             torch.broadcast_shapes(array.shape, input_shape)
         except RuntimeError:
             raise ConfigError(
-                f"noise_std: shape {list(array.shape)} does not broadcast to the input shape {list(input_shape)}"
+                f"shape {list(array.shape)} does not broadcast to the input shape {list(input_shape)}",
+                field="noise_std",
             ) from None
         if (array < 0).any() or not (array > 0).any():
-            raise ConfigError("noise_std: multipliers must be >= 0 and not all 0")
+            raise ConfigError("multipliers must be >= 0 and not all 0", field="noise_std")
         return NoiseSetting(
             noise, std=torch.from_numpy(array).to(torch.float32), description={**description, "std": where}
         )
@@ -145,19 +152,19 @@ def noise_setting(
         d = math.prod(input_shape)
         if array.shape != (d, d):
             raise ConfigError(
-                f"noise_cov: must be [d, d] with d = {d} coordinates (input shape {list(input_shape)}), got "
-                f"{list(array.shape)}"
+                f"must be [d, d] with d = {d} coordinates (input shape {list(input_shape)}), got {list(array.shape)}",
+                field="noise_cov",
             )
         try:
             Gaussian(cov=torch.from_numpy(array))
         except ValueError as exc:
-            raise ConfigError(f"noise_cov: {first_line(exc)}") from None
+            raise ConfigError(f"{first_line(exc)}", field="noise_cov") from None
         return NoiseSetting(noise, cov=torch.from_numpy(array), description={**description, "cov": where})
     if noise_scale == "std":
         assert data is not None
         std = data.to(torch.float64).std(dim=0, unbiased=False)
         if not (std > 0).any():
-            raise ConfigError("noise_scale: every coordinate of the data is constant, so the noise would be 0")
+            raise ConfigError("every coordinate of the data is constant, so the noise would be 0", field="noise_scale")
         digest = hashlib.sha256(std.numpy().tobytes()).hexdigest()
         description.update(scale="std", std_sha256=digest)
         return NoiseSetting(noise, std=std.to(torch.float32), description=description)

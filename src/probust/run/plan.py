@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -12,6 +12,9 @@ from torch import nn
 
 from probust.run.distributed import World
 from probust.run.store import ResultStore
+
+if TYPE_CHECKING:  # settings.py reads the method registry through methods.py, which imports this
+    from probust.run.settings import RunSettings
 
 __all__ = ["RunPlan", "RunSummary", "Task"]
 
@@ -45,12 +48,13 @@ class RunPlan:
         tasks: the (sigma, method, sample count) grid, in the order it is computed.
         config: what ``config.json`` records.
         world: the processes sharing the run.
+        settings: the run's :class:`~probust.run.RunSettings`.
+        show_progress: progress bars (``settings.show_progress`` on the main process only).
         linearisation_samples: copies of the MMSE linearisation of mc_cv and mc_is (the
             smallest ``mmse_samples``).
+        warnings: notes about the model or data to show before the run.
         noise: the run's noise (:class:`~probust.run.noise_options.NoiseSetting`); None:
             Gaussian with standard deviation sigma per coordinate.
-
-    The other attributes are the :class:`~probust.run.RunSettings` of the same names.
     """
 
     store: ResultStore
@@ -61,30 +65,16 @@ class RunPlan:
     tasks: list[Task]
     config: dict[str, Any]
     world: World
-    batch_size: int
-    eval_batch_size: int | None
-    memory_budget: int | str | None
-    jacobian: str
-    channels_last: bool | None
-    seed: int
-    target: str
-    temperature: float
-    tol: float
-    ci_level: float
-    interval: str
-    mmse_sampling: str
-    show_progress: bool
-    merge: bool
-    p_fail: bool = False
-    mc_half_width: float | None = None
-    prune: str = "auto"
+    settings: RunSettings
+    show_progress: bool = True
     linearisation_samples: int = 5
     warnings: list[str] = field(default_factory=list)
     noise: Any = None
 
     def blocks(self) -> list[np.ndarray]:
-        """The selected indices cut into consecutive blocks of ``batch_size``."""
-        return [self.indices[i : i + self.batch_size] for i in range(0, len(self.indices), self.batch_size)]
+        """The selected indices cut into consecutive blocks of ``settings.batch_size``."""
+        size = self.settings.batch_size
+        return [self.indices[i : i + size] for i in range(0, len(self.indices), size)]
 
 
 @dataclass

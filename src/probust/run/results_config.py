@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probust._options import UNSET, declared
+from probust.run.settings import SETTING_DEFAULTS, RunSettings
 from probust.run.store import CONFIG_NAME, FORMAT, read_config
+
+#: Each recorded option: its key, declared type and implied value (None where nothing was implied).
+_RECORDED = [
+    (o.record, str(f.type), None if o.implied is UNSET else o.implied)
+    for f, o in declared(RunSettings)
+    if o.record is not None
+]
 
 __all__ = [
     "SETTING_DEFAULTS",
@@ -28,42 +37,34 @@ __all__ = [
     "read_results_config",
 ]
 
-#: Settings added to ``config.json``'s "run" after the first format, with the value a folder
-#: written before them implicitly has (compared as such, so such folders still resume).
-#: A folder from before ``prune`` computed every boundary; it counts as "auto", which computes
-#: every boundary below 1,000 classes for models without a narrow linear head (the same rows,
-#: bitwise) and otherwise stays within ``tol`` (a folder another probust version wrote is refused
-#: anyway unless ``allow_version_change``).
-SETTING_DEFAULTS: dict[str, Any] = {
-    "p_fail": False,
-    "mc_half_width": None,
-    "noise": {"kind": "gaussian"},
-    "prune": "auto",
-}
-
 
 @dataclass(frozen=True)
 class RecordedSettings:
     """The "run" section: the data, the model and the estimator settings the rows were computed
-    with (a folder takes only rows of one such run). None: not recorded. ``noise``: its "kind"
-    ("gaussian", "uniform", "laplace") and any shape (see :mod:`probust.run.noise_options`)."""
+    with (a folder takes only rows of one such run). None: not recorded.
+
+    Every recorded option (declared with a ``record`` key in :mod:`probust.run.settings`: seed,
+    target, temperature, tol, ci_level, interval, mmse_sampling, p_fail, mc_half_width, prune,
+    noise, model_args) reads as an attribute of its key, typed as declared; a folder written
+    before an option holds what it implied (:data:`SETTING_DEFAULTS`). ``noise``: its "kind"
+    ("gaussian", "uniform", "laplace") and any shape (see :mod:`probust.run.noise_options`).
+    """
 
     dataset: str | None
     split: str | None
     data_size: int | None
     data_sha256: str | None
     model_sha256: str | None
-    seed: int
-    target: str | None
-    temperature: float | None
-    tol: float | None
-    ci_level: float | None
-    interval: str | None
-    mmse_sampling: str | None
-    p_fail: bool
-    mc_half_width: float | None
-    noise: dict[str, Any] = field(default_factory=lambda: dict(SETTING_DEFAULTS["noise"]))
-    prune: str = "auto"
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            values = object.__getattribute__(self, "values")
+        except AttributeError:
+            raise AttributeError(name) from None
+        if name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
 
 @dataclass(frozen=True)
@@ -208,17 +209,7 @@ class ResultsConfig:
                 data_size=_int(run, "data_size"),
                 data_sha256=_str(run, "data_sha256"),
                 model_sha256=_str(run, "model_sha256"),
-                seed=_int(run, "seed", 0) or 0,
-                target=_str(run, "target"),
-                temperature=_float(run, "temperature"),
-                tol=_float(run, "tol"),
-                ci_level=_float(run, "ci_level"),
-                interval=_str(run, "interval"),
-                mmse_sampling=_str(run, "mmse_sampling"),
-                p_fail=bool(run.get("p_fail", SETTING_DEFAULTS["p_fail"])),
-                mc_half_width=_float(run, "mc_half_width", SETTING_DEFAULTS["mc_half_width"]),
-                noise=dict(run["noise"]) if isinstance(run.get("noise"), dict) else dict(SETTING_DEFAULTS["noise"]),
-                prune=_str(run, "prune", SETTING_DEFAULTS["prune"]) or SETTING_DEFAULTS["prune"],
+                values={key: _recorded(run, key, kind, implied) for key, kind, implied in _RECORDED},
             ),
             requests=tuple(r for r in requests if isinstance(r, dict)) if isinstance(requests, list) else (),
             model=ModelInfo(
@@ -293,6 +284,22 @@ def _int(section: Mapping[str, Any], key: str, default: int | None = None) -> in
 
 def _float(section: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
     return _number(section, key, default, float)
+
+
+def _recorded(run: Mapping[str, Any], key: str, kind: str, implied: Any) -> Any:
+    """A recorded option, read as its declared type (dicts, such as the noise, as dicts)."""
+    value = run.get(key, implied)
+    if isinstance(value, dict) or isinstance(implied, dict):
+        return dict(value) if isinstance(value, dict) else dict(implied)
+    if value is None:
+        return None
+    if kind.startswith("bool"):
+        return bool(value)
+    if kind.startswith("int"):
+        return _int(run, key, implied)
+    if kind.startswith("float"):
+        return _float(run, key, implied)
+    return _str(run, key, implied)
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:

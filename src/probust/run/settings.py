@@ -1,184 +1,701 @@
 """The arguments of one ``probust estimate`` run: :class:`RunSettings`, checked when it is built.
 
+Each argument is declared once, as a field with an :class:`~probust._options.Option` (its help,
+unit, flag, choices, check, and whether ``config.json`` records it), in the group of the layer
+that uses it: :class:`DataOptions` (what is scored), :class:`NoiseOptions`,
+:class:`EstimatorOptions` (what the estimators compute: recorded, part of a folder's identity),
+:class:`ExecutionOptions` (how they run: never changes a number) and :class:`FolderOptions`
+(the results folder). :class:`RunSettings` composes them. The ``probust estimate`` flags and
+their help, the recorded settings and their defaults, the estimators' keyword arguments and the
+error-to-flag map are all derived from these declarations.
+
 :func:`probust.run.run_estimate` takes these arguments by keyword and builds a :class:`RunSettings`;
 :func:`probust.run.prepare` takes one. Every bad value raises :class:`~probust.run.ConfigError`
-with a one-line message that starts with the argument's name (the CLI maps it to its flag).
+(a :class:`probust.errors.OptionError`) whose ``field`` is the argument's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from probust._options import UNSET, declared, option
 from probust._stats import INTERVALS
-from probust.estimators import MMSE, REGISTRY
+from probust.errors import Setting
+from probust.estimators import METHODS, MMSE, PAPER_METHODS, REGISTRY
 from probust.estimators.pruning import PRUNE_CHOICES
+from probust.estimators.registry import RUN_OPTIONS
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
-from probust.run.methods import DEFAULT_METHODS, METHODS
-from probust.run.noise_options import check_noise
+from probust.run.methods import DEFAULT_METHODS
+from probust.run.noise_options import DEFAULT_DESCRIPTION, NOISE_KINDS, NOISE_SCALES, check_noise
 from probust.run.sources import device_type
 
-__all__ = ["MMSE_SAMPLINGS", "TARGETS", "RunSettings"]
+__all__ = [
+    "GROUPS",
+    "MMSE_SAMPLINGS",
+    "SETTING_DEFAULTS",
+    "TARGETS",
+    "DataOptions",
+    "EstimatorOptions",
+    "ExecutionOptions",
+    "FolderOptions",
+    "NoiseOptions",
+    "RunSettings",
+    "estimator_parameters",
+    "model_argument",
+    "recorded",
+]
 
 TARGETS = ("prediction", "label")
 MMSE_SAMPLINGS = MMSE.SAMPLINGS
 
 
+# --- checks: check(value, name) -> the normalised value; a ConfigError whose field is name -----
+
+
+def _path(optional: bool, what: str = "a folder") -> Any:
+    def check(value: Any, name: str) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"expected {what} (a str or a path), got {value!r}", field=name)
+        return value
+
+    return check
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"must be True or False, got {value!r}", field=name)
+    return bool(value)
+
+
+def _choice(allowed: Sequence[str]) -> Any:
+    def check(value: Any, name: str) -> Any:
+        if not isinstance(value, str) or value not in allowed:
+            raise ConfigError(f"expected one of {', '.join(allowed)}, got {value!r}", field=name)
+        return value
+
+    return check
+
+
+def _items(values: Any, name: str, what: str) -> list[Any]:
+    """A scalar as a one-item list, or the items of a list, tuple, array, ...; anything else is refused."""
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = values.tolist()
+    if isinstance(values, (str, int, float, np.number)):
+        return [values]
+    if isinstance(values, (bytes, dict)) or not isinstance(values, Iterable):
+        raise ConfigError(f"expected {what} or a list of them, got {values!r}", field=name)
+    return list(values)
+
+
+def _number(value: Any, name: str, message: str = "") -> float:
+    """``value`` as a float: a number (not a bool) or a string holding one (as the CLI gives)."""
+    bad = message or f"{value!r} is not a number"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, str, np.number)):
+        raise ConfigError(bad, field=name)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(bad, field=name) from None
+
+
+def _positive(value: Any, name: str) -> float:
+    v = _number(value, name)
+    if not np.isfinite(v) or v <= 0:
+        raise ConfigError(f"must be a positive number, got {value}", field=name)
+    return v
+
+
+def _integer(minimum: int | None, optional: bool) -> Any:
+    def check(value: Any, name: str) -> int | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if minimum is None:
+                raise ConfigError(f"must be an integer, got {value!r}", field=name)
+            raise ConfigError(f"must be an integer >= {minimum}, got {value!r}", field=name)
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"must be an integer >= {minimum}, got {value!r}", field=name)
+        return int(value)
+
+    return check
+
+
+def _sigmas(sigmas: Any, name: str) -> tuple[float, ...]:
+    values = _items(sigmas, name, "a noise level")
+    if not values:
+        raise ConfigError("give at least one noise level", field=name)
+    out = []
+    for v in values:
+        s = _number(v, name, f"{v!r} is not a number")
+        if not np.isfinite(s) or s <= 0:
+            raise ConfigError(f"noise levels must be positive finite numbers, got {v}", field=name)
+        out.append(s)
+    return tuple(sorted(set(out)))
+
+
+def _methods(methods: Any, name: str) -> tuple[str, ...]:
+    values = _items(methods, name, "a method name")
+    if not values:
+        raise ConfigError("give at least one method", field=name)
+    unknown = [m for m in values if not isinstance(m, str) or m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}", field=name)
+    return tuple(m for m in METHODS if m in values)
+
+
+def _counts(values: Any, name: str) -> tuple[int, ...]:
+    items = _items(values, name, "a sample count")
+    if not items:
+        raise ConfigError("give at least one sample count", field=name)
+    out = []
+    for v in items:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, str, np.number)):
+            raise ConfigError(f"{v!r} is not an integer", field=name)
+        try:
+            n = int(v)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{v!r} is not an integer", field=name) from None
+        if isinstance(v, (float, np.floating)) and v != n or n < 1:
+            raise ConfigError(f"sample counts must be integers >= 1, got {v}", field=name)
+        out.append(n)
+    return tuple(sorted(set(out)))
+
+
+def _split(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"expected train or test, got {value!r}", field=name)
+    return value
+
+
+def _indices(value: Any, name: str) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(i) for i in parse_indices(value))
+
+
+def _data(data: Any, name: str) -> Any:
+    if isinstance(data, (str, os.PathLike)):
+        return data
+    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__") or isinstance(data, bytes):
+        raise ConfigError(
+            f"expected a data set name or a Dataset with ds[i] -> (x, label) and len(ds), got {data!r}", field=name
+        )
+    return data
+
+
+def _model(model: Any, name: str) -> Any:
+    if not isinstance(model, (str, os.PathLike, nn.Module)):
+        raise ConfigError(f"expected a path to a model file or a torch.nn.Module, got {model!r}", field=name)
+    return model
+
+
+def model_argument(text: str) -> tuple[str, Any]:
+    """``"KEY=VALUE"`` as ``(KEY, VALUE)``: VALUE read as a JSON literal (``3``, ``0.5``,
+    ``true``, ``null``, ``[1, 2]``, ``"text"``), else kept as the string it is."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip().isidentifier():
+        raise ValueError(f"expected KEY=VALUE with KEY a Python name, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _model_args(value: Any, name: str) -> dict[str, Any]:
+    """A dict of keyword arguments (or ``KEY=VALUE`` strings / pairs) whose values JSON can record."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Mapping):
+        pairs = []
+        for item in _items(value, name, "KEY=VALUE"):
+            try:
+                pairs.append(model_argument(item) if isinstance(item, str) else tuple(item))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(str(exc), field=name) from None
+        value = dict(pairs)
+    out = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"keyword names must be Python names, got {key!r}", field=name)
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{key}: values must be numbers, strings, booleans, None or lists/dicts of them, got {v!r}", field=name
+            ) from None
+        out[key] = v
+    return out
+
+
+def _device(value: Any, name: str) -> Any:
+    if not isinstance(value, (str, torch.device)):
+        raise ConfigError(f"expected cpu, cuda, cuda:N or auto, got {value!r}", field=name)
+    device_type(value)
+    return value
+
+
+def _budget(value: Any, name: str) -> Any:
+    try:
+        check_budget(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc).removeprefix(f"{name} "), field=name) from None
+    return value
+
+
+def _channels_last(value: Any, name: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"expected True, False or None (measured), got {value!r}", field=name)
+    return value
+
+
+def _level(value: Any, name: str) -> float:
+    level = _number(value, name)
+    if not 0 < level < 1:
+        raise ConfigError(f"must be in (0, 1), got {level}", field=name)
+    return level
+
+
+def _half_width(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    width = _positive(value, name)
+    if width >= 0.5:
+        raise ConfigError(f"must be below 0.5 (a half-width of a probability), got {width}", field=name)
+    return width
+
+
+def _mapping(what: str) -> Any:
+    def check(value: Any, name: str) -> Any:
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"expected {what}, got {value!r}", field=name)
+        return value
+
+    return check
+
+
+def _array(value: Any, name: str) -> Any:
+    if value is not None and not isinstance(value, (str, os.PathLike, np.ndarray, torch.Tensor, list, tuple)):
+        raise ConfigError(f"expected a .npy file or an array, got {value!r}", field=name)
+    return value
+
+
+def _named(methods: Iterable[str]) -> str:
+    return ", ".join(methods)
+
+
+def _with(run_option: str) -> str:
+    return _named(name for name, spec in REGISTRY.items() if run_option in spec.run_options)
+
+
+def _sampled(kind: str) -> str:
+    return _named(name for name, spec in REGISTRY.items() if spec.samples == kind)
+
+
+# --- the declarations ----------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True)
-class RunSettings:
+class DataOptions:
+    """What is scored: the data, the model, the grid of noise levels, methods and sample counts."""
+
+    TITLE: ClassVar[str] = "what to score"
+
+    data: str | Any = option(
+        help="a built-in data set (mnist, fashion-mnist, cifar10, cifar100, digits), or your own: a tensor file "
+        "(.npz, .pt, .npy: inputs [N, ...] and integer labels [N]), a table (.parquet, .csv: one row per point) "
+        "or a folder of images in one subfolder per class; from Python also a Dataset with "
+        "ds[i] -> (x float32 [C, H, W], label)",
+        metavar="NAME|PATH",
+        check=_data,
+    )
+    model: str | os.PathLike | nn.Module = option(
+        help="probust checkpoint, TorchScript file or torch.export (.pt2) file; package.module:function "
+        "returning an nn.Module (called with --model-arg's keyword arguments; the current folder is searched "
+        "first); or hf:FOLDER, a Hugging Face image classifier saved with save_pretrained (probust[hf]); from "
+        "Python also an nn.Module mapping [B, C, H, W] to logits [B, num_classes] (its state_dict's sha256 "
+        "identifies it)",
+        metavar="FILE",
+        check=_model,
+    )
+    model_args: Mapping[str, Any] = option(
+        None,
+        help="a keyword argument of the function of --model package.module:function, as KEY=VALUE (VALUE read "
+        "as a JSON literal: 3, 0.5, true, null, [1, 2], else as text), e.g. num_classes=3; repeat for several. "
+        "Recorded in config.json, part of the folder's identity",
+        default_help="",
+        flag="--model-arg",
+        metavar="KEY=VALUE",
+        repeat=True,
+        parse=model_argument,
+        check=_model_args,
+        record="model_args",
+        implied={},
+    )
+    weights: str | os.PathLike | None = option(
+        None,
+        help="state_dict file loaded into the model built by --model package.module:function",
+        default_help="",
+        metavar="FILE",
+        check=_path(True, "a state_dict file"),
+    )
+    allow_pickle: bool = option(
+        False,
+        help="accept model files that run code when loaded (torch.save(model))",
+        check=_bool,
+    )
+    sigmas: Sequence[float] = option(
+        help="noise standard deviations per input coordinate, in the units of x (pixel units, [0, 1] scale for images)",
+        flag="--sigma",
+        metavar="S",
+        many=True,
+        check=_sigmas,
+    )
+    methods: Sequence[str] = option(
+        DEFAULT_METHODS,
+        help=f"any of {' '.join(METHODS)}",
+        default_help=f"the paper's six, {' '.join(PAPER_METHODS)}",
+        metavar="M",
+        many=True,
+        check=_methods,
+    )
+    split: str = option(
+        "test",
+        help="data set split (a built-in data set): train or test",
+        choices=("train", "test"),
+        check=_split,
+    )
+    mc_samples: Sequence[int] = option(
+        (10_000,),
+        help=f"Monte Carlo draws per point ({_sampled('mc')}); several values give one row each, for "
+        "convergence studies",
+        metavar="M",
+        many=True,
+        parse=int,
+        check=_counts,
+    )
+    mmse_samples: Sequence[int] = option(
+        (5,),
+        help=f"MMSE noisy copies per point; several values give one row each ({_sampled('mmse')}); the MMSE "
+        f"linearisation of {_with('mmse_samples')} uses the smallest (to extend a folder holding their rows, "
+        "keep it the same)",
+        metavar="N",
+        many=True,
+        parse=int,
+        check=_counts,
+    )
+    limit: int | None = option(
+        None,
+        help="score only the first N selected points",
+        default_help="",
+        metavar="N",
+        parse=int,
+        check=_integer(1, True),
+    )
+    indices: Sequence[int] | None = option(
+        None,
+        help="points to score: N, A-B (inclusive), A-B:STEP, comma- or space-separated",
+        default_help="all",
+        metavar="SPEC",
+        many=True,
+        check=_indices,
+    )
+    data_root: str | os.PathLike | None = option(
+        None,
+        help="folder holding the data sets",
+        default_help="$PROBUST_DATA_DIR or ~/.cache/probust/data",
+        metavar="DIR",
+        check=_path(True),
+    )
+    download: bool = option(False, help="download the data set if it is not on this machine", check=_bool)
+    data_options: Mapping[str, Any] | None = option(
+        None,
+        help="how to read data when it is a file or folder: the fields of probust.data.FileOptions (x_key, "
+        "y_key, label_column, feature_columns, image_size, channels; each its own flag)",
+        flag="--data",
+        hidden=True,
+        check=_mapping("a dict of file reading options"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseOptions:
+    """The noise at each sigma (see :mod:`probust.run.noise_options`); its description is part of
+    a folder's identity (``config.json`` "run" -> "noise")."""
+
+    TITLE: ClassVar[str] = "noise (default: Gaussian, standard deviation sigma per coordinate)"
+
+    noise: str = option(
+        "gaussian",
+        help=f"the noise at each sigma, with standard deviation sigma per coordinate ({_named(NOISE_KINDS)}; "
+        f"{_named(n for n, s in REGISTRY.items() if s.needs_gaussian)} need gaussian)",
+        choices=NOISE_KINDS,
+        record="noise",
+        implied=DEFAULT_DESCRIPTION,
+    )
+    noise_std: Any = option(
+        None,
+        help="a .npy file (or array) of per-coordinate multipliers m, broadcast to one input's shape: "
+        "coordinate j gets standard deviation sigma * m[j] (Gaussian)",
+        default_help="",
+        metavar="FILE.npy",
+        check=_array,
+    )
+    noise_cov: Any = option(
+        None,
+        help="a .npy file (or array) holding a covariance C [d, d] over the flattened input: the noise is "
+        "N(0, sigma^2 C)",
+        default_help="",
+        metavar="FILE.npy",
+        check=_array,
+    )
+    noise_scale: str = option(
+        "absolute",
+        help="absolute, or std: sigma times each coordinate's standard deviation over the whole data set (for "
+        "tables: sigma in units of each feature's spread; Gaussian, diagonal)",
+        choices=NOISE_SCALES,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorOptions:
+    """What the estimators compute: recorded in ``config.json`` and part of a folder's identity.
+    ``param`` names the estimator's argument each sets (see :func:`estimator_parameters`)."""
+
+    TITLE: ClassVar[str] = "estimators"
+
+    seed: int = option(
+        0,
+        help="seed of every random stream (each point's stream depends on it and the point's index)",
+        metavar="S",
+        parse=int,
+        check=_integer(None, False),
+        record="seed",
+        implied=0,
+        param="seed",
+    )
+    target: str = option(
+        "prediction",
+        help="class whose survival is measured: prediction (the clean prediction, the paper's definition; "
+        "a point whose clean prediction is tied stops the run before any estimate) or label (the true class)",
+        choices=TARGETS,
+        record="target",
+    )
+    temperature: float = option(
+        1.0,
+        help="softmax temperature of method softmax",
+        metavar="T",
+        check=_positive,
+        record="temperature",
+        param="temperature",
+    )
+    tol: float = option(
+        1e-4,
+        help=f"absolute error tolerance of the mvn-cdf ({_with('tol')})",
+        metavar="TOL",
+        check=_positive,
+        record="tol",
+        param="tol",
+    )
+    ci_level: float = option(
+        0.95,
+        help=f"level of the Monte Carlo confidence interval ({_with('confidence')})",
+        flag="--confidence",
+        metavar="LEVEL",
+        check=_level,
+        record="ci_level",
+        param="confidence",
+    )
+    interval: str = option(
+        "wilson",
+        help="Monte Carlo interval of method mc (mc_cv and mc_is give their own)",
+        choices=INTERVALS,
+        record="interval",
+        param="interval",
+    )
+    mmse_sampling: str = option(
+        "centred",
+        help="MMSE noise draws: centred or iid (see probust.MMSE)",
+        choices=MMSE_SAMPLINGS,
+        record="mmse_sampling",
+        param="sampling",
+    )
+    p_fail: bool = option(
+        False,
+        help=f"also compute p_fail = 1 - p directly, with relative accuracy, for {_with('p_fail')} "
+        "(columns p_fail, p_fail_error; up to C-1 extra mvn integrals per point for the mvn-cdf methods; "
+        "mc_is always fills them)",
+        check=_bool,
+        record="p_fail",
+        implied=False,
+        param="p_fail",
+    )
+    mc_half_width: float | None = option(
+        None,
+        help=f"adaptive Monte Carlo ({_with('target_half_width')}): stop a point once its interval's half-width "
+        "is at most W, checked every 1,000 draws for mc, 500 for mc_cv (column n_drawn: the draws used)",
+        default_help="always --mc-samples draws",
+        metavar="W",
+        check=_half_width,
+        record="mc_half_width",
+        implied=None,
+        param="target_half_width",
+    )
+    prune: str = option(
+        "auto",
+        help=f"{_with('prune')}: skip the decision boundaries that cannot matter (their exact distance through "
+        "the model's linear head where it has fewer features than classes, else a forward-mode sketch bounds "
+        "it; what they could cost is added to cdf_error; column boundaries_kept): where it pays (auto: by the "
+        "head, or by the sketch from 1,000 classes on), always (on) or never (off: every margin's own backward "
+        "pass)",
+        choices=PRUNE_CHOICES,
+        record="prune",
+        implied="auto",
+        param="prune",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionOptions:
+    """How the work runs: none of these changes a number, so none is part of a folder's identity.
+    With ``eval_batch_size``, ``jacobian`` and ``channels_last`` fixed, the execution plan is fixed
+    too, for tables identical to the bit on any machine."""
+
+    TITLE: ClassVar[str] = "how it runs"
+
+    device: str | torch.device = option(
+        "auto",
+        help="cpu, cuda, cuda:N or auto (cuda if available); under torchrun on GPUs each rank uses cuda:LOCAL_RANK",
+        check=_device,
+    )
+    batch_size: int = option(
+        256,
+        help="points per work unit: per estimator call and per part file",
+        metavar="B",
+        parse=int,
+        check=_integer(1, False),
+    )
+    eval_batch_size: int | None = option(
+        None,
+        help="most inputs per pass through the model inside the estimators",
+        default_help="each estimator's own, measured per model",
+        metavar="R",
+        parse=int,
+        check=_integer(1, True),
+        param="batch_size",
+    )
+    memory_budget: int | str | None = option(
+        None,
+        help="bytes (or a size such as 4GB) each estimator may hold at once; row and class chunks are chosen to fit",
+        default_help="half the memory free on the device",
+        metavar="SIZE",
+        check=_budget,
+        param="memory_budget",
+    )
+    jacobian: str = option(
+        "auto",
+        help="how the analytic methods get input gradients: measured once per model (auto), one backward pass "
+        "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
+        choices=JACOBIANS,
+        param="jacobian",
+    )
+    channels_last: bool | None = option(
+        None,
+        help="channels_last memory format for convolutional models: measured (auto), on or off",
+        choices={"auto": None, "on": True, "off": False},
+        check=_channels_last,
+        param="channels_last",
+    )
+    show_progress: bool = option(True, help="no progress bars or summary (errors only)", flag="--quiet", check=_bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FolderOptions:
+    """The results folder (see :mod:`probust.run.store` and :mod:`probust.run.folder`)."""
+
+    TITLE: ClassVar[str] = "input and output"
+
+    out: str | os.PathLike = option(
+        "results",
+        help="the results folder (created); holds config.json and Parquet files",
+        metavar="DIR",
+        check=_path(False),
+    )
+    overwrite: bool = option(False, help="replace the results of a different run in --out", check=_bool)
+    extend: bool = option(
+        False,
+        help="add points, sigmas, methods or sample counts to a folder holding results of the same data, model "
+        "and settings",
+        check=_bool,
+    )
+    merge: bool = option(
+        True,
+        help="keep one Parquet file per work unit instead of merging them into results.parquet at the end",
+        flag="--no-merge",
+        check=_bool,
+    )
+    allow_version_change: bool = option(
+        False,
+        help="resume or extend --out although another probust version wrote its rows (refused by default: "
+        "the rows of two versions could differ; recorded in config.json's history). A folder in another "
+        "results format is always refused",
+        check=_bool,
+    )
+
+
+#: The groups :class:`RunSettings` composes, in the order they are checked and listed.
+GROUPS: tuple[type, ...] = (DataOptions, NoiseOptions, EstimatorOptions, ExecutionOptions, FolderOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOptions, DataOptions):
     """Every argument of a run, checked and normalised when the object is built.
 
-    Sequences are stored as sorted tuples (``sigmas``, ``mc_samples``, ``mmse_samples``,
-    ``indices``; ``methods`` in ``probust.METHODS`` order), numbers as int or float.
-
-    Attributes:
-        data: a data set name (``probust.data.DATASETS``), a path to the user's own data (a
-            tensor file, a table or a folder of images; see ``data_options`` and
-            :func:`probust.data.load_file`), or a Dataset with
-            ``ds[i] -> (x float32 [C, H, W], label)`` (``name``, ``classes``, ``subset`` and
-            ``tensors`` are used when present).
-        model: a model file (probust checkpoint, TorchScript, torch.export) or an ``nn.Module``
-            mapping [B, C, H, W] to logits [B, num_classes] (moved to ``device``; its
-            state_dict's sha256 identifies it).
-        sigmas: noise standard deviations per input coordinate, in the units of x (> 0).
-        methods: any of ``probust.METHODS``; default the paper's six (:data:`DEFAULT_METHODS`).
-        out: the results folder (see :mod:`probust.run.store`).
-        split: "train" or "test" (for a named data set).
-        mc_samples: Monte Carlo draws per point (mc, mc_cv, mc_is); several values give one
-            row each.
-        mmse_samples: MMSE noisy copies per point; several values give one row each (mmse,
-            mmse_mvs). The MMSE linearisation inside mc_cv and mc_is uses the first once sorted,
-            i.e. the smallest; to extend a folder holding mc_cv or mc_is rows, keep it the same.
-        limit: score only the first ``limit`` selected points.
-        indices: points to score: ints or strings like "0-99", "0-999:10" (inclusive ranges).
-        device: "cpu", "cuda", "cuda:N" or "auto" (cuda if available); under torchrun on
-            GPUs each rank uses cuda:LOCAL_RANK.
-        seed: seed of every random stream (each point's stream depends on it and the index).
-        batch_size: points per work unit: per estimator call and per part file.
-        eval_batch_size: most inputs per forward pass inside the estimators; default
-            each estimator's own.
-        memory_budget: bytes (or a size such as "4GB") each estimator may hold at once;
-            default half the memory free on the device. Row and class chunks are chosen to fit.
-        jacobian: how the analytic methods get input gradients: "auto" (measured once per
-            model), "loop", "vmap" or "forward" (see :class:`probust.Taylor`).
-        channels_last: run convolutional models in channels_last memory format (True), or
-            not (False); None: measured. With ``eval_batch_size`` and ``jacobian`` it fixes
-            the execution plan, for tables identical to the bit on any machine.
-        temperature: softmax temperature of the "softmax" method.
-        target: "prediction" (p of keeping the clean prediction, the paper's definition) or
-            "label" (p of predicting the true class). With "prediction" a point to compute
-            whose clean prediction is tied (two equal largest logits) stops the run before
-            any estimate (:class:`~probust.run.TiedPredictionError`), as the estimators refuse
-            a tie when no target is given.
-        tol: absolute error tolerance of the mvn-cdf ("taylor", "mmse", and the linearisation
-            inside "mc_cv" and "mc_is").
-        ci_level: level of the Monte Carlo confidence interval.
-        interval: "wilson" or "clopper-pearson" (method "mc"; "mc_cv" and "mc_is" give their
-            own intervals at ``ci_level``, see :class:`probust.MonteCarloCV` and
-            :class:`probust.MonteCarloIS`).
-        mmse_sampling: "centred" or "iid" (see :class:`probust.MMSE`).
-        p_fail: also compute the failure probability 1 - p directly, with relative accuracy,
-            for the analytic methods (taylor, mmse, taylor_mvs, mmse_mvs; columns ``p_fail``
-            and ``p_fail_error``, see :func:`probust.run.store.read_results`). Free for the
-            mv-sigmoid; for the mvn-cdf up to C - 1 extra QMC integrals per point, so off by
-            default. ``mc_is`` always fills these columns. A run setting: a folder computed
-            without it cannot be extended with it (use another ``out``, or ``overwrite``).
-        prune: decision boundaries the analytic mvn-cdf methods (taylor, mmse) may skip: "auto"
-            (default: skip those that cannot matter where it pays: through the model's linear
-            head, or by a sketch from 1,000 classes on, see :class:`probust.Taylor`), "on" or
-            "off" (every margin's gradient by its own backward pass, as before). The
-            error of the skipped ones is added to ``cdf_error``; the column
-            ``boundaries_kept`` records how many each point kept. A run setting, part of the
-            folder's identity.
-        mc_half_width: adaptive Monte Carlo ("mc", "mc_cv"): stop drawing for a point once its
-            interval's half-width is at most this (checked every 1,000 draws for "mc", 500 for
-            "mc_cv"; at most ``mc_samples`` draws). The column ``n_drawn`` records the draws
-            used. A run setting, part of the folder's identity. None: always ``mc_samples``.
-        show_progress: a progress bar per (sigma, method, sample count).
-        overwrite: replace the results of a different run in ``out``.
-        extend: add this grid (more points, sigmas, methods, sample counts) to a folder holding
-            results of the same data, model and settings.
-        merge: compact the parts into ``results.parquet`` at the end.
-        download: fetch a missing data set.
-        data_root: folder holding the data sets.
-        allow_pickle: accept model files that run code when loaded (pickled modules).
-        allow_version_change: resume or extend ``out`` although another probust version wrote
-            its rows (refused by default: the two versions' rows could differ; recorded in the
-            folder's history). A folder in another results format is always refused.
-        data_options: how to read ``data`` when it is a file or folder rather than a built-in
-            name: the fields of :class:`probust.data.FileOptions` (``x_key``, ``y_key``,
-            ``label_column``, ``feature_columns``, ``image_size``, ``channels``).
-        weights: a state_dict file loaded into the model built by a factory ``model`` given as
-            ``"package.module:function"``.
-        noise: "gaussian" (default), "uniform" or "laplace": the noise at each sigma, with
-            standard deviation sigma per coordinate (mc_cv and mc_is need "gaussian").
-        noise_std: a ``.npy`` file (or array) broadcastable to one input's shape: coordinate j
-            gets standard deviation ``sigma * noise_std[j]`` (a multiplier of each sigma).
-        noise_cov: a ``.npy`` file (or array) [d, d] over the flattened input: the noise has
-            covariance ``sigma**2 * noise_cov``.
-        noise_scale: "absolute" (default) or "std": sigma times each coordinate's standard
-            deviation over the whole data set (for tables: sigma in units of each feature's spread).
-        The noise is part of the folder's identity (``config.json`` "run" -> "noise"); see
-        :mod:`probust.run.noise_options`.
+    The fields are those of :data:`GROUPS` (each documented by its declaration; ``probust estimate
+    --help`` shows them all). Sequences are stored as sorted tuples (``sigmas``, ``mc_samples``,
+    ``mmse_samples``, ``indices``; ``methods`` in ``probust.METHODS`` order), numbers as int or float,
+    ``model_args`` as a dict.
 
     Raises:
-        ConfigError: a bad value (one line, starting with the argument's name).
+        ConfigError: a bad value; its ``field`` names the argument, and the message is one line.
     """
 
-    data: str | Any
-    model: str | os.PathLike | nn.Module
-    sigmas: Sequence[float]
-    methods: Sequence[str] = DEFAULT_METHODS
-    out: str | os.PathLike = "results"
-    split: str = "test"
-    mc_samples: Sequence[int] = (10_000,)
-    mmse_samples: Sequence[int] = (5,)
-    limit: int | None = None
-    indices: Sequence[int] | None = None
-    device: str | torch.device = "auto"
-    seed: int = 0
-    batch_size: int = 256
-    eval_batch_size: int | None = None
-    memory_budget: int | str | None = None
-    jacobian: str = "auto"
-    channels_last: bool | None = None
-    temperature: float = 1.0
-    target: str = "prediction"
-    tol: float = 1e-4
-    ci_level: float = 0.95
-    interval: str = "wilson"
-    mmse_sampling: str = "centred"
-    p_fail: bool = False
-    mc_half_width: float | None = None
-    prune: str = "auto"
-    show_progress: bool = True
-    overwrite: bool = False
-    extend: bool = False
-    merge: bool = True
-    download: bool = False
-    data_root: str | os.PathLike | None = None
-    allow_pickle: bool = False
-    allow_version_change: bool = False
-    data_options: Any = None
-    weights: str | os.PathLike | None = None
-    noise: str = "gaussian"
-    noise_std: Any = None
-    noise_cov: Any = None
-    noise_scale: str = "absolute"
-
     def __post_init__(self) -> None:
-        for name, value in _checked(self).items():
-            object.__setattr__(self, name, value)
+        for f, o in declared(self):
+            value = getattr(self, f.name)
+            if o.check is not None:
+                value = o.check(value, f.name)
+            elif o.choices is not None:
+                allowed = tuple(o.choices.values() if isinstance(o.choices, Mapping) else o.choices)
+                _choice(allowed)(value, f.name)
+            object.__setattr__(self, f.name, value)
+        # What one field cannot check alone.
+        if isinstance(self.data, (str, os.PathLike)) and self.split not in ("train", "test"):
+            raise ConfigError(f"expected train or test, got {self.split!r}", field="split")
+        if self.prune == "on" and self.p_fail:
+            raise ConfigError(
+                "'on' cannot be combined with ",
+                Setting("p_fail", True),
+                " (use 'auto', which keeps every boundary then)",
+                field="prune",
+            )
+        if self.overwrite and self.extend:
+            raise ConfigError(Setting("overwrite", True), " and ", Setting("extend", True), " exclude each other")
+        gaussian = [m for m in self.methods if REGISTRY[m].needs_gaussian]
+        check_noise(self.noise, self.noise_std, self.noise_cov, self.noise_scale, gaussian)
 
     @property
     def selected(self) -> np.ndarray | None:
@@ -190,189 +707,37 @@ class RunSettings:
         return dataclasses.replace(self, **changes)
 
 
-def _checked(s: RunSettings) -> dict[str, Any]:
-    """The normalised value of every argument, checked in the order the arguments are listed
-    (so that the first bad one is reported). A value of the wrong type is a ConfigError too."""
-    _check_data(s.data)
-    _check_model(s.model)
-    out: dict[str, Any] = {
-        "sigmas": _check_sigmas(s.sigmas),
-        "methods": _check_methods(s.methods),
-    }
-    if s.out is None:
-        raise ConfigError("out: give an output folder")
-    _check_path(s.out, "out")
-    if not isinstance(s.split, str) or (s.split not in ("train", "test") and isinstance(s.data, (str, os.PathLike))):
-        raise ConfigError(f"split: expected train or test, got {s.split!r}")
-    out["mc_samples"] = _check_counts(s.mc_samples, "mc_samples")
-    out["mmse_samples"] = _check_counts(s.mmse_samples, "mmse_samples")
-    out["limit"] = _check_int(s.limit, "limit", 1)
-    out["indices"] = None if s.indices is None else tuple(int(i) for i in parse_indices(s.indices))
-    if not isinstance(s.device, (str, torch.device)):
-        raise ConfigError(f"device: expected cpu, cuda, cuda:N or auto, got {s.device!r}")
-    device_type(s.device)
-    if isinstance(s.seed, bool) or not isinstance(s.seed, (int, np.integer)):
-        raise ConfigError(f"seed: must be an integer, got {s.seed!r}")
-    out["seed"] = int(s.seed)
-    if s.batch_size is None:
-        raise ConfigError("batch_size: must be an integer >= 1, got None")
-    out["batch_size"] = _check_int(s.batch_size, "batch_size", 1)
-    out["eval_batch_size"] = _check_int(s.eval_batch_size, "eval_batch_size", 1)
-    try:
-        check_budget(s.memory_budget)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"memory_budget: {str(exc).removeprefix('memory_budget ')}") from None
-    if not isinstance(s.jacobian, str) or s.jacobian not in JACOBIANS:
-        raise ConfigError(f"jacobian: expected one of {', '.join(JACOBIANS)}, got {s.jacobian!r}")
-    if s.channels_last is not None and not isinstance(s.channels_last, bool):
-        raise ConfigError(f"channels_last: expected True, False or None (measured), got {s.channels_last!r}")
-    out["temperature"] = _check_positive(s.temperature, "temperature")
-    _check_choice(s.target, TARGETS, "target")
-    out["tol"] = _check_positive(s.tol, "tol")
-    ci_level = _check_number(s.ci_level, "ci_level")
-    if not 0 < ci_level < 1:
-        raise ConfigError(f"ci_level: must be in (0, 1), got {ci_level}")
-    out["ci_level"] = ci_level
-    _check_choice(s.interval, INTERVALS, "interval")
-    _check_choice(s.mmse_sampling, MMSE_SAMPLINGS, "mmse_sampling")
-    out["p_fail"] = _check_bool(s.p_fail, "p_fail")
-    mc_half_width = s.mc_half_width
-    if mc_half_width is not None:
-        mc_half_width = _check_positive(mc_half_width, "mc_half_width")
-        if mc_half_width >= 0.5:
-            raise ConfigError(f"mc_half_width: must be below 0.5 (a half-width of a probability), got {mc_half_width}")
-    out["mc_half_width"] = mc_half_width
-    for name in ("show_progress", "overwrite", "extend", "merge", "download"):
-        out[name] = _check_bool(getattr(s, name), name)
-    if s.data_root is not None:
-        _check_path(s.data_root, "data_root")
-    for name in ("allow_pickle", "allow_version_change"):
-        out[name] = _check_bool(getattr(s, name), name)
-    if s.prune not in PRUNE_CHOICES:
-        raise ConfigError(f"prune: expected one of {', '.join(PRUNE_CHOICES)}, got {s.prune!r}")
-    if s.prune == "on" and s.p_fail:
-        raise ConfigError(
-            "prune: 'on' cannot be combined with p_fail=True (use 'auto', which keeps every boundary then)"
-        )
-    if out["overwrite"] and out["extend"]:
-        raise ConfigError("overwrite=True and extend=True exclude each other")
-    if s.data_options is not None and not isinstance(s.data_options, Mapping):
-        raise ConfigError(f"data_options: expected a dict of file reading options, got {s.data_options!r}")
-    if s.weights is not None:
-        _check_path(s.weights, "weights")
-    for name in ("noise_std", "noise_cov"):
-        value = getattr(s, name)
-        if value is not None and not isinstance(value, (str, os.PathLike, np.ndarray, torch.Tensor, list, tuple)):
-            raise ConfigError(f"{name}: expected a .npy file or an array, got {value!r}")
-    check_noise(
-        s.noise, s.noise_std, s.noise_cov, s.noise_scale, [m for m in out["methods"] if REGISTRY[m].needs_gaussian]
-    )
+def recorded(settings: RunSettings, noise_description: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``config.json``'s "run" records of the settings (with the data and the model, a
+    folder's identity): every declared option with a ``record`` key; the noise as described."""
+    out = {o.record: getattr(settings, f.name) for f, o in declared(RunSettings) if o.record is not None}
+    out["noise"] = dict(noise_description)
+    out["model_args"] = dict(settings.model_args)
     return out
 
 
-def _check_data(data: Any) -> None:
-    if isinstance(data, (str, os.PathLike)):
-        return
-    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__") or isinstance(data, bytes):
-        raise ConfigError(
-            f"data: expected a data set name or a Dataset with ds[i] -> (x, label) and len(ds), got {data!r}"
-        )
+#: Settings added to ``config.json``'s "run" after the first format, with the value a folder
+#: written before them implicitly has (compared as such, so such folders still resume). A folder
+#: from before ``prune`` computed every boundary; it counts as "auto", which computes every
+#: boundary below 1,000 classes for models without a narrow linear head (the same rows, bitwise)
+#: and otherwise stays within ``tol``. Derived from the declarations (``implied``).
+SETTING_DEFAULTS: dict[str, Any] = {
+    o.record: o.implied for _, o in declared(RunSettings) if o.record is not None and o.implied is not UNSET
+}
 
 
-def _check_model(model: Any) -> None:
-    if not isinstance(model, (str, os.PathLike, nn.Module)):
-        raise ConfigError(f"model: expected a path to a model file or a torch.nn.Module, got {model!r}")
-
-
-def _check_path(value: Any, name: str) -> None:
-    if not isinstance(value, (str, os.PathLike)):
-        raise ConfigError(f"{name}: expected a folder (a str or a path), got {value!r}")
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name}: must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _check_choice(value: Any, allowed: Sequence[str], name: str) -> None:
-    if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
-
-
-def _items(values: Any, name: str, what: str) -> list[Any]:
-    """A scalar as a one-item list, or the items of a list, tuple, array, ...; anything else is refused."""
-    if isinstance(values, (torch.Tensor, np.ndarray)):
-        values = values.tolist()
-    if isinstance(values, (str, int, float, np.number)):
-        return [values]
-    if isinstance(values, (bytes, dict)) or not isinstance(values, Iterable):
-        raise ConfigError(f"{name}: expected {what} or a list of them, got {values!r}")
-    return list(values)
-
-
-def _check_sigmas(sigmas: Any) -> tuple[float, ...]:
-    values = _items(sigmas, "sigmas", "a noise level")
-    if not values:
-        raise ConfigError("sigmas: give at least one noise level")
-    out = []
-    for v in values:
-        s = _check_number(v, "sigmas", f"{v!r} is not a number")
-        if not np.isfinite(s) or s <= 0:
-            raise ConfigError(f"sigmas: noise levels must be positive finite numbers, got {v}")
-        out.append(s)
-    return tuple(sorted(set(out)))
-
-
-def _check_methods(methods: Any) -> tuple[str, ...]:
-    values = _items(methods, "methods", "a method name")
-    if not values:
-        raise ConfigError("methods: give at least one method")
-    unknown = [m for m in values if not isinstance(m, str) or m not in METHODS]
-    if unknown:
-        raise ConfigError(f"methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-    return tuple(m for m in METHODS if m in values)
-
-
-def _check_counts(values: Any, name: str) -> tuple[int, ...]:
-    items = _items(values, name, "a sample count")
-    if not items:
-        raise ConfigError(f"{name}: give at least one sample count")
-    out = []
-    for v in items:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, str, np.number)):
-            raise ConfigError(f"{name}: {v!r} is not an integer")
-        try:
-            n = int(v)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{name}: {v!r} is not an integer") from None
-        if isinstance(v, (float, np.floating)) and v != n or n < 1:
-            raise ConfigError(f"{name}: sample counts must be integers >= 1, got {v}")
-        out.append(n)
-    return tuple(sorted(set(out)))
-
-
-def _check_number(value: Any, name: str, message: str = "") -> float:
-    """``value`` as a float: a number (not a bool) or a string holding one (as the CLI gives)."""
-    bad = message or f"{value!r} is not a number"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, str, np.number)):
-        raise ConfigError(f"{name}: {bad}")
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{name}: {bad}") from None
-
-
-def _check_positive(value: float, name: str) -> float:
-    v = _check_number(value, name)
-    if not np.isfinite(v) or v <= 0:
-        raise ConfigError(f"{name}: must be a positive number, got {value}")
-    return v
-
-
-def _check_int(value: int | None, name: str, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name}: must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+def estimator_parameters(settings: RunSettings, run_options: Iterable[str]) -> dict[str, Any]:
+    """The keyword arguments of a method's estimator that the run's settings give, under the
+    estimator's names (each option's declared ``param``): those of :data:`RUN_OPTIONS` only when
+    the method takes them (``run_options``), the others (seed, memory budget, ...) always; a None
+    value (or a False ``p_fail``) leaves the estimator's default."""
+    takes = set(run_options)
+    out = {}
+    for f, o in declared(settings):
+        if o.param is None or (o.param in RUN_OPTIONS and o.param not in takes):
+            continue
+        value = getattr(settings, f.name)
+        if value is None or (o.param == "p_fail" and not value):
+            continue
+        out[o.param] = value
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,11 @@ from torch import Tensor, nn
 from probust._checks import eval_mode
 from probust._io import sha256_file
 from probust._json import jsonable
+from probust.errors import Setting, first_parts
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, first_line
 
 #: The options of :class:`probust.data.FileOptions`: run settings of the same names.
-_FILE_OPTIONS = ("x_key", "y_key", "label_column", "feature_columns", "image_size", "channels")
 
 __all__ = [
     "batch",
@@ -47,13 +48,18 @@ def device_type(device: str | torch.device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"device: unknown device {device!r}; expected cpu, cuda, cuda:N or auto") from None
+        raise ConfigError(f"unknown device {device!r}; expected cpu, cuda, cuda:N or auto", field="device") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            "device: cuda was asked for but no CUDA GPU is available here (use device='cpu' or device='auto')"
+            "cuda was asked for but no CUDA GPU is available here (use ",
+            Setting("device", "cpu"),
+            " or ",
+            Setting("device", "auto"),
+            ")",
+            field="device",
         )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device: mps was asked for but is not available here")
+        raise ConfigError("mps was asked for but is not available here", field="device")
     return dev.type
 
 
@@ -65,7 +71,7 @@ def resolve_device(device: str | torch.device, device_type: str, world: World) -
     if dev.index is None:
         dev = torch.device("cuda", world.local_rank if world.distributed else torch.cuda.current_device())
     if dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"device: {dev} does not exist here ({torch.cuda.device_count()} GPUs)")
+        raise ConfigError(f"{dev} does not exist here ({torch.cuda.device_count()} GPUs)", field="device")
     torch.cuda.set_device(dev)  # so that code allocating on "cuda" without an index uses this rank's GPU
     return dev
 
@@ -82,37 +88,42 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
             message = first_line(exc)
             if not Path(data).exists():
                 message += f", and not a built-in data set (known data sets: {', '.join(pdata.DATASETS)})"
-            raise ConfigError(f"data: {message}") from None
+            raise ConfigError(f"{message}", field="data") from None
         except ValueError as exc:  # an option that does not apply, or a bad option value
-            text = first_line(exc)
-            name = text.partition(":")[0]
-            raise ConfigError(text if name in _FILE_OPTIONS else f"data_options: {text}") from None
+            raise ConfigError(
+                first_line(exc) if getattr(exc, "field", None) is None else exc.reason,  # type: ignore[attr-defined]
+                field=getattr(exc, "field", None) or "data_options",
+            ) from None
     if options:
         given = pdata.FileOptions.of(options).given()
         if given:
-            raise ConfigError(f"{next(iter(given))}: applies to data files and folders, not to built-in data sets")
+            raise ConfigError("applies to data files and folders, not to built-in data sets", field=next(iter(given)))
     if not isinstance(data, (str, os.PathLike)):
         if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
             raise ConfigError(
-                f"data: must be a data set name or a Dataset with ds[i] -> (x, label), got {type(data).__name__}"
+                f"must be a data set name or a Dataset with ds[i] -> (x, label), got {type(data).__name__}",
+                field="data",
             )
         if len(data) == 0:
-            raise ConfigError("data: the data set is empty")
+            raise ConfigError("the data set is empty", field="data")
         try:
             batch(data, np.arange(1, dtype=np.int64))
         except Exception as exc:
             raise ConfigError(
-                f"data: cannot read ds[0] as (x, label) ({type(exc).__name__}: {first_line(exc)})"
+                f"cannot read ds[0] as (x, label) ({type(exc).__name__}: {first_line(exc)})", field="data"
             ) from None
         return data
     try:
         return pdata.load(str(data), split, root=root, download=download)
-    except (pdata.ProbustDataError, FileNotFoundError) as exc:
-        lines = str(exc).strip().splitlines()
-        hint = next((line for line in lines if line.startswith("to get it")), "")
-        raise ConfigError(f"data: {lines[0] if lines else exc}" + (f" ({hint})" if hint else "")) from None
+    except pdata.ProbustDataError as exc:
+        # Its first line, and how to get the data (with the settings it names, kept as such).
+        lines = exc.lines()
+        hint = next((line for line in lines if line and str(line[0]).startswith("to get it")), ())
+        raise ConfigError(*lines[0], *((" (", *hint, ")") if hint else ()), field="data") from None
+    except FileNotFoundError as exc:
+        raise ConfigError(first_line(exc), field="data") from None
     except ValueError as exc:
-        raise ConfigError(f"data: {first_line(exc)}") from None
+        raise ConfigError(*first_parts(exc), field="data") from None
 
 
 def data_name(ds: Any) -> str:
@@ -161,7 +172,7 @@ def hash_data(ds: Any, chunk: int = 4096) -> str:
         try:
             x, y = batch(ds, np.arange(first, min(first + chunk, len(ds)), dtype=np.int64))
         except ProbustDataError as exc:  # an image of a folder that fails to decode
-            raise ConfigError(f"data: {first_line(exc)}") from None
+            raise ConfigError(*first_parts(exc), field="data") from None
         h.update(x.contiguous().numpy().tobytes())
         h.update(y.numpy().astype("<i8").tobytes())
     return h.hexdigest()
@@ -183,24 +194,32 @@ def config_value(value: Any) -> Any:
 
 
 def load_model(
-    model: Any, device: torch.device, ds: Any, allow_pickle: bool, weights: str | os.PathLike | None = None
+    model: Any,
+    device: torch.device,
+    ds: Any,
+    allow_pickle: bool,
+    weights: str | os.PathLike | None = None,
+    model_args: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """The model on ``device``, a JSON description (with its sha256), and warnings.
 
     ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
-    saved with ``save_pretrained``), or ``package.module:function`` (a factory called with no
-    arguments), into which ``weights`` (a state_dict file) are then loaded."""
+    saved with ``save_pretrained``), or ``package.module:function`` (a factory called with the
+    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded."""
     shape, classes, notes = input_shape(ds), num_classes(ds), []
     from probust import data as pdata
     from probust import models as pmodels
 
-    if weights is not None and not (isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model)):
-        raise ConfigError("weights: apply to a model given as package.module:function only")
+    factory = isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model)
+    if model_args and not factory:
+        raise ConfigError("apply to a model given as package.module:function only", field="model_args")
+    if weights is not None and not factory:
+        raise ConfigError("apply to a model given as package.module:function only", field="weights")
     if isinstance(model, str) and model.startswith(pmodels.HF_PREFIX):
         try:
             module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :])
         except pmodels.CheckpointError as exc:
-            raise ConfigError(f"model: {first_line(exc)}") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         info: dict[str, Any] = {
             "source": f"{pmodels.HF_PREFIX}{Path(model[len(pmodels.HF_PREFIX) :]).resolve()}",
             "class": f"{type(module.model).__module__}.{type(module.model).__qualname__}",
@@ -210,17 +229,18 @@ def load_model(
         module = module.to(device)
     elif isinstance(model, (str, os.PathLike)) and pmodels.is_factory(model):
         try:
-            built = pmodels.build_from_factory(os.fspath(model))
+            built = pmodels.build_from_factory(os.fspath(model), model_args)
         except pmodels.CheckpointError as exc:
-            raise ConfigError(f"model: {first_line(exc)}") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         if weights is not None:
             try:
                 pmodels.load_weights(built, weights)
             except pmodels.CheckpointError as exc:
-                raise ConfigError(f"weights: {first_line(exc)}") from None
+                raise ConfigError(*first_parts(exc), field="weights") from None
         info = {
             "source": f"factory:{os.fspath(model)}",
             "class": f"{type(built).__module__}.{type(built).__qualname__}",
+            "args": dict(model_args or {}),
             "weights": None if weights is None else str(Path(weights).resolve()),
             "meta": {},
             "sha256": hash_state_dict(built),
@@ -237,7 +257,7 @@ def load_model(
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
-            raise ConfigError(f"model: no model file at {path} (nor a factory package.module:function)")
+            raise ConfigError(f"no model file at {path} (nor a factory package.module:function)", field="model")
         try:
             module, meta = pmodels.load_model(
                 path,
@@ -248,10 +268,11 @@ def load_model(
             )
         except pmodels.CheckpointMismatchError as exc:
             raise ConfigError(
-                f"model: {first_line(exc)} (data set {data_name(ds)}: input shape {list(shape)}, {classes} classes)"
+                f"{first_line(exc)} (data set {data_name(ds)}: input shape {list(shape)}, {classes} classes)",
+                field="model",
             ) from None
         except (pmodels.CheckpointError, OSError) as exc:
-            raise ConfigError(f"model: {first_line(exc)}") from None
+            raise ConfigError(*first_parts(exc), field="model") from None
         trained_on = meta.get("dataset")
         # Between built-in sets only: a user's files are named freely (train.csv, test.csv).
         if trained_on is not None and hasattr(ds, "name") and pdata.is_builtin(str(trained_on)):
@@ -265,7 +286,9 @@ def load_model(
                 notes.append(f"the model was trained on {trained_on}, it is scored on {ds.name}")
         info = {"source": str(path.resolve()), "meta": config_value(meta), "sha256": sha256_file(path)}
     else:
-        raise ConfigError(f"model: must be a path to a model file or a torch.nn.Module, got {type(model).__name__}")
+        raise ConfigError(
+            f"must be a path to a model file or a torch.nn.Module, got {type(model).__name__}", field="model"
+        )
     _probe(module, ds, device, shape, classes)
     return module, info, notes
 
@@ -278,14 +301,15 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             out = model(x.to(device))
     except Exception as exc:
         raise ConfigError(
-            f"model: does not accept inputs of shape {list(shape)} from {data_name(ds)} "
-            f"({type(exc).__name__}: {first_line(exc)})"
+            f"does not accept inputs of shape {list(shape)} from {data_name(ds)} "
+            f"({type(exc).__name__}: {first_line(exc)})",
+            field="model",
         ) from None
     from probust.models import output_problem
 
     problem = output_problem(out, x.shape[0])
     if problem is not None:
-        raise ConfigError(f"model: {problem}")
+        raise ConfigError(f"{problem}", field="model")
     assert isinstance(out, Tensor)
     if classes is not None and out.shape[1] != classes:
-        raise ConfigError(f"model: has {out.shape[1]} classes, the data set {data_name(ds)} has {classes}")
+        raise ConfigError(f"has {out.shape[1]} classes, the data set {data_name(ds)} has {classes}", field="model")

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probust._io import atomic_write_bytes, first_line
+from probust.errors import ProbustError
 from probust.run.files import (
     CONFIG_META_KEY,
     KEY,
@@ -81,11 +82,11 @@ MERGED_NAME = "results.parquet"
 _LOCK_NAME = ".lock"
 
 
-class FolderLockedError(RuntimeError):
+class FolderLockedError(ProbustError, RuntimeError):
     """Another process holds the results folder's lock."""
 
 
-class ResultsWriteError(OSError):
+class ResultsWriteError(ProbustError, OSError):
     """A file of a results folder could not be written (a full disk, a quota, an I/O error).
 
     The file was written whole or not at all, so the folder is as it was before the attempt:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from probust import data as _data
 from probust import models as _models
 from probust._json import jsonable
+from probust.errors import Setting
 from probust.training.config import TrainConfig
 from probust.training.objectives import ExtraLoss
 
@@ -162,7 +163,7 @@ def restore(
     try:
         payload = _models.read_checkpoint(path, map_location="cpu")
     except _models.CheckpointError as exc:
-        raise _models.CheckpointError(f"{exc}; pass resume=False (CLI: --no-resume) to overwrite it") from None
+        raise _models.CheckpointError(str(exc), "; pass ", Setting("resume", False), " to overwrite it") from None
     saved = payload["meta"]
     problems = [
         f"{key}={saved.get(key)!r} there, {settings.get(key)!r} asked"

@@ -12,14 +12,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
+from probust._options import option
+from probust.errors import OptionError
 from probust.models import check_arch
 
 #: Learning-rate schedules: factor of the base lr as a function of progress t in [0, 1).
@@ -56,49 +59,87 @@ class TrainConfig:
             torch's setting. On a busy machine 1 can be many times faster than the default.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA when available).
 
+    Each field is declared once (:func:`probust._options.option`): ``probust train``'s flags and
+    their help are derived from the declarations.
+
     Raises:
-        ValueError: a bad value, naming the field (the argument of ``train`` of that name).
+        OptionError: a bad value (a ValueError; its ``field`` is the argument of ``train`` of that name).
     """
 
-    epochs: int | None = None
-    lr: float | None = None
-    batch_size: int | None = None
-    weight_decay: float | None = None
-    momentum: float = 0.9
-    schedule: str = "cosine"
-    grad_reg: float = 0.0
-    seed: int = 0
-    augment: bool | None = None
-    arch_kwargs: Mapping[str, Any] | None = field(default=None, hash=False)
-    num_threads: int | None = None
-    device: str | torch.device = "cpu"
+    TITLE: ClassVar[str] = "training (None: the architecture's value, see DEFAULTS)"
+
+    epochs: int | None = option(None, help="passes over the training set", default_help="per architecture", parse=int)
+    lr: float | None = option(None, help="base (initial) learning rate", default_help="per architecture", parse=float)
+    batch_size: int | None = option(None, help="examples per step", default_help="per architecture", parse=int)
+    weight_decay: float | None = option(None, help="SGD weight decay", default_help="per architecture", parse=float)
+    momentum: float = option(0.9, help="SGD momentum, in [0, 1)", parse=float)
+    schedule: str = option(
+        "cosine", help=f"learning-rate schedule over all steps: {', '.join(SCHEDULES)}", metavar="NAME"
+    )
+    grad_reg: float = option(
+        0.0,
+        help="lambda of the gradient-norm penalty (>= 0; 0 disables it); the paper uses 0, 1e-4, 1e-3, 1e-2",
+        metavar="LAMBDA",
+        parse=float,
+    )
+    seed: int = option(
+        0, help="seeds initialisation, shuffling, augmentation and randomness inside the model", parse=int
+    )
+    augment: bool | None = option(None, help="random crop (pad 4) and horizontal flip", default_help="CIFAR only")
+    arch_kwargs: Mapping[str, Any] | None = dataclasses.field(
+        default=None,
+        hash=False,
+        metadata=option(
+            None,
+            help="architecture options as a JSON object, e.g. '{\"pool\": false}' or '{\"dropout\": 0.25}' for "
+            'cnn, \'{"config": {"hidden_size": 192}}\' for vit (the data set\'s mean/std normalise the input '
+            "unless given here)",
+            default_help="",
+            metavar="JSON",
+            parse=json.loads,
+        ).metadata,
+    )
+    num_threads: int | None = option(
+        None,
+        help="CPU threads torch may use while training (restored afterwards); on a busy machine 1 can be many "
+        "times faster",
+        default_help="torch's setting",
+        flag="--threads",
+        metavar="N",
+        parse=int,
+    )
+    device: str | torch.device = option("cpu", help="cpu, cuda, cuda:N or auto (CUDA when available)")
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+                raise OptionError(f"must be an integer >= 1, got {value!r}", field=name)
         if self.lr is not None and not (_real(self.lr, "lr") > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+            raise OptionError(f"must be a positive number, got {self.lr!r}", field="lr")
         if not (_real(self.grad_reg, "grad_reg") >= 0 and math.isfinite(self.grad_reg)):
-            raise ValueError(f"grad_reg (lambda) must be >= 0, got {self.grad_reg!r}")
+            raise OptionError(f"(lambda) must be >= 0, got {self.grad_reg!r}", field="grad_reg")
         if not 0 <= _real(self.momentum, "momentum") < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+            raise OptionError(f"must be in [0, 1), got {self.momentum!r}", field="momentum")
         if self.weight_decay is not None and not _real(self.weight_decay, "weight_decay") >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+            raise OptionError(f"must be >= 0, got {self.weight_decay!r}", field="weight_decay")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; known schedules: {', '.join(SCHEDULES)}")
+            raise OptionError(
+                f"unknown schedule {self.schedule!r}; known schedules: {', '.join(SCHEDULES)}", field="schedule"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            raise OptionError(f"must be an integer, got {self.seed!r}", field="seed")
         if self.arch_kwargs is not None and not isinstance(self.arch_kwargs, Mapping):
-            raise ValueError(
-                f"arch_kwargs must be a dict of options for probust.models.build, got {self.arch_kwargs!r}"
+            raise OptionError(
+                f"must be a dict of options for probust.models.build, got {self.arch_kwargs!r}", field="arch_kwargs"
             )
         if str(self.device) != "auto":
             try:
                 torch.device(self.device)
             except (RuntimeError, TypeError, ValueError):
-                raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}") from None
+                raise OptionError(
+                    f"must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {self.device!r}", field="device"
+                ) from None
         # The same conversions train() has always applied, done once here.
         for name in ("lr", "weight_decay", "grad_reg", "momentum"):
             value = getattr(self, name)
@@ -122,7 +163,7 @@ class TrainConfig:
 
 def _real(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise OptionError(f"must be a number, got {value!r}", field=name)
     return float(value)
 
 
