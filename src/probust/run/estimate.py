@@ -158,6 +158,7 @@ def run_estimate(
             compute is tied between two classes (found before any estimator runs).
         TypeError: an unknown keyword argument.
     """
+    sigmas = (sigmas,) if isinstance(sigmas, (int, float)) else sigmas
     settings = RunSettings(data=data, model=model, sigmas=sigmas, methods=methods, out=out, **options)
     plan = prepare(settings)
     if plan.world.is_main:
