@@ -1,17 +1,20 @@
 # Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
-# Both create .venv and install what they need (pinned by constraints.txt) on first use.
+# Both create .venv and install what they need (pinned by constraints.txt) on first use:
+# probust with every extra, [all,dev]. `make test-core` checks the core without any extra.
 PYTHON ?= python3
+CORE_PYTHON ?= python3.11
 VENV := .venv
+CORE_VENV := .venv-core
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all test-cuda lint bench install clean
+.PHONY: demo test test-all test-cuda test-core lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,6 +34,16 @@ test-all: $(STAMP)
 test-cuda: $(STAMP)
 	$(BIN)/python -m pytest -m cuda $(PYTEST_ARGS)
 
+# The core alone (what `pip install probust` gives: torch, numpy, scipy): a fresh venv holding
+# probust built from this tree with its own dependencies only, then every estimator on a small
+# model and the errors that name a missing extra (tests/core_only/check_core.py).
+test-core:
+	rm -rf $(CORE_VENV)
+	$(CORE_PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt .
+	cd tests/core_only && PROBUST_CACHE_DIR=off ../../$(CORE_VENV)/bin/python check_core.py
+	rm -rf $(CORE_VENV)
+
 # Lint, format, types and the architecture contracts (pyproject.toml configures each tool).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -43,4 +56,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_estimators.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(CORE_VENV) build dist src/*.egg-info .pytest_cache

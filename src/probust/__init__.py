@@ -10,6 +10,10 @@ of scale sigma. The estimators share one call convention::
 Randomized smoothing (Cohen et al.'s certified L2 radius; :mod:`probust.smoothing`)::
 
     c = probust.certify(model, x, sigma=0.25)   # c.prediction int64 [B] (-1: abstain), c.radius float64 [B]
+
+``pip install probust`` needs torch, numpy and scipy only and gives all of the above. The runner
+(``probust.run_estimate``, ``probust estimate``), the report, the data sets and Hugging Face
+models are extras (``pip install 'probust[all]'``); a missing one is named in the error.
 """
 
 from probust.estimators import (
@@ -34,10 +38,17 @@ __version__ = "0.3.0"
 
 
 def __getattr__(name: str):
-    # run_estimate pulls in pandas and pyarrow: import it only when it is asked for.
+    # run_estimate pulls in pandas and pyarrow (the 'run' extra): import it only when asked for.
     if name == "run_estimate":
-        from probust.run import run_estimate
+        from probust._extras import missing_extra
 
+        try:
+            from probust.run import run_estimate
+        except ModuleNotFoundError as exc:
+            error = missing_extra(exc, "probust.run_estimate")
+            if error is None:
+                raise
+            raise error from exc
         return run_estimate
     raise AttributeError(f"module 'probust' has no attribute {name!r}")
 

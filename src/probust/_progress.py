@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
+from probust._extras import import_extra
+
 
 class Progress(Protocol):
     """What the work reports to a progress bar: units done since the last update."""
@@ -20,11 +22,13 @@ class _Silent:
 
 @contextlib.contextmanager
 def progress(total: int, description: str, enabled: bool) -> Iterator[Progress]:
-    """A tqdm bar over ``total`` units (points or model evaluations), or a no-op."""
+    """A tqdm bar over ``total`` units (points or model evaluations), or a no-op.
+
+    tqdm comes with the 'run' extra; without it, asking for a bar raises a MissingExtraError.
+    """
     if not enabled:
         yield _Silent()
         return
-    from tqdm.auto import tqdm
-
+    tqdm = import_extra("tqdm.auto", extra="run", feature="a progress bar (show_progress=True)").tqdm
     with tqdm(total=total, desc=description, unit="eval" if total > 10**5 else "pt", dynamic_ncols=True) as bar:
         yield bar

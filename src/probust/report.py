@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
+
+from probust._extras import MissingExtraError
+
+try:  # the 'report' extra (matplotlib, and the 'run' extra's pandas)
+    import matplotlib  # noqa: F401
+    import pandas as pd
+except ModuleNotFoundError as exc:
+    raise MissingExtraError(exc.name or "matplotlib", "report", "the report (probust report)") from exc
 
 from probust import experiments
 from probust._io import atomic_write_text

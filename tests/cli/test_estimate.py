@@ -224,7 +224,7 @@ def test_a_different_run_into_the_same_folder_is_refused(checkpoints, tmp_path, 
     assert estimate(*args) == 0
     assert estimate(*args, "--seed", "7") == 2
     err = _one_line_error(capsys, "seed: 0 there, 7 here")
-    assert err.endswith("use --overwrite to replace them, or another --out"), err
+    assert err.endswith("use --overwrite to replace them, or another --out folder"), err
     other = base(checkpoints["cnn"], tmp_path / "r", "--sigma", "0.1", "--methods", "softmax", "--limit", "4")
     assert estimate(*other) == 2
     _one_line_error(capsys, "model_sha256")

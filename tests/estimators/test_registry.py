@@ -72,9 +72,7 @@ def test_default_samples_is_the_estimators_default(name):
         assert est.n_samples == spec.default_samples  # type: ignore[attr-defined]
 
 
-def test_spec_text_html_and_linearised():
-    spec = REGISTRY["mmse"]
-    assert spec.text == "p^mmse" and spec.html == "p<sup>mmse</sup>"
+def test_spec_linearised():
     assert [n for n in METHODS if REGISTRY[n].linearised] == [n for n in METHODS if n in ("mc_cv", "mc_is")]
 
 
@@ -85,4 +83,4 @@ def test_a_spec_is_immutable_and_refuses_unknown_run_options():
     with pytest.raises(TypeError):
         spec.options["cdf"] = "mvn"  # type: ignore[index]  # a read-only mapping
     with pytest.raises(ValueError, match=r"run_options of 'x' name unknown settings \['colour'\]"):
-        MethodSpec("x", MonteCarlo, "x", "#000000", "-", "o", run_options=frozenset({"colour"}))
+        MethodSpec("x", MonteCarlo, run_options=frozenset({"colour"}))

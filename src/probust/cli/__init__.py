@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from probust._extras import MissingExtraError, missing_extra
 from probust.errors import ProbustError
 
 # Sub-command modules, in the order `probust --help` lists them.
@@ -39,8 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"probust.cli.{name}":
                 raise
             continue
-        module.register(subparsers)
+        try:
+            module.register(subparsers)
+        except MissingExtraError as exc:  # listed still; running it names the extra to install
+            sub = subparsers.add_parser(
+                name, help=f"(needs the {exc.extra!r} extra: pip install 'probust[{exc.extra}]')"
+            )
+            sub.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            sub.set_defaults(func=_raiser(exc))
     return parser
+
+
+def _raiser(exc: MissingExtraError):
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"probust {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # an extra not installed: name it (probust/_extras.py)
+        error = missing_extra(exc, f"probust {args.command}")
+        if error is None:
+            raise
+        print(f"probust {args.command}: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"probust {args.command}: interrupted", file=sys.stderr)
         return 130

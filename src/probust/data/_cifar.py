@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torchvision
 
+from probust._extras import import_extra
 from probust.data._dataset import ImageDataset
 from probust.data._errors import ProbustDataError
 from probust.data._locate import dedupe, not_found, search_roots
@@ -22,12 +23,17 @@ from probust.data._pickle import check_cifar_batch, check_cifar_meta
 
 @dataclass(frozen=True)
 class _CifarFormat:
-    tv_class: type[torchvision.datasets.CIFAR10]
+    tv_name: str  # torchvision's class (imported on use: torchvision is the 'data' extra)
     label_key: str
     meta_key: str
     num_classes: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+
+    @property
+    def tv_class(self) -> Any:
+        datasets = import_extra("torchvision.datasets", extra="data", feature=f"the {self.tv_name} data set")
+        return getattr(datasets, self.tv_name)
 
     @property
     def folder(self) -> str:
@@ -44,7 +50,7 @@ class _CifarFormat:
 
 _FORMATS = {
     "cifar10": _CifarFormat(
-        torchvision.datasets.CIFAR10,
+        "CIFAR10",
         "labels",
         "label_names",
         10,
@@ -52,7 +58,7 @@ _FORMATS = {
         (0.2470, 0.2435, 0.2616),
     ),
     "cifar100": _CifarFormat(
-        torchvision.datasets.CIFAR100,
+        "CIFAR100",
         "fine_labels",
         "fine_label_names",
         100,
@@ -85,7 +91,7 @@ def _find(fmt: _CifarFormat, split: str, roots: list[Path]) -> Path | list[str]:
     return notes
 
 
-def _torchvision_reader(fmt: _CifarFormat, folder: Path, split: str) -> torchvision.datasets.CIFAR10:
+def _torchvision_reader(fmt: _CifarFormat, folder: Path, split: str) -> Any:
     base = fmt.tv_class
 
     class _CheckedCIFAR(base):  # type: ignore[misc, valid-type]

@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import torch
 
+from probust._extras import import_extra
 from probust.data._dataset import ImageDataset
 
 TEST_FRACTION = 0.2
@@ -34,9 +35,8 @@ def split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
     # scikit-learn parses a CSV on every call (about a second); the arrays never change.
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    datasets = import_extra("sklearn.datasets", extra="data", feature="the digits data set")
+    bunch = datasets.load_digits()
     images, labels = bunch.images.astype(np.uint8), bunch.target.astype(np.int64)
     images.flags.writeable = labels.flags.writeable = False
     return images, labels

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from probust._extras import import_extra
 from probust.data._errors import DataFormatError
 
 #: File name endings read as images (torchvision's ImageFolder's list); other files are ignored.
@@ -67,7 +68,7 @@ class ImageFolderDataset(Dataset):
         return len(self.files)
 
     def _read(self, path: Path) -> Tensor:
-        from PIL import Image
+        Image = import_extra("PIL.Image", extra="data", feature="a folder of images")
 
         try:
             with Image.open(path) as opened:
@@ -125,7 +126,8 @@ def read_image_folder(
             all images must have the same size.
         channels: 1 (grey) or 3 (RGB); None: 3 if any image is in colour, else 1.
     """
-    from PIL import Image, UnidentifiedImageError
+    Image = import_extra("PIL.Image", extra="data", feature="a folder of images")
+    UnidentifiedImageError = Image.UnidentifiedImageError
 
     size = _check_size(image_size)
     if channels is not None and channels not in (1, 3):

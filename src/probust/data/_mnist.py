@@ -8,20 +8,27 @@ Uncompressed files are read by torchvision's own MNIST reader after a strict hea
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
-import torchvision
 
+from probust._extras import import_extra
 from probust.data._dataset import ImageDataset
 from probust.data._errors import DataCorruptError, ProbustDataError
 from probust.data._idx import check_idx_header, read_idx
 from probust.data._locate import dedupe, not_found, search_roots
 
-_TV_CLASSES = {"mnist": torchvision.datasets.MNIST, "fashion-mnist": torchvision.datasets.FashionMNIST}
+# torchvision's class per data set (imported on use: torchvision is the 'data' extra).
+_TV_NAMES = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 _STATS = {  # training-split mean and std, pixel units
     "mnist": ((0.1307,), (0.3081,)),
     "fashion-mnist": ((0.2860,), (0.3530,)),
 }
+
+
+def _tv_class(name: str) -> Any:
+    datasets = import_extra("torchvision.datasets", extra="data", feature=f"the {name} data set")
+    return getattr(datasets, _TV_NAMES[name])
 
 
 def _stems(split: str) -> tuple[str, str]:
@@ -31,7 +38,7 @@ def _stems(split: str) -> tuple[str, str]:
 
 def _candidate_dirs(name: str, root: Path) -> list[Path]:
     # torchvision's layout first (what --download produces), then a flat folder (Debian's).
-    return dedupe([root / _TV_CLASSES[name].__name__ / "raw", root, root / name])
+    return dedupe([root / _TV_NAMES[name] / "raw", root, root / name])
 
 
 def _find(name: str, split: str, roots: list[Path]) -> tuple[Path, Path] | list[str]:
@@ -55,7 +62,7 @@ def _find(name: str, split: str, roots: list[Path]) -> tuple[Path, Path] | list[
 def _read_with_torchvision(name: str, split: str, folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """torchvision's MNIST reader pointed at one folder of uncompressed IDX files."""
 
-    class _FolderMNIST(_TV_CLASSES[name]):  # type: ignore[misc, valid-type]
+    class _FolderMNIST(_tv_class(name)):  # type: ignore[misc]
         # torchvision derives its folder from root and the class name; use the one found.
         raw_folder = str(folder)
 
@@ -92,7 +99,7 @@ def _read_pair(name: str, split: str, images_path: Path, labels_path: Path) -> t
 
 def _download(name: str, root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    _TV_CLASSES[name](root=str(root), train=True, download=True)
+    _tv_class(name)(root=str(root), train=True, download=True)
 
 
 def load_idx_dataset(name: str, split: str, root: str | None, download: bool) -> ImageDataset:
@@ -128,7 +135,7 @@ def load_idx_dataset(name: str, split: str, root: str | None, download: bool) ->
         labels,
         name=name,
         split=split,
-        classes=list(_TV_CLASSES[name].classes),
+        classes=list(_tv_class(name).classes),
         mean=mean,
         std=std,
         source=str(images_path.parent),

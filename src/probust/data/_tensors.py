@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from probust._extras import import_extra
 from probust.data._errors import DataFormatError
 
 
@@ -249,7 +250,7 @@ def _keys(contents: Any, path: Path, x_key: str, y_key: str) -> tuple[Any, Any]:
 
 def read_table(path: Path, label_column: str | None, feature_columns: Sequence[str] | None) -> TensorDataset:
     """A Parquet or CSV table: one row per point, numeric feature columns and a label column."""
-    import pandas as pd
+    pd = import_extra("pandas", extra="run", feature="reading a table (Parquet, CSV)")
 
     try:
         frame = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)

@@ -1,8 +1,10 @@
 """The one list of methods: what ``probust.estimate``, the runner, the CLI, the demo and the
-figures know about each estimator.
+figures know about each estimator (its maths and options; how figures draw it is
+:mod:`probust.experiments.style`'s).
 
 Adding a method: write its estimator (one file in this package) and add one
-:class:`MethodSpec` to :data:`REGISTRY`.
+:class:`MethodSpec` to :data:`REGISTRY` (and, for figures, its look to
+``probust.experiments.style.METHOD_STYLES``).
 """
 
 from __future__ import annotations
@@ -51,18 +53,10 @@ class MethodSpec:
         needs_gaussian: the method refuses non-Gaussian noise (its correction is a Gaussian
             integral or density ratio).
         paper: one of the paper's six methods (run by default).
-        label: the name in figures (matplotlib mathtext).
-        colour: its colour in figures (the mvn-cdf estimators solid, their mv-sigmoid variants
-            dashed in a lighter shade of the same colour).
-        linestyle, marker: its line style and marker in figures.
     """
 
     name: str
     estimator: type[Estimator]
-    label: str
-    colour: str
-    linestyle: str
-    marker: str
     options: Mapping[str, Any] = field(default_factory=dict)
     samples: Literal["mc", "mmse"] | None = None
     default_samples: int | None = None
@@ -76,16 +70,6 @@ class MethodSpec:
         if unknown:
             raise ValueError(f"run_options of {self.name!r} name unknown settings {sorted(unknown)}")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-
-    @property
-    def text(self) -> str:
-        """The name in plain text (``p^mmse``)."""
-        return f"p^{self.name}"
-
-    @property
-    def html(self) -> str:
-        """The name in HTML (``p<sup>mmse</sup>``)."""
-        return f"p<sup>{self.name}</sup>"
 
     @property
     def linearised(self) -> bool:
@@ -104,10 +88,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "mc",
                 MonteCarlo,
-                r"$p^{\mathrm{mc}}$",
-                "#222222",
-                "-",
-                "s",
                 samples="mc",
                 default_samples=10_000,
                 run_options=frozenset({"confidence", "interval", "target_half_width"}),
@@ -116,10 +96,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "taylor",
                 Taylor,
-                r"$p^{\mathrm{taylor}}$",
-                "#1f5fa8",
-                "-",
-                "o",
                 options={"cdf": "mvn"},
                 run_options=_ANALYTIC,
                 paper=True,
@@ -127,10 +103,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "mmse",
                 MMSE,
-                r"$p^{\mathrm{mmse}}$",
-                "#c0392b",
-                "-",
-                "D",
                 options={"cdf": "mvn"},
                 samples="mmse",
                 default_samples=5,
@@ -140,10 +112,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "taylor_mvs",
                 Taylor,
-                r"$p^{\mathrm{taylor\_mvs}}$",
-                "#6fa8dc",
-                "--",
-                "o",
                 options={"cdf": "mv-sigmoid"},
                 run_options=_ANALYTIC - {"prune"},
                 paper=True,
@@ -151,10 +119,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "mmse_mvs",
                 MMSE,
-                r"$p^{\mathrm{mmse\_mvs}}$",
-                "#f1948a",
-                "--",
-                "D",
                 options={"cdf": "mv-sigmoid"},
                 samples="mmse",
                 default_samples=5,
@@ -164,10 +128,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "softmax",
                 Softmax,
-                r"$p^{\mathrm{softmax}}$",
-                "#2e8b57",
-                ":",
-                "^",
                 run_options=frozenset({"temperature"}),
                 uses_noise=False,
                 paper=True,
@@ -175,10 +135,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "mc_cv",
                 MonteCarloCV,
-                r"$p^{\mathrm{mc\_cv}}$",
-                "#7b4fa0",
-                "-.",
-                "v",
                 samples="mc",
                 default_samples=10_000,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples", "target_half_width"}),
@@ -187,10 +143,6 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
             MethodSpec(
                 "mc_is",
                 MonteCarloIS,
-                r"$p^{\mathrm{mc\_is}}$",
-                "#a0522d",
-                "-.",
-                "P",
                 samples="mc",
                 default_samples=10_000,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples"}),

@@ -24,6 +24,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from probust._extras import MissingExtraError
+
+try:  # the figures and their tables: the 'report' extra (matplotlib, and the 'run' extra's pandas)
+    import matplotlib  # noqa: F401
+    import pandas  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise MissingExtraError(exc.name or "matplotlib", "report", "probust's experiments and report") from exc
+
 from probust.experiments.base import Experiment, ExperimentSkipped, Output
 from probust.experiments.registry import REGISTRY
 from probust.experiments.run_info import Run

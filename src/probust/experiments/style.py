@@ -9,8 +9,10 @@ mv-sigmoid variants dashed in a lighter shade of the same hue. Figures are writt
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import matplotlib
@@ -23,22 +25,55 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from probust.estimators import REGISTRY  # noqa: E402
 
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """How figures draw one estimator.
+
+    Attributes:
+        label: its name in figures (matplotlib mathtext, the paper's ``p^{mmse}``).
+        colour: its colour (the mvn-cdf estimators solid, their mv-sigmoid variants dashed in
+            a lighter shade of the same colour).
+        linestyle: its line style.
+        marker: its marker.
+    """
+
+    label: str
+    colour: str
+    linestyle: str
+    marker: str
+
+
+#: Every method of the registry (:data:`probust.estimators.REGISTRY`), keyed by its name: one
+#: hue per linearisation (Taylor blue, MMSE red), lighter and dashed for the mv-sigmoid variant.
+METHOD_STYLES: Mapping[str, MethodStyle] = MappingProxyType(
+    {
+        "mc": MethodStyle(r"$p^{\mathrm{mc}}$", "#222222", "-", "s"),
+        "taylor": MethodStyle(r"$p^{\mathrm{taylor}}$", "#1f5fa8", "-", "o"),
+        "mmse": MethodStyle(r"$p^{\mathrm{mmse}}$", "#c0392b", "-", "D"),
+        "taylor_mvs": MethodStyle(r"$p^{\mathrm{taylor\_mvs}}$", "#6fa8dc", "--", "o"),
+        "mmse_mvs": MethodStyle(r"$p^{\mathrm{mmse\_mvs}}$", "#f1948a", "--", "D"),
+        "softmax": MethodStyle(r"$p^{\mathrm{softmax}}$", "#2e8b57", ":", "^"),
+        "mc_cv": MethodStyle(r"$p^{\mathrm{mc\_cv}}$", "#7b4fa0", "-.", "v"),
+        "mc_is": MethodStyle(r"$p^{\mathrm{mc\_is}}$", "#a0522d", "-.", "P"),
+    }
+)
+
 #: Order in which estimators appear in legends and tables (the method registry's).
 METHOD_ORDER = tuple(REGISTRY)
 
 #: The paper's names, as matplotlib mathtext.
-METHOD_LABELS = {name: spec.label for name, spec in REGISTRY.items()}
+METHOD_LABELS = {name: style.label for name, style in METHOD_STYLES.items()}
 
 #: The same names as HTML (report tables and text).
-METHOD_HTML = {name: spec.html for name, spec in REGISTRY.items()}
+METHOD_HTML = {name: f"p<sup>{name}</sup>" for name in METHOD_ORDER}
 
 #: The same names as plain text (terminal and CSV).
-METHOD_TEXT = {name: spec.text for name, spec in REGISTRY.items()}
+METHOD_TEXT = {name: f"p^{name}" for name in METHOD_ORDER}
 
-#: One hue per linearisation (Taylor blue, MMSE red), lighter for the mv-sigmoid variant.
-METHOD_COLORS = {name: spec.colour for name, spec in REGISTRY.items()}
-METHOD_LINESTYLES = {name: spec.linestyle for name, spec in REGISTRY.items()}
-METHOD_MARKERS = {name: spec.marker for name, spec in REGISTRY.items()}
+METHOD_COLORS = {name: style.colour for name, style in METHOD_STYLES.items()}
+METHOD_LINESTYLES = {name: style.linestyle for name, style in METHOD_STYLES.items()}
+METHOD_MARKERS = {name: style.marker for name, style in METHOD_STYLES.items()}
 
 #: Colour of Monte Carlo's own confidence band.
 MC_BAND_COLOR = "#bbbbbb"

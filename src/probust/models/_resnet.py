@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torchvision
 from torch import Tensor, nn
 
+from probust._extras import import_extra
 from probust.models._layers import Normalize
 
 
@@ -29,6 +29,7 @@ class ResNet18(nn.Module):
         super().__init__()
         channels = input_shape[0]
         self.normalize = Normalize(channels, mean, std)
+        torchvision = import_extra("torchvision", extra="data", feature="the resnet18 architecture")
         net = torchvision.models.resnet18(weights=None, num_classes=num_classes)
         # The ImageNet stem (7x7 stride 2 + max-pool) would shrink 32x32 inputs to 8x8 at once.
         net.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
