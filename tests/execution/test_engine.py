@@ -20,16 +20,18 @@ from tests._helpers import linear_model, points_near_boundaries
 FIXED = dict(batch_size=8, memory_budget="256MB", channels_last=False)
 
 
-def _estimators(model: nn.Module, sigma: float, **settings):
-    """One of every estimator, with ``settings`` as its execution (keywords or ``execution=``)."""
+def _estimators(model: nn.Module, sigma: float, linearising: dict, **settings):
+    """One of every estimator, with ``settings`` as its execution (keywords or ``execution=``);
+    ``linearising``: the keywords only the estimators that differentiate take (``jacobian``)."""
+    both = {**settings, **linearising}
     return {
         "mc": probust.MonteCarlo(model, sigma, n_samples=200, seed=3, **settings),
-        "taylor": probust.Taylor(model, sigma, seed=3, **settings),
-        "taylor_mvs": probust.Taylor(model, sigma, cdf="mv-sigmoid", **settings),
-        "mmse": probust.MMSE(model, sigma, n_samples=4, seed=3, **settings),
-        "mc_cv": probust.MonteCarloCV(model, sigma, n_samples=200, seed=3, **settings),
-        "mc_is": probust.MonteCarloIS(model, sigma, n_samples=200, seed=3, **settings),
-        "softmax": probust.Softmax(model, **{k: v for k, v in settings.items() if k != "jacobian"}),
+        "taylor": probust.Taylor(model, sigma, seed=3, **both),
+        "taylor_mvs": probust.Taylor(model, sigma, cdf="mv-sigmoid", **both),
+        "mmse": probust.MMSE(model, sigma, n_samples=4, seed=3, **both),
+        "mc_cv": probust.MonteCarloCV(model, sigma, n_samples=200, seed=3, **both),
+        "mc_is": probust.MonteCarloIS(model, sigma, n_samples=200, seed=3, **both),
+        "softmax": probust.Softmax(model, **settings),
     }
 
 
@@ -42,11 +44,13 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def test_an_execution_given_whole_gives_the_numbers_of_the_keyword_arguments():
     model = linear_model(6, 5, seed=1)
     x = points_near_boundaries(model, 7, 0.3)
-    by_keywords = _estimators(model, 0.3, jacobian="loop", **FIXED)
+    by_keywords = _estimators(model, 0.3, {"jacobian": "loop"}, **FIXED)
     given = Execution(jacobian="loop", **FIXED)
-    by_object = _estimators(model, 0.3, execution=given)
+    by_object = _estimators(model, 0.3, {}, execution=given)
     for name, estimator in by_keywords.items():
-        assert by_object[name].execution == estimator.execution == given, name
+        loop = name not in ("mc", "softmax")  # the others take no jacobian: theirs stays "auto"
+        assert by_object[name].execution == given, name
+        assert estimator.execution == (given if loop else given.replace(jacobian="auto")), name
         first, second = estimator(x), by_object[name](x)
         for field in ("p", "z", "margin", "cdf_error", "stderr", "ci_low", "ci_high", "p_fail"):
             assert _same(getattr(first, field), getattr(second, field)), (name, field)
