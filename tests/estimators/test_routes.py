@@ -11,6 +11,7 @@ from torch import nn
 import probust
 from probust.estimators import pruning, routes
 from probust.estimators.routes import ROUTE_NAMES
+from probust.execution import costs
 from tests._helpers import Tempered, linear_model
 
 
@@ -136,17 +137,17 @@ def test_few_inputs_and_many_classes_take_forward_mode_or_the_sketch_by_measured
 
 
 def test_forward_mode_is_not_timed_where_its_start_up_would_cost_more_than_the_planning_share(monkeypatch):
-    monkeypatch.setattr(routes, "forward_mode_startup", lambda: 2.5)  # as in a process that never used it
+    monkeypatch.setattr(costs, "forward_mode_startup", lambda: 2.5)  # as in a process that never used it
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(3, 6)
     plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)
     calls = []
-    original = routes.Pullback
-    monkeypatch.setattr(routes, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
-    small = routes.unit_costs(model, None, x, plan, work=3 * 399)
+    original = costs.Pullback
+    monkeypatch.setattr(costs, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
+    small = costs.unit_costs(model, None, x, plan, work=3 * 399)
     assert small.jvp == float("inf")  # forward mode left out: seconds of imports for a tiny call
     reverse_passes = len(calls)
-    large = routes.unit_costs(model, None, x, plan, work=1e9)  # forward mode not cached above: timed now
+    large = costs.unit_costs(model, None, x, plan, work=1e9)  # forward mode not cached above: timed now
     assert large.jvp < float("inf")
     assert len(calls) == reverse_passes  # the reverse-mode costs were kept, not timed again
     assert (large.forward, large.pull) == (small.forward, small.pull)
@@ -154,13 +155,13 @@ def test_forward_mode_is_not_timed_where_its_start_up_would_cost_more_than_the_p
 
 def test_measured_pass_costs_are_kept_per_model(monkeypatch):
     calls = []
-    original = routes.Pullback
-    monkeypatch.setattr(routes, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = costs.Pullback
+    monkeypatch.setattr(costs, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(3, 6)
     plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)
-    first = routes.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
+    first = costs.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
     measured = len(calls)
-    second = routes.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
+    second = costs.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
     assert measured > 0 and len(calls) == measured and first == second
     assert first.forward > 0 and first.pull > 0 and 0 < first.jvp < float("inf")

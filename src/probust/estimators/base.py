@@ -20,27 +20,19 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import (
-    check_logits,
-    check_noisy_logits,
-    check_positive_int,
-    check_x,
-    eval_mode,
-    model_device,
-)
+from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
 from probust.estimators.estimate import Estimate
-from probust.execution.budget import check_budget, resolve_budget
-from probust.execution.tuning import ForwardPlan, plan_forward, to_format
+from probust.execution.engine import Execution
+from probust.execution.tuning import ForwardPlan, to_format
 from probust.noise import Noise
-
-CLEAN_ROWS = 256  # rows per clean forward pass: a handful of passes, far from any memory limit
 
 
 class PointwiseMethod:
     """What every method that runs a model over a batch of points shares: the arguments, the
-    input checks, eval mode and the execution plan. Each point has its own random streams,
-    derived from ``seed`` and its index in the data set. Subclasses: :class:`Estimator` (returns
-    an :class:`Estimate`) and the randomized-smoothing procedures of :mod:`probust.smoothing`.
+    input checks, eval mode and its :class:`~probust.execution.Execution` (how the work runs:
+    rows per pass, memory budget, memory format, measured plans). Each point has its own random
+    streams, derived from ``seed`` and its index in the data set. Subclasses: :class:`Estimator`
+    (returns an :class:`Estimate`) and the randomized-smoothing procedures of :mod:`probust.smoothing`.
 
     Args:
         model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
@@ -55,6 +47,15 @@ class PointwiseMethod:
             The model's weights are given back in their own format after each call.
         seed: seed of every random stream the estimator uses.
         show_progress: draw a progress bar over the work.
+        execution: the execution settings as one :class:`~probust.execution.Execution` (which
+            may be shared by several estimators), instead of ``batch_size``, ``memory_budget``,
+            ``channels_last`` (and a linearisation's ``jacobian``, ``class_chunk_size``): give
+            one or the other. The numbers depend only on the settings, not on which way they
+            were given.
+
+    Attributes:
+        execution: the :class:`~probust.execution.Execution` the work runs by. ``batch_size``,
+            ``memory_budget`` and ``channels_last`` read (and, assigned, replace) its fields.
     """
 
     method: str = ""
@@ -68,19 +69,55 @@ class PointwiseMethod:
         channels_last: bool | None = None,
         seed: int = 0,
         show_progress: bool = False,
+        execution: Execution | None = None,
     ):
         if not callable(model):
             raise TypeError(f"model must be a torch.nn.Module (or callable) mapping [B, ...] to logits, got {model!r}")
         self.model = model
-        self.batch_size = None if batch_size is None else check_positive_int(batch_size, "batch_size")
-        self.memory_budget = check_budget(memory_budget)
-        if channels_last is not None and not isinstance(channels_last, bool):
-            raise ValueError(f"channels_last must be True, False or None (measured), got {channels_last!r}")
-        self.channels_last = channels_last
+        self._execution_given = execution is not None
+        self.execution = Execution.compose(
+            execution, batch_size=batch_size, memory_budget=memory_budget, channels_last=channels_last
+        )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
         self.show_progress = show_progress
+
+    def _compose_execution(self, **settings: object) -> None:
+        """Add a subclass's own execution keywords (e.g. ``jacobian``) to :attr:`execution`:
+        into the one the keywords built, or, where ``execution=`` was given, checked to be left
+        at their defaults (the settings are given once)."""
+        if self._execution_given:
+            Execution.compose(self.execution, **settings)
+        else:
+            self.execution = self.execution.replace(**settings)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Rows per pass (:attr:`Execution.batch_size`); None: measured."""
+        return self.execution.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.execution = self.execution.replace(batch_size=value)
+
+    @property
+    def memory_budget(self) -> int | str | None:
+        """The memory budget as given (:attr:`Execution.memory_budget`); None: half the free memory."""
+        return self.execution.memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, value: int | str | None) -> None:
+        self.execution = self.execution.replace(memory_budget=value)
+
+    @property
+    def channels_last(self) -> bool | None:
+        """The memory format as given (:attr:`Execution.channels_last`); None: measured."""
+        return self.execution.channels_last
+
+    @channels_last.setter
+    def channels_last(self, value: bool | None) -> None:
+        self.execution = self.execution.replace(channels_last=value)
 
     def _prepare(self, x: Tensor, index_offset: int) -> tuple[Tensor, Tensor]:
         """Check ``x`` and ``index_offset``; move ``x`` to the model's device and dtype.
@@ -104,39 +141,29 @@ class PointwiseMethod:
         return eval_mode(self.model) if isinstance(self.model, nn.Module) else contextlib.nullcontext()
 
     def _clean_logits(self, x: Tensor) -> Tensor:
-        step = self.batch_size or CLEAN_ROWS
+        step = self.execution.clean_rows
         with torch.no_grad():
             parts = [self.model(x[i : i + step]) for i in range(0, x.shape[0], step)]
         return check_logits(torch.cat(parts), x.shape[0])
 
-    def _budget(self, x: Tensor) -> int:
-        return resolve_budget(self.memory_budget, x.device)
-
     def _forward_plan(self, x: Tensor, total_rows: int, noise: Noise | None = None) -> ForwardPlan:
-        """Rows per forward pass without autograd (noisy copies) and the memory format.
+        """Rows per forward pass without autograd (noisy copies) and the memory format
+        (:meth:`probust.execution.Execution.forward_plan`).
 
         With ``noise``, a timed pass also draws and adds the noise, as the real passes do."""
-        if not isinstance(self.model, nn.Module):
-            return ForwardPlan(self.batch_size or CLEAN_ROWS, False)
+        if noise is None or not isinstance(self.model, nn.Module):
+            return self.execution.forward_plan(self.model, x, total_rows)
+        drawn: Noise = noise
         keys = _rng.point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), _rng.STREAM_MC)
 
         def noisy_pass(rows: Tensor) -> object:
             # As MonteCarlo._count: draw, add the inputs in place, convert to the plan's format.
-            assert noise is not None
-            noisy = noise.sample(keys, 0, rows.shape[0], rows.shape[1:])[0]
+            noisy = drawn.sample(keys, 0, rows.shape[0], rows.shape[1:])[0]
             noisy += rows
             channels_last = rows.ndim == 4 and rows.is_contiguous(memory_format=torch.channels_last)
             return self.model(to_format(noisy, channels_last))
 
-        return plan_forward(
-            self.model,
-            x[:8],
-            budget=self._budget(x),
-            total_rows=total_rows,
-            rows=self.batch_size,
-            channels_last=self.channels_last,
-            step=None if noise is None else noisy_pass,
-        )
+        return self.execution.forward_plan(self.model, x, total_rows, step=noisy_pass)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
@@ -146,7 +173,7 @@ class Estimator(PointwiseMethod, ABC):
     """Common call convention: ``estimator(x, target=None, index_offset=0) -> Estimate``.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress: see
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see
             :class:`PointwiseMethod`.
     """
 

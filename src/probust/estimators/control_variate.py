@@ -26,7 +26,7 @@ from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies
 from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
-from probust.execution.tuning import to_format, weights_in_format
+from probust.execution.tuning import to_format
 from probust.linearise import plan_blocks, project
 from probust.noise import Noise
 
@@ -96,7 +96,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
     interval, and far fewer model evaluations where the linearisation is good.
 
     Args:
-        model, batch_size, seed, show_progress: see :class:`probust.Estimator`; ``batch_size``
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`probust.Estimator`; ``batch_size``
             bounds the noisy copies per forward pass.
         sigma: noise standard deviation per input coordinate (units of x), or a Gaussian
             :class:`probust.noise.Noise`.
@@ -199,7 +199,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         plan = self._forward_plan(x, x.shape[0] * n, self.noise)
-        with weights_in_format(self.model, plan.channels_last):
+        with self.execution.in_format(self.model, plan):
             for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
                 eps = self.noise.sample(keys[points], start + first, count, shape)
                 logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))

@@ -25,7 +25,7 @@ from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies
 from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
-from probust.execution.tuning import to_format, weights_in_format
+from probust.execution.tuning import to_format
 from probust.linearise import plan_blocks, project
 from probust.noise import Gaussian, Noise
 
@@ -50,7 +50,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
     """p_fail (and p = 1 - p_fail) by importance sampling around the linearised boundaries.
 
     Args:
-        model, batch_size, seed, show_progress: see :class:`probust.Estimator`.
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`probust.Estimator`.
         sigma: noise standard deviation per input coordinate, or a Gaussian Noise.
         n_samples: draws per point.
         linearisation: "mmse" (default, as :class:`probust.MonteCarloCV`; margins and
@@ -124,7 +124,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         nonfinite = torch.zeros_like(failures)
         cumulative = log_mix.exp().cumsum(1)
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
-        with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
+        with torch.no_grad(), self.execution.in_format(self.model, plan):
             for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
                 pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]
                 which = torch.searchsorted(cumulative[points], pick.contiguous(), right=True)

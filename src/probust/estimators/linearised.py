@@ -7,25 +7,25 @@ p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_positive_float, check_positive_int, check_target_shape
+from probust._checks import check_positive_float, check_target_shape
 from probust._progress import progress
 from probust.estimators import maps, pruning, routes
 from probust.estimators.base import Estimator
 from probust.estimators.estimate import Estimate
-from probust.execution.budget import row_cost, rows_within
-from probust.execution.tuning import JACOBIANS, JacobianPlan, plan_jacobian, to_format, weights_in_format
+from probust.execution.budget import row_cost
+from probust.execution.tuning import JacobianPlan, to_format, weights_in_format
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
-_MAX_POINTS_PER_CHUNK = 1024  # the mvn-cdf is batched: more points per call gain nothing beyond this
 
 
 class Linearisation(NamedTuple):
@@ -69,6 +69,20 @@ def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
     return Estimate.cat(parts).take(torch.argsort(torch.cat(order)))
 
 
+def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
+    """What a Jacobian plan is timed on: the gradients of ``margins`` margins of ``rows`` under
+    ``plan`` (all of them in forward mode), the weights and rows in its memory format."""
+    with weights_in_format(model, plan.channels_last):
+        return margin_jacobian(
+            model,
+            to_format(rows, plan.channels_last),
+            class_chunk_size=plan.class_chunk,
+            strategy=plan.strategy,
+            limit=None if plan.strategy == "forward" else margins,
+            fallback=False,
+        )
+
+
 class Linearised(Estimator):
     """Shared by Taylor and MMSE: linearise the margins, then map z to a probability."""
 
@@ -91,17 +105,12 @@ class Linearised(Estimator):
         **kwargs,
     ) -> None:
         super().__init__(model, **kwargs)
-        if jacobian not in JACOBIANS:
-            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
-        self.jacobian = jacobian
+        self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
         if cdf not in CDFS:
             raise ValueError(f"cdf must be one of {CDFS}, got {cdf!r}")
         self.cdf = cdf
         self.tol = check_positive_float(tol, "tol")
-        self.class_chunk_size = (
-            None if class_chunk_size is None else check_positive_int(class_chunk_size, "class_chunk_size")
-        )
         if not isinstance(differentiable, bool) or not isinstance(p_fail, bool):
             raise ValueError(f"differentiable and p_fail must be bools, got {differentiable!r} and {p_fail!r}")
         self.differentiable = differentiable
@@ -122,7 +131,7 @@ class Linearised(Estimator):
                 raise ValueError(f"prune='on' cannot be combined with {', '.join(reasons)}; use prune='auto' or 'off'")
         if route not in routes.ROUTE_CHOICES:
             raise ValueError(f"route must be one of {routes.ROUTE_CHOICES}, got {route!r}")
-        if route != "auto" and (self.prune == "off" or differentiable or jacobian == "forward"):
+        if route != "auto" and (self.prune == "off" or differentiable or self.jacobian == "forward"):
             raise ValueError(
                 f"route={route!r} needs prune 'auto' or 'on', differentiable=False and a jacobian other than "
                 "'forward' (those compute every gradient directly); use route='auto'"
@@ -138,9 +147,19 @@ class Linearised(Estimator):
     def method(self) -> str:  # type: ignore[override]
         return self.base_method if self.cdf == "mvn" else f"{self.base_method}_mvs"
 
-    @abstractmethod
+    @property
+    def jacobian(self) -> str:
+        """The Jacobian strategy as given (:attr:`probust.execution.Execution.jacobian`)."""
+        return self.execution.jacobian
+
+    @property
+    def class_chunk_size(self) -> int | None:
+        """Classes per vmapped pass as given (:attr:`probust.execution.Execution.class_chunk_size`)."""
+        return self.execution.class_chunk_size
+
     def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        """The linearised margins of a chunk of points.
+        """The linearised margins of a chunk of points: every margin's gradient directly, by
+        the Jacobian plan for the chunk's ``copies`` rows per point, the weights in its memory format.
 
         Args:
             x: [B, *S] on the model's device, in its dtype; the model already in eval mode (as
@@ -148,6 +167,15 @@ class Linearised(Estimator):
             target: long [B] or None (the clean prediction; a tie is an error).
             indices: int64 [B], the points' indices in the data set (their random streams).
         """
+        target = self._target(x, target)
+        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
+        with self.execution.in_format(self.model, plan):
+            return self._linearise(plan, x, target, indices)
+
+    @abstractmethod
+    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
+        """:meth:`linearise` under ``plan`` (rows per pass, strategy, class chunk, memory format:
+        the weights already in it; the rows are put in it here)."""
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
@@ -176,7 +204,7 @@ class Linearised(Estimator):
         pay), else the settings of :func:`probust.estimators.routes.linearise`, which chooses a
         route per point by cost (the model's linear head, screenings that prune the boundaries
         that cannot matter, or every gradient)."""
-        if self.prune == "off" or self.differentiable or self.jacobian == "forward":
+        if self.prune == "off" or self.differentiable or self.execution.jacobian == "forward":
             return None
         if not isinstance(self.model, nn.Module):
             return None
@@ -202,8 +230,8 @@ class Linearised(Estimator):
         plan = self._jacobian_plan(x, x.shape[0] * self.copies, passes=passes)
         costs = None
         if wants_costs:
-            with weights_in_format(self.model, plan.channels_last):
-                costs = routes.unit_costs(
+            with self.execution.in_format(self.model, plan):
+                costs = self.execution.unit_costs(
                     self.model,
                     head,
                     x,
@@ -225,8 +253,8 @@ class Linearised(Estimator):
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         """The estimate of a chunk of points by :func:`probust.estimators.routes.linearise`."""
-        target = self._route_target(x, target)
-        with weights_in_format(self.model, ctx.plan.channels_last):
+        target = self._target(x, target)
+        with self.execution.in_format(self.model, ctx.plan):
             routed = routes.linearise(ctx, self._copies(x, indices), target, indices)
         _check_finite(Linearisation(routed.target, routed.margin, routed.normal), indices)
         if routed.kept is None:
@@ -243,50 +271,31 @@ class Linearised(Estimator):
         estimate.route = routed.route
         return estimate
 
-    def _route_target(self, x: Tensor, target: Tensor | None) -> Tensor | None:
-        """The targets of a chunk for :meth:`_routed` (Taylor: None, read off the clean logits there)."""
+    def _target(self, x: Tensor, target: Tensor | None) -> Tensor | None:
+        """The targets of a chunk before it is linearised (Taylor: as given; None is read off the
+        logits of the linearisation's own pass)."""
         return target
 
     #: noisy copies linearised per point (MMSE's N)
     copies = 1
 
     def points_per_chunk(self, x: Tensor) -> int:
-        """Points linearised together: their gradients, a float64 copy of them for the
-        covariance, and their noisy copies' inputs take at most half the memory budget."""
-        cost = row_cost(self.model, x)
-        per_point = 4 * cost.classes * cost.input + 2 * self.copies * cost.input + 24 * cost.classes**2
-        fits = rows_within(self._budget(x) // 2, per_point, what="the margin gradients of one point")
-        return min(_MAX_POINTS_PER_CHUNK, fits)
+        """Points linearised together (:meth:`probust.execution.Execution.points_per_chunk`):
+        their gradients, a float64 copy of them for the covariance, and their noisy copies'
+        inputs take at most half the memory budget."""
+        return self.execution.points_per_chunk(self.model, x, self.copies)
 
     def _jacobian_plan(self, x: Tensor, rows: int, passes: float | None = None) -> JacobianPlan:
-        """How to differentiate ``rows`` rows like ``x`` (measured once per model; half the budget);
+        """How to differentiate ``rows`` rows like ``x`` (:meth:`probust.execution.Execution.jacobian_plan`);
         ``passes``: backward passes per row the call runs (default C - 1), which bounds the measuring."""
-        cost = row_cost(self.model, x)
-        return plan_jacobian(
+        return self.execution.jacobian_plan(
             self.model,
-            x[:16],
-            cost.classes,
-            budget=self._budget(x) // 2,
-            total_rows=rows,
-            strategy=self.jacobian,
-            rows=self.batch_size,
-            class_chunk=self.class_chunk_size,
-            channels_last=self.channels_last,
+            x,
+            rows,
+            run=functools.partial(timed_margins, self.model),
             differentiable=self.differentiable,
-            run=self._timed_jacobian,
-            passes=None if passes is None else max(1, int(passes)),
+            passes=passes,
         )
-
-    def _timed_jacobian(self, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
-        with weights_in_format(self.model, plan.channels_last):
-            return margin_jacobian(
-                self.model,
-                to_format(rows, plan.channels_last),
-                class_chunk_size=plan.class_chunk,
-                strategy=plan.strategy,
-                limit=None if plan.strategy == "forward" else margins,
-                fallback=False,
-            )
 
     def _from_linearisation(self, target: Tensor, c: Tensor, u: Tensor) -> Estimate:
         std = maps.standardise(c, u, target, self.noise)

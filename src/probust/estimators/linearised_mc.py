@@ -38,24 +38,19 @@ def linearised_estimator(
     """The Taylor or MMSE estimator that gives a Monte Carlo variant its linearisation.
 
     Args:
-        outer: the Monte Carlo estimator; its seed, memory budget and memory format are the
-            linearisation's too.
+        outer: the Monte Carlo estimator; its seed and its execution (memory budget, memory
+            format, Jacobian strategy, class chunks) are the linearisation's too, except the rows
+            per pass.
         model: the classifier.
         noise: the (Gaussian) noise the linearisation is taken under.
         linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
         mmse_samples: N, copies of the MMSE linearisation.
         jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
-        **kwargs: passed to the estimator (tol, class_chunk_size, jacobian, ...).
+        **kwargs: passed to the estimator (tol, ...).
     """
     if linearisation not in LINEARISATIONS:
         raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
-    common = dict(
-        batch_size=jacobian_batch_size,
-        memory_budget=outer.memory_budget,
-        channels_last=outer.channels_last,
-        seed=outer.seed,
-        **kwargs,
-    )
+    common = dict(execution=outer.execution.replace(batch_size=jacobian_batch_size), seed=outer.seed, **kwargs)
     if linearisation == "taylor":
         return Taylor(model, noise, **common)
     return MMSE(model, noise, n_samples=mmse_samples, **common)
@@ -65,7 +60,7 @@ class LinearisedMonteCarlo(Estimator):
     """Base of the Monte Carlo estimators that draw around a linearisation of each point.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress: see
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see
             :class:`probust.Estimator`; ``batch_size`` bounds the noisy copies per forward pass.
         sigma: noise standard deviation per input coordinate (units of x), or a Gaussian
             :class:`probust.noise.Noise`.
@@ -96,6 +91,7 @@ class LinearisedMonteCarlo(Estimator):
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
+        self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
         require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
@@ -111,8 +107,6 @@ class LinearisedMonteCarlo(Estimator):
             mmse_samples=mmse_samples,
             jacobian_batch_size=jacobian_batch_size,
             tol=tol,
-            class_chunk_size=class_chunk_size,
-            jacobian=jacobian,
         )
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:

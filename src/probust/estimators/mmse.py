@@ -9,7 +9,7 @@ from probust import _rng
 from probust._checks import check_positive_int, check_target
 from probust.estimators.base import noise_words
 from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import to_format, weights_in_format
+from probust.execution.tuning import JacobianPlan, to_format
 from probust.linearise import smoothed_margin_jacobian
 from probust.noise import Noise
 
@@ -19,11 +19,13 @@ class MMSE(Linearised):
     over N noisy copies x + eps_j, eps_j drawn from the same noise.
 
     Args:
-        model, sigma, cdf, tol, class_chunk_size, batch_size, seed, show_progress, differentiable,
-            p_fail, fail_rtol, prune, route: see :class:`Taylor`. The routes and screenings work
-            on the averaged linearisation (gradients, probes' pullbacks and derivatives averaged
-            over the N copies, exactly the smoothed boundary's), so they keep the same guarantee. Differentiable MMSE differentiates through the
-            N noisy copies with the noise held fixed (a pathwise gradient of the smoothed margins).
+        model, sigma, cdf, tol, jacobian, class_chunk_size, batch_size, memory_budget, channels_last,
+            seed, show_progress, execution, differentiable, p_fail, fail_rtol, prune, route: see
+            :class:`Taylor`. The routes and screenings work on the averaged linearisation
+            (gradients, probes' pullbacks and derivatives averaged over the N copies, exactly the
+            smoothed boundary's), so they keep the same guarantee. Differentiable MMSE
+            differentiates through the N noisy copies with the noise held fixed (a pathwise
+            gradient of the smoothed margins).
         n_samples: N, noisy copies per point (the paper uses 5 to 500).
         sampling: "centred" (default): for Gaussian noise the N draws are centred to sum to
             zero and rescaled by sqrt(N / (N - 1)), so each copy is still exactly N(0, S)
@@ -62,22 +64,20 @@ class MMSE(Linearised):
             eps = (eps - eps.mean(dim=1, keepdim=True)) * (self.n_samples / (self.n_samples - 1)) ** 0.5
         return eps
 
-    def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        target = check_target(target, self._clean_logits(x))
+    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
+        assert target is not None  # from _target: the clean prediction where none was given
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
-        plan = self._jacobian_plan(x, x.shape[0] * self.n_samples)
-        with weights_in_format(self.model, plan.channels_last):
-            c, u = smoothed_margin_jacobian(
-                self.model,
-                x,
-                target,
-                self._draws(keys, x.shape[1:]),
-                batch_size=plan.rows,
-                class_chunk_size=plan.class_chunk,
-                differentiable=self.differentiable,
-                strategy=plan.strategy,
-                to_rows=lambda rows: to_format(rows, plan.channels_last),
-            )
+        c, u = smoothed_margin_jacobian(
+            self.model,
+            x,
+            target,
+            self._draws(keys, x.shape[1:]),
+            batch_size=plan.rows,
+            class_chunk_size=plan.class_chunk,
+            differentiable=self.differentiable,
+            strategy=plan.strategy,
+            to_rows=lambda rows: to_format(rows, plan.channels_last),
+        )
         # A NaN or inf logit on any copy leaves its margins non-finite, and so their average.
         bad = ~torch.isfinite(c.detach()).all(dim=1)
         if bool(bad.any()):
@@ -90,7 +90,7 @@ class MMSE(Linearised):
             )
         return Linearisation(target, c, u)
 
-    def _route_target(self, x: Tensor, target: Tensor | None) -> Tensor:
+    def _target(self, x: Tensor, target: Tensor | None) -> Tensor:
         return check_target(target, self._clean_logits(x))  # the copies' predictions may differ
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.estimators.base import Estimator, check_noisy_copies
 from probust.estimators.estimate import Estimate
-from probust.execution.tuning import ForwardPlan, to_format, weights_in_format
+from probust.execution.tuning import ForwardPlan, to_format
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise
 
@@ -55,7 +55,7 @@ class MonteCarlo(Estimator):
     """The fraction of noisy copies x + eps still predicted as the target.
 
     Args:
-        model, batch_size, seed, show_progress: see :class:`Estimator`; ``batch_size`` bounds
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`Estimator`; ``batch_size`` bounds
             the noisy copies per forward pass (memory), not the number of samples.
         sigma: noise standard deviation per input coordinate, in the units of x; or a
             :class:`probust.noise.Noise` (Gaussian with any covariance, Uniform, Laplace).
@@ -119,7 +119,7 @@ class MonteCarlo(Estimator):
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with (
             torch.no_grad(),
-            weights_in_format(self.model, plan.channels_last),
+            self.execution.in_format(self.model, plan),
             progress(batch * self.n_samples, "mc", self.show_progress) as bar,
         ):
             if self.target_half_width is None:

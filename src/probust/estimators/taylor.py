@@ -7,7 +7,7 @@ from torch import Tensor
 
 from probust._checks import check_logits
 from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import to_format, weights_in_format
+from probust.execution.tuning import JacobianPlan, to_format
 from probust.linearise import margin_jacobian, margins
 
 
@@ -17,12 +17,15 @@ class Taylor(Linearised):
     c_i = g_i(x), u_i = grad g_i(x); exact for linear models under Gaussian noise.
 
     Args:
-        model, batch_size, seed, show_progress: see :class:`Estimator`.
+        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see
+            :class:`Estimator`.
         sigma: noise standard deviation per input coordinate, in the units of x; or a
             :class:`probust.noise.Noise` (its covariance S enters as u S u^T).
         cdf: "mvn" (multivariate normal CDF) or "mv-sigmoid" (the paper's closed form).
         tol: absolute error tolerance of the mvn-cdf.
-        class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
+        jacobian: how the input gradients are computed: "loop", "vmap", "forward", or "auto"
+            (measured); with ``class_chunk_size`` (classes per vmapped backward pass, which bounds
+            memory for large C) an execution setting (:class:`probust.execution.Execution`).
         differentiable: keep the autograd graph, so that ``r.p`` (and ``r.z``, ``r.margin``)
             can be differentiated with respect to the model's parameters and, when it requires
             grad, the input x (double backpropagation through the margins' Jacobian, then
@@ -55,24 +58,22 @@ class Taylor(Linearised):
 
     base_method = "taylor"
 
-    def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        plan = self._jacobian_plan(x, x.shape[0])
+    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
         logits, targets, normals = [], [], []
-        with weights_in_format(self.model, plan.channels_last):
-            for first in range(0, x.shape[0], plan.rows):
-                rows = slice(first, first + plan.rows)
-                block_logits, block_target, u = margin_jacobian(
-                    self.model,
-                    to_format(x[rows], plan.channels_last),
-                    None if target is None else target[rows],
-                    class_chunk_size=plan.class_chunk,
-                    differentiable=self.differentiable,
-                    strategy=plan.strategy,
-                )
-                check_logits(block_logits, u.shape[0])
-                logits.append(block_logits)
-                targets.append(block_target)
-                normals.append(u)
+        for first in range(0, x.shape[0], plan.rows):
+            rows = slice(first, first + plan.rows)
+            block_logits, block_target, u = margin_jacobian(
+                self.model,
+                to_format(x[rows], plan.channels_last),
+                None if target is None else target[rows],
+                class_chunk_size=plan.class_chunk,
+                differentiable=self.differentiable,
+                strategy=plan.strategy,
+            )
+            check_logits(block_logits, u.shape[0])
+            logits.append(block_logits)
+            targets.append(block_target)
+            normals.append(u)
         target = torch.cat(targets)
         return Linearisation(
             target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]

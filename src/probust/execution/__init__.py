@@ -1,3 +1,13 @@
-"""How the work runs on a machine: memory budgets (:mod:`~probust.execution.budget`), measured
-execution plans (:mod:`~probust.execution.tuning`: rows per pass, Jacobian strategy, memory
-format) and their on-disk cache (:mod:`~probust.execution.plan_cache`)."""
+"""How the work runs on a machine, apart from what it computes.
+
+:class:`Execution` (:mod:`~probust.execution.engine`) is the one object an estimator runs by:
+rows per pass, memory budget, memory format and Jacobian strategy, turned into plans for a
+model and a batch. Underneath: memory budgets and row costs (:mod:`~probust.execution.budget`),
+measured plans (:mod:`~probust.execution.tuning`), the model's pass costs the gradient routes
+weigh (:mod:`~probust.execution.costs`), and the cache that keeps what was measured per model
+and on disk (:mod:`~probust.execution.plan_cache`).
+"""
+
+from probust.execution.engine import Execution
+
+__all__ = ["Execution"]

@@ -84,12 +84,8 @@ def mvn_cdf(
     points held fixed (exact for k_eff <= 2); the variable ordering and the number of samples a
     point used are discrete choices made without gradient.
 
-    Speed against scipy (``python benchmarks/bench_mvn.py``, one thread, a quiet 2-core machine;
-    docs/mvn.md): on 256 decision-boundary problems at k = 99, against a per-point loop of
-    ``scipy.stats.multivariate_normal.cdf(maxpts=10000, abseps=1e-4)`` (the paper code's
-    settings, 35.4 s), the default tol 1e-4 is 18.6x faster (1.90 s) with about 2x scipy's max
-    and 3.4x its mean |error|; tol 2.5e-5 matches scipy's max and mean |error| at 4.6x its speed
-    (7.75 s). Loaded runs, which slow scipy's loop more, gave up to 11x: not evidence.
+    Speed and accuracy against scipy's per-point integrator: docs/mvn.md
+    (``python benchmarks/bench_mvn.py``).
     """
     problem = prepare(upper, cov, tol=tol, max_samples=max_samples, seed=seed)
     p, err = _mvn_cdf_flat(problem)

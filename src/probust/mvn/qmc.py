@@ -28,10 +28,10 @@ def _slab(kk: int) -> int:
     """Problems x samples per integrand call for problems of kk variables.
 
     The integrand's running sums take (kk - 1) doubles per sample and are swept once per step,
-    so they should stay near the cache: measured at k = 99 (one thread, 64 decision-boundary
-    problems, tol 3e-5), 1 << 13 took 1.64 s against 2.12 s for 1 << 15; at k = 9 and 30 the
-    larger slab is as fast or faster (fewer calls). Which problems share a call never changes
-    a problem's value, so this is a speed knob only.
+    so they should stay near the cache: the call shrinks from 1 << 15 (by halves, to 1 << 13)
+    while (kk - 1) x its size exceeds 2^20 doubles (measurements: docs/mvn.md, "Where the time
+    goes at k = 99"). Which problems share a call never changes a problem's value, so this is a
+    speed knob only.
     """
     slab = _SLAB
     while slab > 1 << 13 and max(kk - 1, 1) * slab > _SLAB_DOUBLES:

@@ -35,7 +35,7 @@ from probust._checks import check_logits, check_positive_int
 from probust._progress import Progress, progress
 from probust.estimators.base import PointwiseMethod, check_noisy_copies
 from probust.estimators.monte_carlo import noisy_predictions
-from probust.execution.tuning import ForwardPlan, weights_in_format
+from probust.execution.tuning import ForwardPlan
 from probust.noise import Gaussian, Noise
 from probust.smoothing import stats
 from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
@@ -178,7 +178,7 @@ class Certify(_Smoothing):
         futility: with ``radii``: the level of the test that gives a radius up. Per point and
             radius, the probability of giving up a radius the point has (p_A above Phi(r / sigma))
             is at most this; it can lower the share certified, never the guarantee.
-        batch_size, memory_budget, channels_last, seed, show_progress: see
+        batch_size, memory_budget, channels_last, seed, show_progress, execution: see
             :class:`probust.estimators.base.PointwiseMethod` (``batch_size`` bounds the noisy
             copies per forward pass).
     """
@@ -224,7 +224,7 @@ class Certify(_Smoothing):
         seconds = torch.zeros(batch, dtype=torch.float64)
         with (
             torch.no_grad(),
-            weights_in_format(self.model, plan.channels_last),
+            self.execution.in_format(self.model, plan),
             progress(batch * (self.n0 + self.n), "certify", self.show_progress) as bar,
         ):
             started = time.perf_counter()
@@ -334,7 +334,7 @@ class Predict(_Smoothing):
     class other than the smoothed classifier's is at most ``alpha``.
 
     Args:
-        model, sigma, alpha, batch_size, memory_budget, channels_last, seed, show_progress: as
+        model, sigma, alpha, batch_size, memory_budget, channels_last, seed, show_progress, execution: as
             :class:`Certify`.
         n: draws per point (Cohen et al.: 100,000).
     """
@@ -366,7 +366,7 @@ class Predict(_Smoothing):
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_PREDICT)
         with (
             torch.no_grad(),
-            weights_in_format(self.model, plan.channels_last),
+            self.execution.in_format(self.model, plan),
             progress(batch * self.n, "predict", self.show_progress) as bar,
         ):
             started = time.perf_counter()

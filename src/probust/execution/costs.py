@@ -1,0 +1,106 @@
+"""What a model's passes cost, in seconds per row: the units the routes of Taylor and MMSE
+(:mod:`probust.estimators.routes`) weigh each other by.
+
+Measured once per model, input shape and Jacobian plan, and kept like plans (per model object in
+memory, by structure on disk: :mod:`probust.execution.plan_cache`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from probust.execution import plan_cache
+from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, forward_mode_startup, sync, to_format
+from probust.pullback import Pullback, features_and_logits
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Seconds per row of a model's passes (measured once per model, input shape and plan).
+
+    Attributes:
+        forward: one forward pass with autograd.
+        pull: one pullback (backward pass) of one cotangent.
+        jvp: one forward-mode Jacobian-vector product; inf where forward mode cannot run (or was not
+            timed: a call too small to pay for it); NaN only inside the cache (not timed yet).
+    """
+
+    forward: float
+    pull: float
+    jvp: float
+
+    @property
+    def jvp_in_pulls(self) -> float:
+        """A forward-mode probe's cost in pullbacks."""
+        return self.jvp / max(self.pull, 1e-12)
+
+
+def unit_costs(
+    model: nn.Module, head: nn.Linear | None, x: Tensor, plan: JacobianPlan, work: float, *, forward_mode: bool = False
+) -> UnitCosts:
+    """:class:`UnitCosts` of ``model`` on rows like ``x`` under ``plan`` (cached like plans).
+
+    Two rows, each pass timed twice and the second kept (first calls build kernels): a few
+    passes. Forward mode is timed only where that fits the planning share of the call
+    (``work``: the call's pullbacks of one row): its first use in a process imports torch's
+    compiler stack (seconds), so a small call leaves it out (``jvp`` inf until a call large
+    enough, or ``forward_mode``: a route that needs it was asked for). Each part is measured
+    once per model, shape and plan: the reverse-mode costs are kept while ``jvp`` waits.
+    """
+    key = ("route-costs", x.device, x.dtype, tuple(x.shape[1:]), plan.strategy, plan.channels_last, head is None)
+    cache_key = plan_cache.plan_key(model, x.device, key)
+    stored = plan_cache.lookup(model, cache_key, UnitCosts)
+    rows = to_format(x[:1].expand(2, *x.shape[1:]).contiguous(), plan.channels_last)
+    started = time.perf_counter()
+    if isinstance(stored, UnitCosts):
+        costs = stored
+    else:
+        costs = _reverse_costs(model, head, rows, plan)
+        plan_cache.store(model, cache_key, costs)
+    # NaN: forward mode not timed yet; inf: timed and unavailable.
+    if not math.isnan(costs.jvp):
+        return costs
+    spent = time.perf_counter() - started
+    if not forward_mode and spent + forward_mode_startup() + 4 * costs.forward > PLANNING_SHARE * work * costs.pull:
+        return replace(costs, jvp=math.inf)
+    costs = replace(costs, jvp=_jvp_cost(model, head, rows))
+    plan_cache.store(model, cache_key, costs)
+    return costs
+
+
+def _reverse_costs(model: nn.Module, head: nn.Linear | None, rows: Tensor, plan: JacobianPlan) -> UnitCosts:
+    """Forward and pullback seconds per row on two ``rows`` (``jvp`` NaN: not measured)."""
+    strategy = plan.strategy if plan.strategy in ("loop", "vmap") else "loop"
+    forward = pull = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        pb = Pullback(model, rows, head, strategy=strategy)
+        sync(rows.device)
+        middle = time.perf_counter()
+        pb.pull(torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=rows.device))
+        sync(rows.device)
+        forward, pull = (time.perf_counter() - start) / 2, (time.perf_counter() - middle) / 4
+    return UnitCosts(forward=forward, pull=pull, jvp=math.nan)
+
+
+def _jvp_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> float:
+    """Seconds per row of one forward-mode probe on ``rows`` (inf where forward mode cannot run)."""
+    jvp = math.inf
+    try:
+        for _ in range(2):
+            with torch.no_grad():
+                start = time.perf_counter()
+                torch.func.jvp(features_and_logits(model, head), (rows,), (torch.ones_like(rows),))
+                sync(rows.device)
+                jvp = (time.perf_counter() - start) / 2
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        jvp = math.inf
+    return jvp
+
+
+__all__ = ["UnitCosts", "unit_costs"]

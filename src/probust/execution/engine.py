@@ -1,0 +1,240 @@
+"""How an estimator's work runs: one object, given to the estimator, that owns the execution.
+
+    ex = probust.execution.Execution(batch_size=256, memory_budget="2GB")
+    taylor = probust.Taylor(model, 0.1, execution=ex)
+    mc = probust.MonteCarlo(model, 0.1, execution=ex)   # the same settings, the same plans
+
+An :class:`Execution` holds the settings that do not depend on the device or the model: rows
+per pass, the memory budget, the memory format, the Jacobian strategy and the classes per
+vmapped pass. It turns them into plans for a given model and batch: rows per forward pass of
+noisy copies (:meth:`Execution.forward_plan`), how to differentiate (:meth:`Execution.jacobian_plan`),
+points linearised together (:meth:`Execution.points_per_chunk`), the model's pass costs
+(:meth:`Execution.unit_costs`). What is measured for a model (its row cost, its plans, its pass
+costs) is kept per model object, weakly, and on disk by structure (:mod:`probust.execution.plan_cache`),
+never on the estimator or the Execution: estimators that share a model share its plans, and a
+new model starts from its own.
+
+The estimators keep the maths (linearise, map to a probability, the error); everything here
+changes speed and memory only, except the memory format and the Jacobian strategy, which
+change float rounding (every plan computes the same quantity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from torch import Tensor, nn
+
+from probust._checks import check_positive_int
+from probust.execution import costs as _costs
+from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
+from probust.execution.tuning import (
+    JACOBIANS,
+    ForwardPlan,
+    JacobianPlan,
+    plan_forward,
+    plan_jacobian,
+    weights_in_format,
+)
+
+#: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
+#: any memory limit.
+CLEAN_ROWS = 256
+#: Points linearised together at most: the mvn-cdf is batched, more points per call gain nothing.
+MAX_POINTS_PER_CHUNK = 1024
+#: Rows of the batch a forward plan is timed on, and a Jacobian plan.
+_FORWARD_SAMPLE_ROWS = 8
+_JACOBIAN_SAMPLE_ROWS = 16
+
+#: The keyword arguments of an estimator that build its :class:`Execution`, with their defaults.
+EXECUTION_DEFAULTS: dict[str, Any] = {
+    "batch_size": None,
+    "memory_budget": None,
+    "channels_last": None,
+    "jacobian": "auto",
+    "class_chunk_size": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """The execution settings of an estimator, and the plans they give for a model and a batch.
+
+    Args:
+        batch_size: the most rows (clean or noisy copies, or Jacobian rows) in one pass through
+            the model. None (default): measured on the first call, the fastest that fits
+            ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
+        memory_budget: bytes (or a size such as ``"2GB"``) the work may hold at once; None: half
+            the memory free on the device at each call. Work that cannot fit raises an error
+            naming this argument.
+        channels_last: run convolutional models with weights and inputs in channels_last memory
+            format (True), or not (False); None: measured with the rest of the plan. The model's
+            weights are given back in their own format after each call.
+        jacobian: how input gradients are computed, one of :data:`~probust.execution.tuning.JACOBIANS`:
+            "loop" (one backward pass per class), "vmap" (torch.func, vectorised over classes),
+            "forward" (forward mode, one pass per input coordinate); "auto" (default) measures.
+        class_chunk_size: classes per vmapped backward pass (bounds memory for large C); None:
+            chosen from the budget.
+
+    Raises:
+        ValueError: an argument out of range; the message names it.
+    """
+
+    batch_size: int | None = None
+    memory_budget: int | str | None = None
+    channels_last: bool | None = None
+    jacobian: str = "auto"
+    class_chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None:
+            check_positive_int(self.batch_size, "batch_size")
+        check_budget(self.memory_budget)
+        if self.channels_last is not None and not isinstance(self.channels_last, bool):
+            raise ValueError(f"channels_last must be True, False or None (measured), got {self.channels_last!r}")
+        if self.jacobian not in JACOBIANS:
+            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {self.jacobian!r}")
+        if self.class_chunk_size is not None:
+            check_positive_int(self.class_chunk_size, "class_chunk_size")
+
+    @classmethod
+    def compose(cls, execution: Execution | None = None, **settings: Any) -> Execution:
+        """The Execution of an estimator from its ``execution=`` argument and its keyword arguments.
+
+        Without ``execution``, the keywords (any of :data:`EXECUTION_DEFAULTS`) build one. With
+        it, every keyword must be left at its default: the settings are given once.
+
+        Raises:
+            ValueError: ``execution`` is not an Execution, or it is given together with a
+                keyword that is not at its default (the message names the keyword).
+        """
+        unknown = set(settings) - set(EXECUTION_DEFAULTS)
+        if unknown:
+            raise TypeError(
+                f"unknown execution settings {sorted(unknown)}; expected some of {list(EXECUTION_DEFAULTS)}"
+            )
+        if execution is None:
+            return cls(**settings)
+        if not isinstance(execution, Execution):
+            raise ValueError(f"execution must be a probust.execution.Execution or None, got {execution!r}")
+        given = [name for name, value in settings.items() if value != EXECUTION_DEFAULTS[name]]
+        if given:
+            raise ValueError(
+                f"execution= and {', '.join(f'{name}=' for name in given)} were both given: pass the execution "
+                f"settings once, either as execution=Execution(...) or as keyword arguments"
+            )
+        return execution
+
+    def replace(self, **changes: Any) -> Execution:
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def budget(self, x: Tensor) -> int:
+        """The memory budget in bytes for work on ``x``'s device (the default: half its free memory, now)."""
+        return resolve_budget(self.memory_budget, x.device)
+
+    @property
+    def clean_rows(self) -> int:
+        """Rows per clean forward pass (no noise, no autograd)."""
+        return self.batch_size or CLEAN_ROWS
+
+    def forward_plan(
+        self, model: Any, x: Tensor, total_rows: int, step: Callable[[Tensor], object] | None = None
+    ) -> ForwardPlan:
+        """Rows per forward pass without autograd and the memory format, for ``total_rows`` rows
+        like ``x`` through ``model`` (in eval mode).
+
+        Args:
+            model: the classifier; a plain callable (not an ``nn.Module``) gets
+                :attr:`clean_rows` rows per pass in its own format, measuring nothing.
+            x: the batch [B, *S] (a few of its rows are timed).
+            total_rows: the rows the call will run (bounds the measuring).
+            step: what one pass really does, timed instead of ``model(rows)`` (it gets rows
+                already in the plan's memory format).
+        """
+        if not isinstance(model, nn.Module):
+            return ForwardPlan(self.clean_rows, False)
+        return plan_forward(
+            model,
+            x[:_FORWARD_SAMPLE_ROWS],
+            budget=self.budget(x),
+            total_rows=total_rows,
+            rows=self.batch_size,
+            channels_last=self.channels_last,
+            step=step,
+        )
+
+    def jacobian_plan(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        total_rows: int,
+        *,
+        run: Callable[[JacobianPlan, Tensor, int], object],
+        differentiable: bool = False,
+        passes: float | None = None,
+    ) -> JacobianPlan:
+        """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
+        (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
+
+        Args:
+            model: in eval mode.
+            x: the batch [B, *S] (a few of its rows are timed).
+            total_rows: rows the call will differentiate.
+            run: ``run(plan, rows, k)`` computes the gradients of k margins of ``rows``: what is timed.
+            differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
+            passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
+        """
+        return plan_jacobian(
+            model,
+            x[:_JACOBIAN_SAMPLE_ROWS],
+            row_cost(model, x).classes,
+            budget=self.budget(x) // 2,
+            total_rows=total_rows,
+            strategy=self.jacobian,
+            rows=self.batch_size,
+            class_chunk=self.class_chunk_size,
+            channels_last=self.channels_last,
+            differentiable=differentiable,
+            run=run,
+            passes=None if passes is None else max(1, int(passes)),
+        )
+
+    def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
+        """Points linearised together: their margin gradients (about four [C, *S] copies: the
+        gradients and a float64 copy for the covariance), their ``copies`` noisy inputs each and
+        the [C, C] covariance take at most half the memory budget; at most
+        :data:`MAX_POINTS_PER_CHUNK`.
+
+        Raises:
+            MemoryBudgetError: not even one point fits; the message names ``memory_budget``.
+        """
+        cost = row_cost(model, x)
+        per_point = 4 * cost.classes * cost.input + 2 * copies * cost.input + 24 * cost.classes**2
+        fits = rows_within(self.budget(x) // 2, per_point, what="the margin gradients of one point")
+        return min(MAX_POINTS_PER_CHUNK, fits)
+
+    def unit_costs(
+        self,
+        model: nn.Module,
+        head: nn.Linear | None,
+        x: Tensor,
+        plan: JacobianPlan,
+        work: float,
+        *,
+        forward_mode: bool = False,
+    ) -> _costs.UnitCosts:
+        """The model's seconds per row of a forward pass, a pullback and a forward-mode product
+        (:func:`probust.execution.costs.unit_costs`; measured once per model, kept like plans)."""
+        return _costs.unit_costs(model, head, x, plan, work, forward_mode=forward_mode)
+
+    @staticmethod
+    def in_format(model: nn.Module, plan: ForwardPlan | JacobianPlan) -> AbstractContextManager[None]:
+        """Hold the model's weights in the plan's memory format for a block, then give them back."""
+        return weights_in_format(model, plan.channels_last)
+
+
+__all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution"]
