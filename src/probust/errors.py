@@ -39,6 +39,14 @@ class Setting:
         return name_of(self.name, self.value)
 
 
+class Placeholder(str):
+    """A value in a suggestion that stands for the user's own (``NAMES``, ``N``): written bare,
+    ``feature_columns=NAMES`` in Python and ``--feature-columns NAMES`` on the command line."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def python_name(name: str, value: Any = None) -> str:
     """How a Python caller sets an option: ``overwrite=True``, ``device='cpu'`` (or just ``out``)."""
     return name if value is None else f"{name}={value!r}"

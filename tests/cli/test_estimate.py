@@ -244,7 +244,9 @@ def test_a_folder_of_another_probust_version_is_refused_with_the_flags_that_get_
     (out / "config.json").write_text(json.dumps(config))
     assert estimate(*args) == 2
     err = _one_line_error(capsys, "holds results written by probust 0.0.1, this is probust")
-    assert err.endswith("use --overwrite to replace them, or another --out (or --allow-version-change to mix them)")
+    assert err.endswith(
+        "use --overwrite to replace them, or another --out folder (or --allow-version-change to mix them)"
+    )
     assert estimate(*args, "--allow-version-change") == 0
     history = read_config(out)["history"]
     assert history[-1]["allow_version_change"] is True and "allow_version_change" not in history[0]
@@ -261,7 +263,7 @@ def test_a_tied_prediction_is_a_usage_error_naming_the_points_and_the_flags(chec
     err = _one_line_error(capsys, "--target: the clean prediction is tied between two classes at data-set indices")
     assert "[5, 6, 7] (3 points)" in err
     assert err.endswith(
-        "with --target label (and --overwrite or another --out), or leave these points out with --indices ... "
+        "with --target label (and --overwrite or another --out folder), or leave these points out with --indices ... "
         "(and --extend)"
     )
     assert not list((tmp_path / "r" / "parts").glob("*.parquet"))

@@ -195,7 +195,7 @@ def test_missing_data_set_names_files_places_and_remedies(tmp_path, monkeypatch)
         "train-labels-idx1-ubyte",
         str(tmp_path / "mine"),
         str(system),
-        "--download",
+        "download=True",  # in Python the setting by its name (the CLI shows its flag)
         "dataset-fashion-mnist",
     ):
         assert needle in message

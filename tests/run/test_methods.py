@@ -56,6 +56,11 @@ PLAN = dict(
 BASE = {"seed": 3, "memory_budget": "1GB"}
 
 
+def _plan(values: dict) -> SimpleNamespace:
+    """A stand-in RunPlan: the values as its own attributes and as its settings'."""
+    return SimpleNamespace(**values, settings=SimpleNamespace(**values))
+
+
 @pytest.mark.parametrize(
     ("method", "plan", "expected"),
     [
@@ -109,7 +114,7 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
 def test_the_estimator_gets_the_settings_its_method_uses(monkeypatch, method, plan, expected):
     calls = []
     monkeypatch.setattr(methods, "make_estimator", lambda *args, **kwargs: calls.append((args, kwargs)))
-    make_task_estimator(SimpleNamespace(**{**PLAN, **plan}), Task(0.25, method, 50))
+    make_task_estimator(_plan({**PLAN, **plan}), Task(0.25, method, 50))
     ((args, kwargs),) = calls
     assert args == (method, "MODEL", None if method == "softmax" else 0.25)
     assert kwargs == expected
@@ -125,7 +130,7 @@ def test_a_run_noise_reaches_the_estimator_as_its_noise_object_and_the_default_a
     monkeypatch.setattr(methods, "make_estimator", lambda *args, **kwargs: calls.append(args))
     multiplier = torch.tensor([1.0, 2.0, 0.5])
     for setting in (NoiseSetting(), NoiseSetting("laplace"), NoiseSetting(std=multiplier)):
-        make_task_estimator(SimpleNamespace(**{**PLAN, "noise": setting}), Task(0.25, "mc", 50))
+        make_task_estimator(_plan({**PLAN, "noise": setting}), Task(0.25, "mc", 50))
     default, laplace, diagonal = (args[2] for args in calls)
     assert default == 0.25 and type(default) is float
     assert isinstance(laplace, Laplace) and laplace.sigma == 0.25

@@ -87,6 +87,7 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
         "mc_half_width": None,
         "noise": {"kind": "gaussian"},
         "prune": "auto",
+        "model_args": {},
     }
     assert s.prune == "auto"
     assert cfg.model.file == "/models/cnn.pt" and cfg.model.class_name is None

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from probust._extras import import_extra
 from probust.data._errors import DataFormatError
+from probust.errors import Placeholder, Setting
 
 #: File name endings read as images (torchvision's ImageFolder's list); other files are ignored.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -83,7 +84,8 @@ class ImageFolderDataset(Dataset):
         if array.shape[:2] != self._size:
             raise DataFormatError(
                 f"{path}: is {array.shape[1]}x{array.shape[0]}, the folder's images are "
-                f"{self._size[1]}x{self._size[0]}; pass image_size=N"
+                f"{self._size[1]}x{self._size[0]}; pass ",
+                Setting("image_size", Placeholder("N")),
             )
         return torch.from_numpy(array.copy()).permute(2, 0, 1).to(torch.float32) / 255.0
 
@@ -162,8 +164,9 @@ def read_image_folder(
         if len(sizes) > 1:
             (a, pa), (b, pb) = list(sizes.items())[:2]
             raise DataFormatError(
-                f"{root}: images of mixed sizes ({pa} is {a[1]}x{a[0]}, {pb} is {b[1]}x{b[0]}); pass image_size=N "
-                "to resize them to one size"
+                f"{root}: images of mixed sizes ({pa} is {a[1]}x{a[0]}, {pb} is {b[1]}x{b[0]}); pass ",
+                Setting("image_size", Placeholder("N")),
+                " to resize them to one size",
             )
         size = next(iter(sizes))
     return ImageFolderDataset(

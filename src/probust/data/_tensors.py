@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from probust._extras import import_extra
 from probust.data._errors import DataFormatError
+from probust.errors import Placeholder, Setting
 
 
 class TensorDataset(Dataset):
@@ -261,8 +262,12 @@ def read_table(path: Path, label_column: str | None, feature_columns: Sequence[s
     frame.columns = columns
     label = label_column if label_column is not None else "label"
     if label not in columns:
-        hint = "" if label_column is not None else " (the default); name it with label_column=NAME"
-        raise DataFormatError(f"{path}: has no label column {label!r}{hint}; its columns: {', '.join(columns)}")
+        hint: tuple[Any, ...] = (
+            ()
+            if label_column is not None
+            else (" (the default); name it with ", Setting("label_column", Placeholder("NAME")))
+        )
+        raise DataFormatError(f"{path}: has no label column {label!r}", *hint, f"; its columns: {', '.join(columns)}")
     features = list(feature_columns) if feature_columns is not None else [c for c in columns if c != label]
     unknown = [c for c in features if c not in columns]
     if unknown:
@@ -277,8 +282,9 @@ def read_table(path: Path, label_column: str | None, feature_columns: Sequence[s
     if non_numeric:
         raise DataFormatError(
             f"{path}: feature columns must be numbers; {', '.join(repr(c) for c in non_numeric[:5])} "
-            f"{'is' if len(non_numeric) == 1 else 'are'} not (encode them, or choose the features with "
-            "feature_columns=NAMES)"
+            f"{'is' if len(non_numeric) == 1 else 'are'} not (encode them, or choose the features with ",
+            Setting("feature_columns", Placeholder("NAMES")),
+            ")",
         )
     values = frame[features].to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values)

@@ -733,7 +733,7 @@ def estimator_parameters(settings: RunSettings, run_options: Iterable[str]) -> d
     value (or a False ``p_fail``) leaves the estimator's default."""
     takes = set(run_options)
     out = {}
-    for f, o in declared(settings):
+    for f, o in declared(RunSettings):
         if o.param is None or (o.param in RUN_OPTIONS and o.param not in takes):
             continue
         value = getattr(settings, f.name)

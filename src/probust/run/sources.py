@@ -85,10 +85,10 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
         try:
             return pdata.load_file(data, options)
         except pdata.ProbustDataError as exc:
-            message = first_line(exc)
+            parts = first_parts(exc)  # the settings it names kept as such (flags on the command line)
             if not Path(data).exists():
-                message += f", and not a built-in data set (known data sets: {', '.join(pdata.DATASETS)})"
-            raise ConfigError(f"{message}", field="data") from None
+                parts = (*parts, f", and not a built-in data set (known data sets: {', '.join(pdata.DATASETS)})")
+            raise ConfigError(*parts, field="data") from None
         except ValueError as exc:  # an option that does not apply, or a bad option value
             raise ConfigError(
                 first_line(exc) if getattr(exc, "field", None) is None else exc.reason,  # type: ignore[attr-defined]
