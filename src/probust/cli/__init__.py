@@ -42,12 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         try:
             module.register(subparsers)
-        except MissingExtraError as exc:  # listed still; running it names the extra to install
+        except ModuleNotFoundError as exc:  # listed still; running it names the extra to install
+            missing = missing_extra(exc, f"probust {name}")
+            if missing is None:
+                raise
             sub = subparsers.add_parser(
-                name, help=f"(needs the {exc.extra!r} extra: pip install 'probust[{exc.extra}]')"
+                name, help=f"(needs the {missing.extra!r} extra: pip install 'probust[{missing.extra}]')"
             )
             sub.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-            sub.set_defaults(func=_raiser(exc))
+            sub.set_defaults(func=_raiser(missing), needs_extra=True)
     return parser
 
 
@@ -60,7 +63,11 @@ def _raiser(exc: MissingExtraError):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A command whose extra is missing takes any arguments (argparse's REMAINDER does not take a
+    # leading flag) and answers with the extra to install.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "needs_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
