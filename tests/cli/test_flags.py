@@ -138,7 +138,7 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
     """Each declared ``param`` arrives in the estimator of every method that takes it."""
     from probust.estimators import REGISTRY
     from probust.run.methods import make_task_estimator
-    from probust.run.plan import RunPlan, Task
+    from probust.run.prepared import PreparedRun, Task
     from probust.run.settings import RunSettings
 
     values = {
@@ -160,7 +160,7 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
     assert set(params) == set(values), "give every estimator option a test value"
     settings = RunSettings(data="d.npz", model="flagnet:make", sigmas=[0.1], **values)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
-    plan = RunPlan(None, None, model, torch.device("cpu"), np.arange(2), [], {}, None, settings)  # type: ignore[arg-type]
+    plan = PreparedRun(None, None, model, torch.device("cpu"), np.arange(2), [], {}, None, settings)  # type: ignore[arg-type]
     reached = set()
     for method, spec in REGISTRY.items():
         est = make_task_estimator(plan, Task(0.1, method, 100 if spec.samples == "mc" else 2 if spec.samples else 0))

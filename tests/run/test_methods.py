@@ -57,7 +57,7 @@ BASE = {"seed": 3, "memory_budget": "1GB"}
 
 
 def _plan(values: dict) -> SimpleNamespace:
-    """A stand-in RunPlan: the values as its own attributes and as its settings'."""
+    """A stand-in PreparedRun: the values as its own attributes and as its settings'."""
     return SimpleNamespace(**values, settings=SimpleNamespace(**values))
 
 

@@ -11,7 +11,6 @@ and the figures read.
 
 from probust.estimators.base import Estimator
 from probust.estimators.control_variate import MonteCarloCV
-from probust.estimators.estimate import Estimate
 from probust.estimators.functional import estimate, make_estimator
 from probust.estimators.importance import MonteCarloIS
 from probust.estimators.linearised import CDFS, Linearisation, Linearised
@@ -19,6 +18,7 @@ from probust.estimators.linearised_mc import LINEARISATIONS, LinearisedMonteCarl
 from probust.estimators.mmse import MMSE
 from probust.estimators.monte_carlo import MonteCarlo
 from probust.estimators.registry import METHODS, PAPER_METHODS, REGISTRY, MethodSpec, method_spec, methods_with
+from probust.estimators.result import Estimate
 from probust.estimators.softmax import Softmax
 from probust.estimators.taylor import Taylor
 

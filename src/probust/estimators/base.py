@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
-from probust.estimators.estimate import Estimate
+from probust.estimators.result import Estimate
 from probust.execution.engine import Execution
 from probust.execution.tuning import ForwardPlan, to_format
 from probust.noise import Noise

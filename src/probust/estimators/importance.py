@@ -23,8 +23,8 @@ from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies
-from probust.estimators.estimate import Estimate
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.estimators.result import Estimate
 from probust.execution.tuning import to_format
 from probust.linearise import plan_blocks, project
 from probust.noise import Gaussian, Noise

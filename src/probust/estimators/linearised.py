@@ -18,7 +18,7 @@ from probust._checks import check_positive_float, check_target_shape
 from probust._progress import progress
 from probust.estimators import maps, pruning, routes
 from probust.estimators.base import Estimator
-from probust.estimators.estimate import Estimate
+from probust.estimators.result import Estimate
 from probust.execution.budget import row_cost
 from probust.execution.tuning import JacobianPlan, to_format, weights_in_format
 from probust.linear_head import find_linear_head

@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from probust._checks import check_positive_int, check_target_shape
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
-from probust.estimators.estimate import Estimate
 from probust.estimators.linearised import Linearised
 from probust.estimators.mmse import MMSE
+from probust.estimators.result import Estimate
 from probust.estimators.taylor import Taylor
 from probust.noise import Noise, as_noise, require_gaussian
 

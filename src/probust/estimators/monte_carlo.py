@@ -12,7 +12,7 @@ from probust._checks import check_positive_float, check_positive_int, check_targ
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.estimators.base import Estimator, check_noisy_copies
-from probust.estimators.estimate import Estimate
+from probust.estimators.result import Estimate
 from probust.execution.tuning import ForwardPlan, to_format
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise

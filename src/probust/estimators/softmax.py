@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from probust._checks import check_positive_float, check_target
 from probust.estimators.base import Estimator
-from probust.estimators.estimate import Estimate
+from probust.estimators.result import Estimate
 
 
 class Softmax(Estimator):

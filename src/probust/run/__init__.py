@@ -7,22 +7,22 @@
 or all at once: ``df = probust.run_estimate(...)``. Modules: :mod:`~probust.run.settings` (the
 arguments and their checks), :mod:`~probust.run.indices`, :mod:`~probust.run.sources` (data,
 model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a folder),
-:mod:`~probust.run.execution`, :mod:`~probust.run.methods` (what each method needs),
+:mod:`~probust.run.work_units`, :mod:`~probust.run.methods` (what each method needs),
 :mod:`~probust.run.noise_options` (the noise beyond isotropic Gaussian),
 :mod:`~probust.run.store` (the results folder and its format), :mod:`~probust.run.results_config`
 (``config.json`` read typed), :mod:`~probust.run.distributed` (torchrun).
 """
 
 from probust.run.errors import ConfigError, ConfigMismatchError, TiedPredictionError
-from probust.run.estimate import prepare, run_estimate
-from probust.run.execution import execute
 from probust.run.indices import parse_indices
 from probust.run.methods import ADAPTIVE_METHODS, DEFAULT_METHODS, LINEARISED_MC_METHODS, P_FAIL_METHODS
-from probust.run.plan import RunPlan, RunSummary, Task
+from probust.run.prepare import prepare, run_estimate
+from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.results_config import ResultsConfig, is_results_folder, read_results_config
 from probust.run.settings import MMSE_SAMPLINGS, TARGETS, RunSettings
 from probust.run.sources import hash_state_dict
 from probust.run.store import FORMAT, FORMAT_VERSION, ResultStore, read_config, read_results
+from probust.run.work_units import execute
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -37,7 +37,7 @@ __all__ = [
     "ConfigMismatchError",
     "ResultStore",
     "ResultsConfig",
-    "RunPlan",
+    "PreparedRun",
     "RunSettings",
     "RunSummary",
     "Task",

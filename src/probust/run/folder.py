@@ -30,7 +30,7 @@ from probust.run.distributed import World
 from probust.run.errors import ConfigError, ConfigMismatchError, first_line
 from probust.run.indices import index_ranges
 from probust.run.methods import LINEARISED_MC_METHODS, sample_kind, uses_mmse_samples
-from probust.run.plan import RunPlan
+from probust.run.prepared import PreparedRun
 from probust.run.results_config import ResultsConfig
 from probust.run.sources import config_value, data_name, data_split, hash_data, input_shape, num_classes
 from probust.run.store import FORMAT, FORMAT_VERSION, FolderLockedError, ResultStore
@@ -284,7 +284,7 @@ def claim_folder(
 
 
 def start_history(
-    plan: RunPlan, overwrite: bool, argv: Sequence[str] | None, allow_version_change: bool = False
+    plan: PreparedRun, overwrite: bool, argv: Sequence[str] | None, allow_version_change: bool = False
 ) -> None:
     """Rank 0, once every rank has prepared: clear the folder if asked, and record this process
     (with ``allow_version_change`` when it was given)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from probust.estimators import METHODS, PAPER_METHODS, REGISTRY, Estimator, make_estimator, methods_with
-from probust.run.plan import RunPlan, Task
+from probust.run.prepared import PreparedRun, Task
 
 __all__ = [
     "ADAPTIVE_METHODS",
@@ -51,7 +51,7 @@ def tasks(sigmas: list[float], methods: list[str], mc: list[int], mmse: list[int
     return [Task(s, m, n) for s in sigmas for m in methods for n in counts[sample_kind(m)]]
 
 
-def make_task_estimator(plan: RunPlan, task: Task) -> Estimator:
+def make_task_estimator(plan: PreparedRun, task: Task) -> Estimator:
     """The estimator that computes ``task``'s rows with the plan's settings.
 
     Its keyword arguments are those the settings declare for estimators (see

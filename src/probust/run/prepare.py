@@ -8,7 +8,7 @@ Two steps, so that every bad argument is reported before any work starts::
     summary = probust.run.execute(plan)
 
 or all at once, returning the table: ``df = probust.run_estimate(...)``. See
-:mod:`probust.run.execution` for how the work is cut into units.
+:mod:`probust.run.work_units` for how the work is cut into units.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from torch import nn
 
 from probust.run import distributed
 from probust.run.errors import ConfigError, agree
-from probust.run.execution import execute
 from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
 from probust.run.noise_options import noise_setting
-from probust.run.plan import RunPlan
+from probust.run.prepared import PreparedRun
 from probust.run.settings import RunSettings, recorded
 from probust.run.sources import (
     batch,
@@ -42,11 +41,12 @@ from probust.run.sources import (
     resolve_device,
 )
 from probust.run.store import ResultStore, read_results
+from probust.run.work_units import execute
 
 __all__ = ["prepare", "run_estimate"]
 
 
-def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunPlan:
+def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> PreparedRun:
     """Load the data and the model, and claim the output folder.
 
     Nothing is computed. Under torchrun this joins the process group; every rank must call it.
@@ -94,7 +94,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> RunP
             config = new_config(ds, s.split, model_info, recorded(s, noise.description), grid, dev, world)
             if world.is_main:
                 config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
-            plan = RunPlan(
+            plan = PreparedRun(
                 store=store,
                 dataset=ds,
                 model=module,

@@ -1,4 +1,4 @@
-"""A validated run (:class:`RunPlan`), its grid (:class:`Task`) and what executing it did (:class:`RunSummary`)."""
+"""A validated run (:class:`PreparedRun`), its grid (:class:`Task`) and what executing it did (:class:`RunSummary`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from probust.run.store import ResultStore
 if TYPE_CHECKING:  # settings.py reads the method registry through methods.py, which imports this
     from probust.run.settings import RunSettings
 
-__all__ = ["RunPlan", "RunSummary", "Task"]
+__all__ = ["PreparedRun", "RunSummary", "Task"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Task:
 
 
 @dataclass
-class RunPlan:
+class PreparedRun:
     """A validated run, ready for :func:`~probust.run.execute` (built by :func:`~probust.run.prepare`).
 
     Attributes:

@@ -26,7 +26,7 @@ from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs
 from probust.run.methods import make_task_estimator
-from probust.run.plan import RunPlan, RunSummary, Task
+from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.sources import batch
 from probust.run.store import OPTIONAL_COLUMNS
 
@@ -50,7 +50,7 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
     return out
 
 
-def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(prediction int64 [B], softmax confidence of it float64 [B], tied bool [B]) on the CPU;
     ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
     classes)."""
@@ -68,7 +68,7 @@ def _clean_pass(plan: RunPlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return prediction, confidence, tied
 
 
-def _clean_passes(plan: RunPlan, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Tensor, ...]]:
+def _clean_passes(plan: PreparedRun, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Tensor, ...]]:
     """The clean pass of every block with rows to compute (``todo``: (block, its points without
     some row)), keyed by the block's first index.
 
@@ -110,7 +110,7 @@ def _part_name(task: Task, indices: np.ndarray) -> str:
     return f"{task.method}-n{task.n_samples}-sigma{task.sigma!r}-{int(indices[0]):08d}-{int(indices[-1]):08d}"
 
 
-def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
+def _run_unit(plan: PreparedRun, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
     """Compute the rows of ``todo`` (a subset of ``block``) for ``task`` and store them as a part."""
     x, labels = batch(plan.dataset, block)
     prediction, confidence, _ = clean[int(block[0])]
@@ -150,13 +150,13 @@ def _run_unit(plan: RunPlan, estimator: Any, task: Task, block: np.ndarray, todo
     return n
 
 
-def _missing(plan: RunPlan, done: dict) -> int:
+def _missing(plan: PreparedRun, done: dict) -> int:
     """How many rows of the plan's grid ``done`` (from ResultStore.completed) lacks."""
     empty = np.empty(0, np.int64)
     return sum(int((~np.isin(plan.indices, done.get(t.key, empty))).sum()) for t in plan.tasks)
 
 
-def _progress_bar(plan: RunPlan, task: Task, total: int, initial: int):
+def _progress_bar(plan: PreparedRun, task: Task, total: int, initial: int):
     if not plan.show_progress:
         return None
     from tqdm.auto import tqdm
@@ -173,7 +173,7 @@ def _progress_bar(plan: RunPlan, task: Task, total: int, initial: int):
     )
 
 
-def execute(plan: RunPlan) -> RunSummary:
+def execute(plan: PreparedRun) -> RunSummary:
     """Compute every missing row of the plan, write it to the folder, and (rank 0) merge.
 
     Every rank of a torchrun job calls it; each computes its share of the blocks. A progress
@@ -241,7 +241,7 @@ def execute(plan: RunPlan) -> RunSummary:
         world.close()
 
 
-def _finish(plan: RunPlan) -> Path | None:
+def _finish(plan: PreparedRun) -> Path | None:
     """Rank 0, after every rank is done: check the grid is complete, merge, record the end."""
     store = plan.store
     rows = store.read()
