@@ -12,6 +12,7 @@ Rows must not interact inside the model (true in eval mode: batch norm uses runn
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -27,13 +28,21 @@ def margins(logits: Tensor, target: Tensor) -> Tensor:
 
 
 def _pull_vmap(
-    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], chunk_size: int | None
+    model: nn.Module,
+    x: Tensor,
+    cotangents_of: Callable[[Tensor], Tensor],
+    chunk_size: int | None,
+    differentiable: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
     ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
     vjp = torch.func.vjp(model, x)  # (output, pullback); indexed: the stubs type has_aux too
     logits, pullback = vjp[0], vjp[1]
-    grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
+    # torch.func transforms ignore an outer no_grad, which only stops autograd recording the
+    # pullback itself (a graph back to the parameters that every vmap chunk would keep alive):
+    # the gradients are the same, in less memory, unless the caller differentiates them.
+    with contextlib.nullcontext() if differentiable else torch.no_grad():
+        grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
     return logits, grads.transpose(0, 1)
 
 
@@ -86,7 +95,7 @@ def _pull(
     if strategy == "loop":
         return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
     try:
-        return _pull_vmap(model, x, cotangents_of, chunk_size)
+        return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)
     except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
         if not fallback:
             raise

@@ -114,9 +114,14 @@ class Pullback:
             width = -(-count // VMAP_STEP) * VMAP_STEP
             if width > count:
                 cotangents = torch.cat([cotangents, cotangents.new_zeros(width - count, *cotangents.shape[1:])])
-            parts = [
-                torch.func.vmap(self._pullback)(cotangents[k : k + VMAP_STEP])[0] for k in range(0, width, VMAP_STEP)
-            ]
+            # The result is detached, so no graph back to the parameters is wanted: without
+            # no_grad each part would keep its whole double-backward graph alive until the cat
+            # (about 260 MB per 8 cotangents on a 2-layer ViT-B/16, 24 GB at d = 768).
+            with torch.no_grad():
+                parts = [
+                    torch.func.vmap(self._pullback)(cotangents[k : k + VMAP_STEP])[0]
+                    for k in range(0, width, VMAP_STEP)
+                ]
             grads = torch.cat(parts)[:count]
         else:
             grads = torch.stack(
