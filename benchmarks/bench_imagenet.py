@@ -135,9 +135,13 @@ def _timed(estimator: probust.Estimator, x: Tensor) -> tuple[probust.Estimate, f
     return r, seconds, (peak.bytes or 0) / 2**20
 
 
-def calibrate(method: str, model: nn.Module, x: Tensor, low: float = 1e-3, high: float = 100.0) -> float:
+def calibrate(method: str, model: nn.Module, x: Tensor, low: float = 1e-3, high: float = 100.0) -> float | None:
     """sigma with the mean p of ``method`` on ``model`` and ``x`` in [0.4, 0.8] (bisection in log
-    sigma): MMSE's averaged linearisation flattens with sigma, so it gets its own."""
+    sigma): MMSE's averaged linearisation flattens with sigma, so it gets its own. None where p
+    stays above 0.8 up to ``high`` (MMSE on random weights: the averaged gradients cancel faster
+    than the averaged margins, so its p tends to 1 as sigma grows)."""
+    if float(_estimator(method, model, high)(x).p.mean()) > 0.8:
+        return None
     for _ in range(30):
         sigma = (low * high) ** 0.5
         p = float(_estimator(method, model, sigma)(x).p.mean())
@@ -196,9 +200,24 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
         x = _inputs(name, points, args.seed + 2)
         for head in args.heads:
             small, big = models(name, head, args.seed, args.vit_layers)
+            taylor_sigma = None
             for method in args.methods:
-                sigma = args.sigma or calibrate(method, small, x)
-                row: dict[str, Any] = {"model": name, "head": head, "method": method, "sigma": sigma, "points": points}
+                calibrated = args.sigma or calibrate(method, small, x)
+                if calibrated is None:  # no mid-range p for this method: Taylor's sigma, said in the row
+                    taylor_sigma = taylor_sigma or calibrate("taylor", small, x)
+                    print(f"{name} {head} {method}: mean p > 0.8 up to sigma 100; using Taylor's sigma", flush=True)
+                sigma = calibrated or taylor_sigma
+                assert sigma is not None
+                if method == "taylor":
+                    taylor_sigma = sigma
+                row: dict[str, Any] = {
+                    "model": name,
+                    "head": head,
+                    "method": method,
+                    "sigma": sigma,
+                    "sigma_from": "own" if calibrated else "taylor",
+                    "points": points,
+                }
                 r10, t10, mb10 = _timed(_estimator(method, small, sigma), x)
                 auto, t_auto, mb_auto = _timed(_estimator(method, big, sigma), x)
                 # Every boundary's gradient (prune="off") costs C - 1 backward passes per copy: on the
