@@ -334,6 +334,7 @@ class _Exact:
 
         # The listed boundaries of each list-route point: all others, or the screening's candidates.
         listed = target[:, None].expand(-1, 1)
+        count = 0
         if len(self.list_points):
             direct = route[self.list_points] == DIRECT
             candidates = screened.classes[self.list_points] if screened is not None else target[self.list_points, None]
@@ -345,7 +346,8 @@ class _Exact:
             count = int((listed_here != target[self.list_points, None]).sum(1).max())
             listed = listed[:, : max(count, 1)]
         self.listed = listed  # [P, L], padded with the target
-        list_width = listed.shape[1] if len(self.list_points) else 0
+        # Nothing listed (every candidate screened out): no pull of padding alone.
+        list_width = count if len(self.list_points) else 0
 
         row_route = route[rows.row_point]
         head_rows = row_route == HEAD
