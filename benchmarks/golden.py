@@ -19,7 +19,7 @@ Everything that could pick a different arithmetic path is pinned: CPU device, on
 (OMP/MKL_NUM_THREADS=1), --eval-batch-size, --jacobian, --channels-last and --memory-budget,
 and the measured-plan cache is off (PROBUST_CACHE_DIR=off). Left to measurement, the execution
 plan (rows per pass, Jacobian strategy, channels_last) agrees across plans only to float
-rounding (~5e-8 in the analytic estimates), and a golden comparison is exact. A golden folder
+rounding (at most 5e-7 in the analytic estimates, benchmarks/plan_agreement.py), and a golden comparison is exact. A golden folder
 is only comparable on the same kind of machine and the same torch build (see manifest.json).
 """
 

@@ -85,3 +85,15 @@ def test_adaptive_monte_carlo_stops_each_point_at_its_target_width():
     assert (half <= 0.01).all()
     assert r.n_samples.min() < r.n_samples.max() <= 50_000
     assert (r.n_samples % 500 == 0).all()
+
+
+def test_a_float64_model_is_run_on_float64_copies_of_the_same_draws():
+    # A float64 model used to fail (the noisy copies stayed float32: "mat1 and mat2 must have the
+    # same dtype"); its copies are the same draws as mc_cv's, which were always float64 there.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    mc = probust.MonteCarlo(model, 0.5, n_samples=300, seed=2)(x)
+    cv = probust.MonteCarloCV(model, 0.5, n_samples=300, seed=2)(x)
+    assert torch.equal(cv.p_mc, mc.p)
+    assert ((mc.p > 0) & (mc.p < 1)).any(), mc.p

@@ -44,7 +44,8 @@ def noisy_predictions(
     """
     shape = x.shape[1:]
     for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
-        noisy = noise.sample(keys[points], start + first, count, shape)
+        # in x's dtype: a float64 model gets float64 copies (a no-op for float32)
+        noisy = noise.sample(keys[points], start + first, count, shape).to(x.dtype)
         noisy += x[points, None]
         with torch.inference_mode():
             logits = model(to_format(noisy.view(-1, *shape), plan.channels_last))

@@ -251,8 +251,9 @@ def _measure_forward(
 
     Throughput over batch size is bumpy (cache sizes, kernel choices), so the ladder goes on
     past a small dip; it ends at the cap, at a clear loss, or where the allowance runs out. The
-    plan is complete once both formats are timed (the format changes float rounding; the rows
-    per pass do not change any row's result)."""
+    plan is complete once both formats are timed (the format changes float rounding; so may
+    the rows per pass, a matrix product rounding a row by the size of its pass, but the ladder
+    is kept once measured, so later calls run the same rows)."""
     allowance = _Allowance()
     first = min(cap, _FIRST_FORWARD_ROWS)
     default = ForwardPlan(min(first, max(total_rows, 1)), formats[0])
@@ -486,7 +487,8 @@ def _measure_jacobian(
     plan = JacobianPlan(plan.strategy, grown.rows, grown.class_chunk, plan.channels_last)
     if x.device.type != "cuda":
         return plan, True  # on a CPU a few dozen rows per pass are as fast as more
-    # Rows per pass change no row's result: the plan is complete whether or not they grow.
+    # The plan is kept whether or not the rows grow (they may change float rounding, but a kept
+    # plan gives later calls the same rows).
     seconds = timed(plan)
     cost = per_row(plan, seconds)
     while plan.rows < _MAX_JACOBIAN_ROWS:
