@@ -183,6 +183,24 @@ def build_results(root: Path) -> Path:
             mc_samples=MC_N,
             indices=f"0-{MAIN_POINTS - 1}",
         )
+        # A probust certify folder of the CNN (experiment 12), with the Taylor radius estimate.
+        from probust.run.certify import CertifySettings, run_certify
+
+        run_certify(
+            CertifySettings(
+                data="digits",
+                model=root / "models" / "cnn-0.pt",
+                out=root / "results" / "certify-cnn-0",
+                device="cpu",
+                show_progress=False,
+                sigmas=[0.1, 0.3],
+                n0=16,
+                n=256,
+                radii=[0.0, 0.25, 0.5],
+                estimate="taylor",
+                indices="0-19",
+            )
+        )
     finally:
         torch.set_num_threads(previous)
     (root / "complete").write_text("")

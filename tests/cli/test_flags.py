@@ -1,4 +1,4 @@
-"""Every flag of ``estimate``, ``train`` and ``report`` reaches what it claims.
+"""Every flag of ``estimate``, ``certify``, ``train`` and ``report`` reaches what it claims.
 
 The flags are read from the declarations (``probust._options``), so a flag added there is tested
 here without a new line: each is passed with a value other than its default, and must change
@@ -238,6 +238,95 @@ def test_recorded_flags_arrive_in_config_json(in_root):
     records = {o.record for _, o in declared(RunSettings) if o.record is not None}
     assert records == set(expected), "a recorded option without a test value"
     assert {k: run[k] for k in expected} == expected
+
+
+CERTIFY_BASE = ["--data", "d.npz", "--model", "flagnet:make", "--sigma", "0.1", "--out", "r"]
+CERTIFY_SPECIAL = {
+    **ESTIMATE_SPECIAL,
+    "radii": ["0", "0.5"],
+    "alpha": ["0.01"],
+    "futility": ["0.01"],
+}
+
+
+def _certify_flags():
+    from probust.data import FileOptions
+    from probust.run.certify import CertifySettings
+
+    return [(f, o) for cls in (CertifySettings, FileOptions) for f, o in declared(cls) if not o.hidden]
+
+
+@pytest.mark.parametrize("field,option", _certify_flags(), ids=lambda v: getattr(v, "name", ""))
+def test_every_certify_flag_sets_its_own_field_and_no_other(in_root, field, option):
+    from probust.cli.certify import settings_from
+
+    parser = _sub("certify")
+    base = settings_from(parser.parse_args(CERTIFY_BASE))
+    flag = flag_of(field, option)
+    words = _other_word(field, option, CERTIFY_SPECIAL)
+    settings = settings_from(parser.parse_args([*CERTIFY_BASE, flag, *words]))
+    changed = {f.name for f in dataclasses.fields(settings) if getattr(settings, f.name) != getattr(base, f.name)}
+    if field.name in {f.name for f in dataclasses.fields(settings)}:
+        assert changed == {field.name}, f"{flag} changed {changed}"
+    else:  # a file option: it arrives in data_options under its own name
+        assert changed == {"data_options"}
+        assert settings.data_options is not None and set(settings.data_options) == {field.name}
+
+
+def test_certify_has_no_flag_of_estimate_alone():
+    """Noise kinds, methods, sample counts and the analytic estimators' knobs are estimate's only."""
+    parser = _sub("certify")
+    options = {s for a in parser._actions for s in a.option_strings}
+    for flag in ("--methods", "--mc-samples", "--noise", "--noise-std", "--target", "--tol", "--jacobian", "--p-fail"):
+        assert flag not in options
+
+
+def test_recorded_certify_flags_arrive_in_config_json(in_root):
+    """One tiny certification with every recorded option away from its default: config.json holds each."""
+    from probust.run.certify import CertifySettings
+
+    args = [
+        *CERTIFY_BASE[:-1],
+        "crec",
+        "--limit",
+        "2",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--model-arg",
+        "num_classes=5",
+        "--seed",
+        "3",
+        "--N0",
+        "8",
+        "--N",
+        "64",
+        "--alpha",
+        "0.01",
+        "--radii",
+        "0.5",
+        "0",
+        "--futility",
+        "0.01",
+        "--estimate",
+        "mmse",
+    ]
+    assert main(["certify", *args]) == 0
+    config = json.loads((in_root / "crec" / "config.json").read_text())
+    expected = {
+        "model_args": {"num_classes": 5},
+        "seed": 3,
+        "n0": 8,
+        "n": 64,
+        "alpha": 0.01,
+        "radii": [0.0, 0.5],
+        "futility": 0.01,
+        "estimate": "mmse",
+    }
+    records = {o.record for _, o in declared(CertifySettings) if o.record is not None}
+    assert records == set(expected), "a recorded option without a test value"
+    assert config["format"] == "probust.certify"
+    assert {k: config["run"][k] for k in expected} == expected
 
 
 TRAIN_BASE = ["--data", "digits", "--arch", "linear", "--out", "m.pt"]

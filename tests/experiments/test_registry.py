@@ -18,14 +18,14 @@ from probust.experiments.registry import Registry
 def test_unknown_experiment_names_are_refused(results, out_dir):
     with pytest.raises(ValueError, match="unknown experiment"):
         experiments.run("nope", results, out_dir)
-    assert len(experiments.EXPERIMENTS) == 11
+    assert len(experiments.EXPERIMENTS) == 12
     # titles are numbered in the registry's order
-    assert [experiments.describe(n)[0].split(".")[0] for n in experiments.EXPERIMENTS] == [str(i) for i in range(1, 12)]
+    assert [experiments.describe(n)[0].split(".")[0] for n in experiments.EXPERIMENTS] == [str(i) for i in range(1, 13)]
 
 
 class Dummy(Experiment):
     name = "dummy"
-    title = "12. A test-local experiment"
+    title = "13. A test-local experiment"
     description = "nothing"
 
     def run(self, results, out):

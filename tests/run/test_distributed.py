@@ -76,12 +76,14 @@ ARGS = [
 ]
 
 
-def _torchrun_command(*args: str, script: Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """torchrun with two CPU workers running ``probust estimate *args`` (or ``script *args``)."""
+def _torchrun_command(
+    *args: str, script: Path | None = None, command: str = "estimate"
+) -> tuple[list[str], dict[str, str]]:
+    """torchrun with two CPU workers running ``probust <command> *args`` (or ``script <command> *args``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    program = [str(script), "estimate"] if script is not None else ["-m", "probust", "estimate"]
+    program = [str(script), command] if script is not None else ["-m", "probust", command]
     return [
         sys.executable,
         "-m",
@@ -101,8 +103,8 @@ def _torchrun_command(*args: str, script: Path | None = None) -> tuple[list[str]
     ], env
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    cmd, env = _torchrun_command(*args)
+def _torchrun(*args: str, command: str = "estimate") -> subprocess.CompletedProcess:
+    cmd, env = _torchrun_command(*args, command=command)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -141,6 +143,59 @@ def test_two_gloo_processes_give_the_single_process_table(tmp_path):
     refused = _torchrun(*ARGS, "--model", str(model), "--out", str(out), "--seed", "1")
     assert refused.returncode != 0
     assert "seed: 0 there, 1 here" in refused.stderr
+
+
+CERTIFY_ARGS = [
+    "--data",
+    "digits",
+    "--sigma",
+    "0.25",
+    "0.5",
+    "--N0",
+    "16",
+    "--N",
+    "256",
+    "--radii",
+    "0",
+    "0.25",
+    "--estimate",
+    "taylor",
+    "--limit",
+    "10",
+    "--batch-size",
+    "3",
+    "--device",
+    "cpu",
+    "--quiet",
+]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_certify_the_single_process_table(tmp_path):
+    from probust.run.certify import read_certified, tsv_name
+
+    model = _checkpoint(tmp_path)
+    out = tmp_path / "two"
+    done = _torchrun(*CERTIFY_ARGS, "--model", str(model), "--out", str(out), command="certify")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_config(out)["history"][-1]["world_size"] == 2
+    assert not list((out / "parts").glob("*.parquet"))  # rank 0 merged every rank's parts
+
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun worker
+    try:
+        assert main(["certify", *CERTIFY_ARGS, "--model", str(model), "--out", str(tmp_path / "one")]) == 0
+    finally:
+        torch.set_num_threads(default)
+    one = read_certified(tmp_path / "one").drop(columns="time_s")
+    two = read_certified(out).drop(columns="time_s")
+    assert len(two) == 10 * 2
+    assert two.equals(one)
+    for sigma in (0.25, 0.5):  # the TSVs differ in their times only
+        cut = [line.rsplit("\t", 1)[0] for line in (out / tsv_name(sigma)).read_text().splitlines()]
+        assert cut == [
+            line.rsplit("\t", 1)[0] for line in (tmp_path / "one" / tsv_name(sigma)).read_text().splitlines()
+        ]
 
 
 @pytest.mark.slow

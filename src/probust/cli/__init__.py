@@ -15,7 +15,7 @@ from probust._extras import MissingExtraError, missing_extra
 from probust.errors import ProbustError
 
 # Sub-command modules, in the order `probust --help` lists them.
-_COMMANDS = ("estimate", "train", "report", "demo")
+_COMMANDS = ("estimate", "certify", "train", "report", "demo")
 
 
 class UsageError(ProbustError):

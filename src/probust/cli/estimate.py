@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 _EPILOG = """\
@@ -58,11 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def flags() -> dict[str, str]:
     """Every argument of a run and the flag that sets it (errors name arguments; see
     :func:`probust.cli.flags.message`)."""
-    from probust.cli.flags import flag_map
-    from probust.data import FileOptions
+    from probust.cli.results_command import flags_of
     from probust.run import RunSettings
 
-    return flag_map(RunSettings, FileOptions)
+    return flags_of(RunSettings)
 
 
 def settings_from(args: argparse.Namespace) -> Any:
@@ -71,56 +69,15 @@ def settings_from(args: argparse.Namespace) -> Any:
     Raises:
         ProbustError: a bad value (``field`` names the argument).
     """
-    from probust.cli.flags import values
-    from probust.data import FileOptions
+    from probust.cli.results_command import settings_of
     from probust.run import RunSettings
 
-    file_options = values(args, FileOptions)
-    return RunSettings(**values(args, RunSettings), data_options=file_options or None)
+    return settings_of(args, RunSettings)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``probust estimate``; returns the exit status."""
-    from probust.cli import UsageError
-    from probust.cli.flags import message
-    from probust.errors import ProbustError
-    from probust.run import ConfigError, execute, prepare
+    from probust.cli.results_command import run_prepared
+    from probust.run import RunSettings, execute, prepare
 
-    try:
-        settings = settings_from(args)
-        plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
-    except ProbustError as exc:
-        raise UsageError(message(exc, flags())) from None
-    quiet = not settings.show_progress
-    main = plan.world.is_main
-    if not quiet and main:
-        for note in plan.warnings:
-            print(f"probust estimate: warning: {note}", file=sys.stderr)
-    try:
-        summary = execute(plan)
-    except ConfigError as exc:
-        # Found by the clean pass before any estimator ran (a tied prediction): a usage error.
-        raise UsageError(message(exc, flags())) from None
-    except (RuntimeError, ValueError, OSError) as exc:
-        # Failures after the checks (a damaged part file, a model returning NaN, a full disk):
-        # one line, and the finished work units stay for the next run.
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"probust estimate: error: {type(exc).__name__}: {text}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        if main:
-            print(
-                f"probust estimate: interrupted; finished work units are kept in {args.out}: "
-                "run the same command again to compute the rest",
-                file=sys.stderr,
-            )
-        return 130
-    if not quiet and main:
-        where = summary.merged if summary.merged is not None else summary.path / "parts"
-        print(
-            f"probust estimate: {summary.rows_total} rows in {where} "
-            f"({summary.rows_present} already there, {summary.rows_total - summary.rows_present} computed) "
-            f"in {summary.seconds:.1f} s",
-            file=sys.stderr,
-        )
-    return 0
+    return run_prepared("estimate", args, RunSettings, prepare, execute)

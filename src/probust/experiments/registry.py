@@ -20,8 +20,9 @@ from probust.experiments.base import Experiment
 
 __all__ = ["BUILTIN", "REGISTRY", "Registry"]
 
-#: The built-in experiments (module names in this package), in the paper's order; the last one,
-#: robust training against gradient-norm regularisation, goes beyond the paper.
+#: The built-in experiments (module names in this package), in the paper's order; the last two,
+#: robust training against gradient-norm regularisation and certified accuracy by randomized
+#: smoothing (from ``probust certify`` folders), go beyond the paper.
 BUILTIN: tuple[str, ...] = (
     "estimation_error",
     "convergence",
@@ -34,6 +35,7 @@ BUILTIN: tuple[str, ...] = (
     "case_study",
     "distribution",
     "robust_training",
+    "certified_accuracy",
 )
 
 

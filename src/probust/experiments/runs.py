@@ -3,28 +3,37 @@
 :func:`load_results` finds every run (one results folder written by ``probust estimate``) under
 a folder; the experiments then ask the :class:`Results` for the runs they need (standard
 models, the robust family, the primary model) and each :class:`~probust.experiments.run_info.Run`
-for its rows in the shapes they need.
+for its rows in the shapes they need. Folders written by ``probust certify`` are found too and
+kept apart (:attr:`Results.certified`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
 from probust.experiments.run_info import Run
-from probust.run import is_results_folder, read_config, read_results
+from probust.run import is_results_folder as _is_folder
+from probust.run import read_config, read_results
+from probust.run.certify import FORMAT as CERTIFY_FORMAT
+from probust.run.certify import read_certified
 
 __all__ = ["Results", "find_runs", "load_results"]
 
 
-def find_runs(root: str | os.PathLike, max_depth: int = 4) -> list[Path]:
-    """Every results folder at or under ``root`` (sorted by path), at most ``max_depth`` deep."""
+def find_runs(root: str | os.PathLike, max_depth: int = 4, format: str | None = None) -> list[Path]:
+    """Every results folder at or under ``root`` (sorted by path), at most ``max_depth`` deep:
+    ``probust estimate``'s, or those of ``format`` (e.g. ``"probust.certify"``)."""
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"no such folder: {root}")
+
+    def is_results_folder(path: Path) -> bool:
+        return _is_folder(path) if format is None else _is_folder(path, format)
+
     if is_results_folder(root):
         return [root]
     found: list[Path] = []
@@ -47,6 +56,9 @@ class Results:
 
     root: Path
     runs: list[Run]
+    #: The ``probust certify`` folders: each a Run whose ``table`` is
+    #: :func:`probust.run.certify.read_certified`'s (not an estimate table).
+    certified: list[Run] = field(default_factory=list)
 
     def __iter__(self):
         return iter(self.runs)
@@ -107,14 +119,26 @@ def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Resul
     Raises:
         FileNotFoundError: ``path`` does not exist or holds no results folder.
     """
-    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else find_runs(path, max_depth)
+    if isinstance(path, (list, tuple)):
+        given = [Path(p) for p in path]
+        certify_paths = [p for p in given if _is_folder(p, CERTIFY_FORMAT)]
+        paths = [p for p in given if p not in certify_paths]
+    else:
+        paths = find_runs(path, max_depth)
+        certify_paths = find_runs(path, max_depth, CERTIFY_FORMAT)
+    everything = paths + certify_paths
     root = (
         Path(path)
         if not isinstance(path, (list, tuple))
-        else (Path(os.path.commonpath([str(p) for p in paths])) if paths else Path("."))
+        else (Path(os.path.commonpath([str(p) for p in everything])) if everything else Path("."))
     )
-    if not paths:
+    if not everything:
         raise FileNotFoundError(f"no probust results folder (config.json + Parquet rows) at or under {path}")
+    certified = []
+    for p in certify_paths:
+        table = read_certified(p)
+        if not table.empty:
+            certified.append(Run(path=p, config=read_config(p) or {}, table=table))
     runs = []
     for p in paths:
         table = read_results(p)
@@ -124,7 +148,7 @@ def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Resul
         if config is None:
             raise FileNotFoundError(f"no config.json in {p}")
         runs.append(Run(path=p, config=config, table=table))
-    if not runs:
+    if not runs and not certified:
         raise FileNotFoundError(f"the results folders under {path} hold no rows yet")
     # sort: data set, architecture, extra loss (none first), lambda, then path
     runs.sort(
@@ -139,7 +163,8 @@ def load_results(path: str | os.PathLike | list, *, max_depth: int = 4) -> Resul
             str(r.path),
         )
     )
-    labels = [r.default_label() for r in runs]
-    for r, label in zip(runs, labels):
-        r.label = label if labels.count(label) == 1 else f"{label} ({r.path.name})"
-    return Results(root=root, runs=runs)
+    for group in (runs, certified):
+        labels = [r.default_label() for r in group]
+        for r, label in zip(group, labels):
+            r.label = label if labels.count(label) == 1 else f"{label} ({r.path.name})"
+    return Results(root=root, runs=runs, certified=certified)

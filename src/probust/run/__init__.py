@@ -11,6 +11,8 @@ model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a fold
 :mod:`~probust.run.noise_options` (the noise beyond isotropic Gaussian),
 :mod:`~probust.run.store` (the results folder and its format), :mod:`~probust.run.results_config`
 (``config.json`` read typed), :mod:`~probust.run.distributed` (torchrun).
+:mod:`~probust.run.certify` is ``probust certify`` (Cohen et al.'s CERTIFY over a data set) on
+the same folder, work-unit and torchrun machinery.
 """
 
 from probust.run.errors import ConfigError, ConfigMismatchError, TiedPredictionError

@@ -7,6 +7,7 @@ for what each column means.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from probust.run.errors import first_line
 
 __all__ = [
     "CONFIG_META_KEY",
+    "ESTIMATE",
     "KEY",
+    "Layout",
     "OPTIONAL_COLUMNS",
     "SCHEMA",
     "atomic_write_table",
@@ -77,6 +80,33 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The table one kind of results folder holds (``probust estimate``'s, ``probust certify``'s).
+
+    Attributes:
+        format: ``config.json``'s "format": what marks a folder as holding this table.
+        schema: the columns, in order, with their types.
+        key: the columns that identify a row; the first is the point's index, the others the
+            work unit's grid key (what :meth:`probust.run.store.ResultStore.completed` groups by).
+        optional: columns a writer may leave out (nulls) and that older files may lack.
+    """
+
+    format: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+    @property
+    def grid_key(self) -> tuple[str, ...]:
+        """The key without the point's index: one value per work unit's task."""
+        return self.key[1:]
+
+
+#: ``probust estimate``'s table.
+ESTIMATE = Layout("probust.results", SCHEMA, KEY, OPTIONAL_COLUMNS)
+
+
 def atomic_write_table(path: Path, table: pa.Table) -> None:
     """Write a Parquet file (zstd) whole or not at all (:func:`probust._io.atomic_write`).
 
@@ -99,6 +129,8 @@ def _type_fits(found: pa.DataType, expected: pa.DataType) -> bool:
         return True
     if pa.types.is_dictionary(found):
         found = found.value_type
+    if pa.types.is_boolean(expected):
+        return pa.types.is_boolean(found)
     if pa.types.is_integer(expected):
         return pa.types.is_integer(found)
     if pa.types.is_floating(expected):
@@ -114,8 +146,9 @@ def damaged(path: Path, reason: str) -> ValueError:
     )
 
 
-def read_table_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
-    """One results file's rows in :data:`SCHEMA`'s columns (all, or ``columns``).
+def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = ESTIMATE) -> pa.Table:
+    """One results file's rows in the layout's columns (all, or ``columns``; default layout:
+    :data:`ESTIMATE`).
 
     Raises:
         FileNotFoundError: the file is gone (a merge removed it meanwhile).
@@ -123,7 +156,8 @@ def read_table_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
             column of another type, a row without its key) or is not a probust results file;
             the message names it.
     """
-    schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+    full = layout.schema
+    schema = full if columns is None else pa.schema([full.field(c) for c in columns])
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
             stored = parquet.schema_arrow
@@ -133,17 +167,17 @@ def read_table_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
     except Exception as exc:  # disk trouble or a hand edit: name the file
         raise damaged(path, f"cannot read it: {first_line(exc)}") from None
     absent = [name for name in schema.names if name not in stored.names]
-    required = [name for name in absent if name not in OPTIONAL_COLUMNS]
+    required = [name for name in absent if name not in layout.optional]
     if required:
         raise ValueError(f"results file {path} lacks the columns {required}; it was not written by probust")
     wrong = [
-        f"{name} is {stored.field(name).type}, not {SCHEMA.field(name).type}"
+        f"{name} is {stored.field(name).type}, not {full.field(name).type}"
         for name in schema.names
-        if name in stored.names and not _type_fits(stored.field(name).type, SCHEMA.field(name).type)
+        if name in stored.names and not _type_fits(stored.field(name).type, full.field(name).type)
     ]
     if wrong:
         raise damaged(path, "; ".join(wrong))
-    nulls = [name for name in KEY if name in table.column_names and table.column(name).null_count]
+    nulls = [name for name in layout.key if name in table.column_names and table.column(name).null_count]
     if nulls:
         raise damaged(path, f"rows without {', '.join(nulls)}")
     # A file written before the optional columns existed: they are null in its rows.
@@ -155,15 +189,16 @@ def read_table_file(path: Path, columns: Sequence[str] | None) -> pa.Table:
         raise damaged(path, first_line(exc)) from None
 
 
-def make_table(columns: dict[str, Any]) -> pa.Table:
-    """A :data:`SCHEMA` table from one array per column (None, or an optional column left out:
-    all nulls).
+def make_table(columns: dict[str, Any], layout: Layout = ESTIMATE) -> pa.Table:
+    """A table of the layout's schema (default :data:`ESTIMATE`'s) from one array per column
+    (None, or an optional column left out: all nulls).
 
     Raises:
         ValueError: unknown or missing columns, or columns of different lengths.
     """
-    unknown = set(columns) - set(SCHEMA.names)
-    missing = set(SCHEMA.names) - set(columns) - set(OPTIONAL_COLUMNS)
+    schema = layout.schema
+    unknown = set(columns) - set(schema.names)
+    missing = set(schema.names) - set(columns) - set(layout.optional)
     if unknown or missing:
         raise ValueError(
             f"results columns do not match the schema: unknown {sorted(unknown)}, missing {sorted(missing)}"
@@ -174,14 +209,15 @@ def make_table(columns: dict[str, Any]) -> pa.Table:
     (n,) = lengths
     arrays = [
         pa.nulls(n, field.type) if columns.get(field.name) is None else pa.array(columns[field.name], type=field.type)
-        for field in SCHEMA
+        for field in schema
     ]
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def to_frame(table: pa.Table) -> Any:
+def to_frame(table: pa.Table, layout: Layout = ESTIMATE) -> Any:
+    """The rows as a pandas DataFrame sorted by the layout's key, each key once."""
     frame = table.to_pandas()
-    frame = frame.sort_values(list(KEY), kind="stable")
+    frame = frame.sort_values(list(layout.key), kind="stable")
     # A kill during merge() can leave a row both in a part and in results.parquet.
-    frame = frame.drop_duplicates(subset=list(KEY), keep="first")
+    frame = frame.drop_duplicates(subset=list(layout.key), keep="first")
     return frame.reset_index(drop=True)

@@ -131,9 +131,17 @@ def _compare(
         old: ResultsConfig | None = ResultsConfig.from_dict(found)
     except ValueError:
         old = None
-    if old is None or not old.is_probust:
+    if old is None or old.format != new["format"]:
+        what = "probust results" if new["format"] == FORMAT else new["format"]
+        # The other command's folder (probust estimate's or probust certify's): say so.
+        found_text = f" but {old.format}'s" if old is not None and (old.format or "").startswith("probust.") else ""
         raise ConfigMismatchError(
-            f"{path}/config.json is not a probust results configuration; use ", OVERWRITE, " to replace it", path=path
+            f"{path}/config.json is not a {what} configuration{found_text}; use ",
+            OVERWRITE,
+            " to replace it, or another ",
+            OUT,
+            " folder",
+            path=path,
         )
     _check_versions(old, new, path, allow_version_change)
     # Everything under "run" must match: the data, the model and the settings of the estimators
@@ -190,7 +198,7 @@ def _with_legacy_defaults(request: dict[str, Any]) -> dict[str, Any]:
 
 def _linearisation_samples(request: dict[str, Any]) -> int | None:
     """The MMSE copies of a request's mc_cv and mc_is rows; None when it has neither."""
-    if not any(m in LINEARISED_MC_METHODS for m in request["methods"]) or not request["mmse_samples"]:
+    if not any(m in LINEARISED_MC_METHODS for m in request.get("methods", ())) or not request.get("mmse_samples"):
         return None
     return min(request["mmse_samples"])
 
@@ -213,11 +221,19 @@ def _check_linearisation(old_requests: list[dict[str, Any]], request: dict[str, 
 
 
 def new_config(
-    ds: Any, split: str, model_info: dict, settings: dict, request: dict, dev: torch.device, world: World
+    ds: Any,
+    split: str,
+    model_info: dict,
+    settings: dict,
+    request: dict,
+    dev: torch.device,
+    world: World,
+    format: str = FORMAT,
 ) -> dict[str, Any]:
-    """The ``config.json`` of a new folder for this run."""
+    """The ``config.json`` of a new folder for this run (``format``: its layout's, by default
+    ``probust estimate``'s)."""
     return {
-        "format": FORMAT,
+        "format": format,
         "format_version": FORMAT_VERSION,
         "run": {
             "dataset": data_name(ds),

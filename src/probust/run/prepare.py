@@ -17,7 +17,8 @@ import dataclasses
 import inspect
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from torch import nn
 
 from probust.run import distributed
 from probust.run.errors import ConfigError, agree
+from probust.run.files import ESTIMATE, Layout
 from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
 from probust.run.noise_options import noise_setting
@@ -43,7 +45,28 @@ from probust.run.sources import (
 from probust.run.store import ResultStore, read_results
 from probust.run.work_units import execute
 
-__all__ = ["prepare", "run_estimate"]
+__all__ = ["Grid", "prepare", "prepare_folder", "run_estimate"]
+
+
+@dataclass
+class Grid:
+    """What a command computes on the loaded data: its work units' tasks and what the folder
+    records of them (built by the ``grid`` callback of :func:`prepare_folder`).
+
+    Attributes:
+        tasks: the grid's tasks, in the order they are computed; each has ``key`` (the values of
+            the layout's grid key) and ``describe()``.
+        request: the "requests" entry of this call (:func:`probust.run.folder.request` for estimate).
+        recorded: the "run" settings that make the folder's identity (:func:`probust.run.settings.recorded`).
+        noise: the run's noise setting, or None (isotropic Gaussian of each sigma).
+        linearisation_samples: MMSE copies of the mc_cv / mc_is linearisation (estimate only).
+    """
+
+    tasks: list[Any]
+    request: dict[str, Any]
+    recorded: dict[str, Any]
+    noise: Any = None
+    linearisation_samples: int = 5
 
 
 def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> PreparedRun:
@@ -62,8 +85,52 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> Prep
             by another probust version or in another results format (see :mod:`probust.run.folder`).
     """
     s = settings
+
+    def grid(ds: Any, selected: np.ndarray) -> Grid:
+        noise = noise_setting(
+            s.noise,
+            s.noise_std,
+            s.noise_cov,
+            s.noise_scale,
+            input_shape(ds),
+            batch(ds, np.arange(len(ds), dtype=np.int64))[0] if s.noise_scale == "std" else None,
+        )
+        return Grid(
+            tasks=tasks(list(s.sigmas), list(s.methods), list(s.mc_samples), list(s.mmse_samples)),
+            request=request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected),
+            recorded=recorded(s, noise.description),
+            noise=noise,
+            linearisation_samples=s.mmse_samples[0],
+        )
+
+    return prepare_folder(settings, ESTIMATE, grid, argv=argv)
+
+
+def prepare_folder(
+    settings: Any,
+    layout: Layout,
+    grid: Callable[[Any, np.ndarray], Grid],
+    *,
+    argv: Sequence[str] | None = None,
+) -> PreparedRun:
+    """:func:`prepare` for any command writing a results folder of ``layout``: join torchrun's
+    group, load the data and the model, select the points, claim the folder (every check before
+    any work, agreed between the ranks).
+
+    Args:
+        settings: a checked settings dataclass composed of
+            :class:`~probust.run.settings.SourceOptions`, ``ComputeOptions`` and ``FolderOptions``.
+        layout: the table the folder holds (its ``format`` marks ``config.json``).
+        grid: ``grid(dataset, selected indices int64 [P]) -> Grid``, called on every rank; may
+            raise :class:`~probust.run.ConfigError`.
+        argv: the command line, recorded in the folder's history.
+
+    Raises:
+        ConfigError, ConfigMismatchError: as :func:`prepare`.
+    """
+    s = settings
     world = distributed.join(device_type(s.device))
-    store = ResultStore(s.out)
+    store = ResultStore(s.out, layout)
     try:
         plan = None
         error: BaseException | None = None
@@ -82,16 +149,8 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> Prep
                     )
                 selected = selected[: s.limit] if s.limit is not None else selected
             module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights, s.model_args)
-            noise = noise_setting(
-                s.noise,
-                s.noise_std,
-                s.noise_cov,
-                s.noise_scale,
-                input_shape(ds),
-                batch(ds, np.arange(len(ds), dtype=np.int64))[0] if s.noise_scale == "std" else None,
-            )
-            grid = request(s.sigmas, s.methods, s.mc_samples, s.mmse_samples, selected)
-            config = new_config(ds, s.split, model_info, recorded(s, noise.description), grid, dev, world)
+            work = grid(ds, selected)
+            config = new_config(ds, s.split, model_info, work.recorded, work.request, dev, world, layout.format)
             if world.is_main:
                 config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
             plan = PreparedRun(
@@ -100,14 +159,14 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> Prep
                 model=module,
                 device=dev,
                 indices=selected,
-                tasks=tasks(list(s.sigmas), list(s.methods), list(s.mc_samples), list(s.mmse_samples)),
+                tasks=work.tasks,
                 config=config,
                 world=world,
                 settings=s,
                 show_progress=s.show_progress and world.is_main,
-                linearisation_samples=s.mmse_samples[0],
+                linearisation_samples=work.linearisation_samples,
                 warnings=notes,
-                noise=noise,
+                noise=work.noise,
             )
         except ConfigError as exc:
             error = exc

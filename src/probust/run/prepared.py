@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,9 +12,6 @@ from torch import nn
 
 from probust.run.distributed import World
 from probust.run.store import ResultStore
-
-if TYPE_CHECKING:  # settings.py reads the method registry through methods.py, which imports this
-    from probust.run.settings import RunSettings
 
 __all__ = ["PreparedRun", "RunSummary", "Task"]
 
@@ -45,10 +42,12 @@ class PreparedRun:
         model: the classifier, on ``device``.
         device: where the model runs.
         indices: int64 [P], the selected points' indices in the data set, sorted, unique.
-        tasks: the (sigma, method, sample count) grid, in the order it is computed.
+        tasks: the grid, in the order it is computed: :class:`Task` (sigma, method, sample count)
+            for ``probust estimate``; anything with ``key`` (the layout's grid key) and
+            ``describe()`` for another command.
         config: what ``config.json`` records.
         world: the processes sharing the run.
-        settings: the run's :class:`~probust.run.RunSettings`.
+        settings: the run's :class:`~probust.run.RunSettings` (or another command's settings).
         show_progress: progress bars (``settings.show_progress`` on the main process only).
         linearisation_samples: copies of the MMSE linearisation of mc_cv and mc_is (the
             smallest ``mmse_samples``).
@@ -62,10 +61,10 @@ class PreparedRun:
     model: nn.Module
     device: torch.device
     indices: np.ndarray
-    tasks: list[Task]
+    tasks: list[Any]
     config: dict[str, Any]
     world: World
-    settings: RunSettings
+    settings: Any  # a RunSettings, or another command's settings (CertifySettings)
     show_progress: bool = True
     linearisation_samples: int = 5
     warnings: list[str] = field(default_factory=list)

@@ -155,9 +155,11 @@ class ResultsConfig:
 
     @property
     def run_values(self) -> dict[str, Any]:
-        """The "run" section as written, with :data:`SETTING_DEFAULTS` for settings it predates."""
+        """The "run" section as written, with :data:`SETTING_DEFAULTS` for settings it predates
+        (``probust estimate``'s folders only: the defaults are its settings')."""
         run = self.raw.get("run")
-        return {**SETTING_DEFAULTS, **(run if isinstance(run, dict) else {})}
+        implied = SETTING_DEFAULTS if self.is_probust else {}
+        return {**implied, **(run if isinstance(run, dict) else {})}
 
     @property
     def dataset(self) -> str | None:
@@ -242,9 +244,9 @@ def read_results_config(path: str | os.PathLike) -> ResultsConfig | None:
     return None if config is None else ResultsConfig.from_dict(config)
 
 
-def is_results_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder with a ``config.json`` of format :data:`FORMAT` (False for
-    an unreadable or foreign one)."""
+def is_results_folder(path: str | os.PathLike, format: str = FORMAT) -> bool:
+    """Whether ``path`` is a folder with a ``config.json`` of format ``format`` (default
+    :data:`FORMAT`, ``probust estimate``'s; False for an unreadable or foreign one)."""
     config = Path(path) / CONFIG_NAME
     if not config.is_file():
         return False
@@ -252,7 +254,7 @@ def is_results_folder(path: str | os.PathLike) -> bool:
         value = json.loads(config.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(value, dict) and value.get("format") == FORMAT
+    return isinstance(value, dict) and value.get("format") == format
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -46,12 +46,16 @@ __all__ = [
     "MMSE_SAMPLINGS",
     "SETTING_DEFAULTS",
     "TARGETS",
+    "ComputeOptions",
     "DataOptions",
     "EstimatorOptions",
     "ExecutionOptions",
     "FolderOptions",
     "NoiseOptions",
     "RunSettings",
+    "SeedOptions",
+    "SourceOptions",
+    "check_declared",
     "estimator_parameters",
     "model_argument",
     "recorded",
@@ -309,8 +313,9 @@ def _sampled(kind: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataOptions:
-    """What is scored: the data, the model, the grid of noise levels, methods and sample counts."""
+class SourceOptions:
+    """What is scored: the data, the model, the points and the noise levels (``probust estimate``
+    and ``probust certify`` alike)."""
 
     TITLE: ClassVar[str] = "what to score"
 
@@ -364,38 +369,11 @@ class DataOptions:
         many=True,
         check=_sigmas,
     )
-    methods: Sequence[str] = option(
-        DEFAULT_METHODS,
-        help=f"any of {' '.join(METHODS)}",
-        default_help=f"the paper's six, {' '.join(PAPER_METHODS)}",
-        metavar="M",
-        many=True,
-        check=_methods,
-    )
     split: str = option(
         "test",
         help="data set split (a built-in data set): train or test",
         choices=("train", "test"),
         check=_split,
-    )
-    mc_samples: Sequence[int] = option(
-        (10_000,),
-        help=f"Monte Carlo draws per point ({_sampled('mc')}); several values give one row each, for "
-        "convergence studies",
-        metavar="M",
-        many=True,
-        parse=int,
-        check=_counts,
-    )
-    mmse_samples: Sequence[int] = option(
-        (5,),
-        help=f"MMSE noisy copies per point; several values give one row each ({_sampled('mmse')}); the MMSE "
-        f"linearisation of {_with('mmse_samples')} uses the smallest (to extend a folder holding their rows, "
-        "keep it the same)",
-        metavar="N",
-        many=True,
-        parse=int,
-        check=_counts,
     )
     limit: int | None = option(
         None,
@@ -428,6 +406,44 @@ class DataOptions:
         flag="--data",
         hidden=True,
         check=_mapping("a dict of file reading options"),
+    )
+
+    @property
+    def selected(self) -> np.ndarray | None:
+        """``indices`` as int64 [P] (sorted, unique), or None when none were given."""
+        return None if self.indices is None else np.asarray(self.indices, dtype=np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataOptions(SourceOptions):
+    """What ``probust estimate`` scores: the points, noise levels, methods and sample counts."""
+
+    methods: Sequence[str] = option(
+        DEFAULT_METHODS,
+        help=f"any of {' '.join(METHODS)}",
+        default_help=f"the paper's six, {' '.join(PAPER_METHODS)}",
+        metavar="M",
+        many=True,
+        check=_methods,
+    )
+    mc_samples: Sequence[int] = option(
+        (10_000,),
+        help=f"Monte Carlo draws per point ({_sampled('mc')}); several values give one row each, for "
+        "convergence studies",
+        metavar="M",
+        many=True,
+        parse=int,
+        check=_counts,
+    )
+    mmse_samples: Sequence[int] = option(
+        (5,),
+        help=f"MMSE noisy copies per point; several values give one row each ({_sampled('mmse')}); the MMSE "
+        f"linearisation of {_with('mmse_samples')} uses the smallest (to extend a folder holding their rows, "
+        "keep it the same)",
+        metavar="N",
+        many=True,
+        parse=int,
+        check=_counts,
     )
 
 
@@ -471,11 +487,10 @@ class NoiseOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EstimatorOptions:
-    """What the estimators compute: recorded in ``config.json`` and part of a folder's identity.
-    ``param`` names the estimator's argument each sets (see :func:`estimator_parameters`)."""
+class SeedOptions:
+    """The seed of every random stream (recorded, part of a folder's identity)."""
 
-    TITLE: ClassVar[str] = "estimators"
+    TITLE: ClassVar[str] = "random streams"
 
     seed: int = option(
         0,
@@ -487,6 +502,15 @@ class EstimatorOptions:
         implied=0,
         param="seed",
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorOptions(SeedOptions):
+    """What the estimators compute: recorded in ``config.json`` and part of a folder's identity.
+    ``param`` names the estimator's argument each sets (see :func:`estimator_parameters`)."""
+
+    TITLE: ClassVar[str] = "estimators"
+
     target: str = option(
         "prediction",
         help="class whose survival is measured: prediction (the clean prediction, the paper's definition; "
@@ -569,10 +593,10 @@ class EstimatorOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExecutionOptions:
+class ComputeOptions:
     """How the work runs: none of these changes a number, so none is part of a folder's identity.
-    With ``eval_batch_size``, ``jacobian`` and ``channels_last`` fixed, the execution plan is fixed
-    too, for tables identical to the bit on any machine."""
+    With ``eval_batch_size``, ``channels_last`` (and ``probust estimate``'s ``jacobian``) fixed, the
+    execution plan is fixed too, for tables identical to the bit on any machine."""
 
     TITLE: ClassVar[str] = "how it runs"
 
@@ -605,13 +629,6 @@ class ExecutionOptions:
         check=_budget,
         param="memory_budget",
     )
-    jacobian: str = option(
-        "auto",
-        help="how the analytic methods get input gradients: measured once per model (auto), one backward pass "
-        "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
-        choices=JACOBIANS,
-        param="jacobian",
-    )
     channels_last: bool | None = option(
         None,
         help="channels_last memory format for convolutional models: measured (auto), on or off",
@@ -620,6 +637,19 @@ class ExecutionOptions:
         param="channels_last",
     )
     show_progress: bool = option(True, help="no progress bars or summary (errors only)", flag="--quiet", check=_bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionOptions(ComputeOptions):
+    """How ``probust estimate``'s estimators run (never changes a number)."""
+
+    jacobian: str = option(
+        "auto",
+        help="how the analytic methods get input gradients: measured once per model (auto), one backward pass "
+        "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
+        choices=JACOBIANS,
+        param="jacobian",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -674,17 +704,7 @@ class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOption
     """
 
     def __post_init__(self) -> None:
-        for f, o in declared(self):
-            value = getattr(self, f.name)
-            if o.check is not None:
-                value = o.check(value, f.name)
-            elif o.choices is not None:
-                allowed = tuple(o.choices.values() if isinstance(o.choices, Mapping) else o.choices)
-                _choice(allowed)(value, f.name)
-            object.__setattr__(self, f.name, value)
-        # What one field cannot check alone.
-        if isinstance(self.data, (str, os.PathLike)) and self.split not in ("train", "test"):
-            raise ConfigError(f"expected train or test, got {self.split!r}", field="split")
+        check_declared(self)
         if self.prune == "on" and self.p_fail:
             raise ConfigError(
                 "'on' cannot be combined with ",
@@ -692,26 +712,45 @@ class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOption
                 " (use 'auto', which keeps every boundary then)",
                 field="prune",
             )
-        if self.overwrite and self.extend:
-            raise ConfigError(Setting("overwrite", True), " and ", Setting("extend", True), " exclude each other")
         gaussian = [m for m in self.methods if REGISTRY[m].needs_gaussian]
         check_noise(self.noise, self.noise_std, self.noise_cov, self.noise_scale, gaussian)
-
-    @property
-    def selected(self) -> np.ndarray | None:
-        """``indices`` as int64 [P] (sorted, unique), or None when none were given."""
-        return None if self.indices is None else np.asarray(self.indices, dtype=np.int64)
 
     def replace(self, **changes: Any) -> RunSettings:
         """A copy with some arguments changed (checked again)."""
         return dataclasses.replace(self, **changes)
 
 
-def recorded(settings: RunSettings, noise_description: Mapping[str, Any]) -> dict[str, Any]:
+def check_declared(settings: Any) -> None:
+    """Check and normalise, in place, every declared field of a frozen settings dataclass
+    composed of :class:`SourceOptions` and :class:`FolderOptions` (a run's, a certification's),
+    then what one field cannot check alone.
+
+    Raises:
+        ConfigError: a bad value; its ``field`` names the argument.
+    """
+    for f, o in declared(settings):
+        value = getattr(settings, f.name)
+        if o.check is not None:
+            value = o.check(value, f.name)
+        elif o.choices is not None:
+            allowed = tuple(o.choices.values() if isinstance(o.choices, Mapping) else o.choices)
+            _choice(allowed)(value, f.name)
+        object.__setattr__(settings, f.name, value)
+    if isinstance(settings.data, (str, os.PathLike)) and settings.split not in ("train", "test"):
+        raise ConfigError(f"expected train or test, got {settings.split!r}", field="split")
+    if settings.overwrite and settings.extend:
+        raise ConfigError(Setting("overwrite", True), " and ", Setting("extend", True), " exclude each other")
+
+
+def recorded(settings: Any, noise_description: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What ``config.json``'s "run" records of the settings (with the data and the model, a
-    folder's identity): every declared option with a ``record`` key; the noise as described."""
-    out = {o.record: getattr(settings, f.name) for f, o in declared(RunSettings) if o.record is not None}
-    out["noise"] = dict(noise_description)
+    folder's identity): every declared option with a ``record`` key; the noise as described
+    (where the settings have a noise)."""
+    out = {o.record: getattr(settings, f.name) for f, o in declared(settings) if o.record is not None}
+    # As JSON reads them back (a folder's config is compared with a new run's).
+    out = {key: list(value) if isinstance(value, tuple) else value for key, value in out.items()}
+    if noise_description is not None:
+        out["noise"] = dict(noise_description)
     out["model_args"] = dict(settings.model_args)
     return out
 
@@ -726,14 +765,16 @@ SETTING_DEFAULTS: dict[str, Any] = {
 }
 
 
-def estimator_parameters(settings: RunSettings, run_options: Iterable[str]) -> dict[str, Any]:
-    """The keyword arguments of a method's estimator that the run's settings give, under the
+def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str, Any]:
+    """The keyword arguments of a method's estimator that the run's settings (a
+    :class:`RunSettings`, or another settings dataclass such as a certification's) give, under the
     estimator's names (each option's declared ``param``): those of :data:`RUN_OPTIONS` only when
     the method takes them (``run_options``), the others (seed, memory budget, ...) always; a None
     value (or a False ``p_fail``) leaves the estimator's default."""
     takes = set(run_options)
     out = {}
-    for f, o in declared(RunSettings):
+    # Another object holding a run's attributes (a namespace) reads as a RunSettings.
+    for f, o in declared(settings if dataclasses.is_dataclass(settings) else RunSettings):
         if o.param is None or (o.param in RUN_OPTIONS and o.param not in takes):
             continue
         value = getattr(settings, f.name)

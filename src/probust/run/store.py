@@ -43,9 +43,11 @@ from probust._io import atomic_write_bytes, first_line
 from probust.errors import ProbustError
 from probust.run.files import (
     CONFIG_META_KEY,
+    ESTIMATE,
     KEY,
     OPTIONAL_COLUMNS,
     SCHEMA,
+    Layout,
     atomic_write_table,
     damaged,
     is_data_file,
@@ -72,8 +74,9 @@ __all__ = [
     "read_results",
 ]
 
-#: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's.
-FORMAT = "probust.results"
+#: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's
+#: (``probust estimate``'s; ``probust certify``'s folders are marked by their own layout's).
+FORMAT = ESTIMATE.format
 #: The version of that format this code writes.
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
@@ -103,10 +106,12 @@ class ResultStore:
 
     Args:
         path: the folder (created by :meth:`create`, not by the constructor).
+        layout: the table it holds (default ``probust estimate``'s).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, layout: Layout = ESTIMATE) -> None:
         self.path = Path(path)
+        self.layout = layout
         self._lock_fd: int | None = None
 
     @property
@@ -244,9 +249,9 @@ class ResultStore:
 
         Args:
             name: a file stem unique to the work unit (no folder, no suffix).
-            columns: one array (or list) per :data:`SCHEMA` column, all the same length; None
-                for a column with no value in this unit (written as nulls). Columns of
-                :data:`OPTIONAL_COLUMNS` may be left out (nulls too).
+            columns: one array (or list) per column of the layout's schema, all the same
+                length; None for a column with no value in this unit (written as nulls). Its
+                optional columns may be left out (nulls too).
             metadata: JSON-serialisable, kept in the file's key-value metadata.
 
         Returns:
@@ -255,7 +260,7 @@ class ResultStore:
         Raises:
             ResultsWriteError: it could not be written (nothing is then left of it).
         """
-        table = make_table(columns)
+        table = make_table(columns, self.layout)
         if metadata is not None:
             table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(metadata).encode()})
         path = self.parts_dir / f"{name}.parquet"
@@ -271,33 +276,40 @@ class ResultStore:
         for attempt in range(10):
             files = self.data_files()
             try:
-                tables = [read_table_file(p, columns) for p in files]
+                tables = [read_table_file(p, columns, self.layout) for p in files]
             except FileNotFoundError:
                 time.sleep(0.05 * (attempt + 1))
                 continue
             if not tables:
-                schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+                full = self.layout.schema
+                schema = full if columns is None else pa.schema([full.field(c) for c in columns])
                 return schema.empty_table()
             return pa.concat_tables(tables)
         raise RuntimeError(f"{self.path}: parts kept disappearing while being read (a merge running?)")
 
     def read(self) -> Any:
         """All rows as a pandas DataFrame; see :func:`read_results`."""
-        return to_frame(self._read(None))
+        return to_frame(self._read(None), self.layout)
 
-    def completed(self, frame: Any = None) -> dict[tuple[float, str, int], np.ndarray]:
-        """The point indices already stored for each (sigma, method, n_samples): sorted int64.
+    def completed(self, frame: Any = None) -> dict[tuple[Any, ...], np.ndarray]:
+        """The point indices already stored for each task of the grid (the layout's key without
+        the index: (sigma, method, n_samples) for ``probust estimate``): sorted int64.
 
         Args:
             frame: rows already read with :meth:`read` (saves reading the folder again).
         """
+        layout = self.layout
         if frame is None:
-            frame = self._read(KEY).to_pandas()
+            frame = self._read(layout.key).to_pandas()
         if len(frame) == 0:
             return {}
-        done: dict[tuple[float, str, int], np.ndarray] = {}
-        for (sigma, method, n), group in frame.groupby(["sigma", "method", "n_samples"], sort=False):
-            done[(float(sigma), str(method), int(n))] = np.unique(group["index"].to_numpy(np.int64))
+        grid = list(layout.grid_key)
+        kinds = [_python_type(layout.schema.field(name).type) for name in grid]
+        done: dict[tuple[Any, ...], np.ndarray] = {}
+        for values, group in frame.groupby(grid, sort=False):
+            values = values if isinstance(values, tuple) else (values,)
+            key = tuple(kind(v) for kind, v in zip(kinds, values, strict=True))
+            done[key] = np.unique(group[layout.key[0]].to_numpy(np.int64))
         return done
 
     def merge(self, config: dict[str, Any] | None = None, frame: Any = None) -> Path:
@@ -315,7 +327,7 @@ class ResultStore:
         if not parts and self.merged_path.is_file():
             return self.merged_path
         frame = self.read() if frame is None else frame
-        table = pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False)
+        table = pa.Table.from_pandas(frame, schema=self.layout.schema, preserve_index=False)
         config = config if config is not None else self.read_config()
         if config is not None:
             table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(config).encode()})
@@ -327,6 +339,15 @@ class ResultStore:
         for p in parts:
             p.unlink(missing_ok=True)
         return self.merged_path
+
+
+def _python_type(kind: pa.DataType) -> Any:
+    """The Python type a key column's values are compared as."""
+    if pa.types.is_integer(kind):
+        return int
+    if pa.types.is_floating(kind):
+        return float
+    return str
 
 
 def read_results(path: str | os.PathLike) -> Any:

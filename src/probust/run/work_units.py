@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.sources import batch
 from probust.run.store import OPTIONAL_COLUMNS
 
-__all__ = ["execute"]
+__all__ = ["Units", "execute", "run_units"]
 
 _FIELDS = ("p", "target", "stderr", "ci_low", "ci_high", "cdf_error", *(c for c in OPTIONAL_COLUMNS if c != "n_drawn"))
 
@@ -156,7 +156,7 @@ def _missing(plan: PreparedRun, done: dict) -> int:
     return sum(int((~np.isin(plan.indices, done.get(t.key, empty))).sum()) for t in plan.tasks)
 
 
-def _progress_bar(plan: PreparedRun, task: Task, total: int, initial: int):
+def _progress_bar(plan: PreparedRun, task: Any, total: int, initial: int):
     if not plan.show_progress:
         return None
     from tqdm.auto import tqdm
@@ -171,6 +171,44 @@ def _progress_bar(plan: PreparedRun, task: Task, total: int, initial: int):
         file=sys.stderr,
         smoothing=0.1,
     )
+
+
+class Units(Protocol):
+    """How one command computes and stores its work units; :func:`run_units` drives them (the
+    sharding, resumption, progress, the barrier and the merge are the same for every command)."""
+
+    def before(self, plan: PreparedRun, pending: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Called on every rank before any unit, with (block, its points still missing some row)
+        for this rank's blocks that have work; may raise (every rank then stops)."""
+
+    def start(self, plan: PreparedRun, task: Any) -> Any:
+        """What computing ``task``'s units needs (an estimator), built once per task."""
+
+    def run(self, plan: PreparedRun, state: Any, task: Any, block: np.ndarray, todo: np.ndarray) -> int:
+        """Compute ``task``'s rows of the points ``todo`` (a subset of ``block``), store them as
+        one part; returns how many rows."""
+
+    def finish(self, plan: PreparedRun, rows: Any) -> None:
+        """Rank 0, once every row is stored (and merged): ``rows`` is the whole table."""
+
+
+class _EstimateUnits:
+    """``probust estimate``'s units: a clean pass per block first, then one estimator per task."""
+
+    def __init__(self) -> None:
+        self.clean: dict[int, tuple[Tensor, ...]] = {}
+
+    def before(self, plan: PreparedRun, pending: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.clean = _clean_passes(plan, pending)
+
+    def start(self, plan: PreparedRun, task: Task) -> Any:
+        return make_task_estimator(plan, task)
+
+    def run(self, plan: PreparedRun, state: Any, task: Task, block: np.ndarray, todo: np.ndarray) -> int:
+        return _run_unit(plan, state, task, block, todo, self.clean)
+
+    def finish(self, plan: PreparedRun, rows: Any) -> None:
+        pass
 
 
 def execute(plan: PreparedRun) -> RunSummary:
@@ -189,6 +227,17 @@ def execute(plan: PreparedRun) -> RunSummary:
         RuntimeError: rows of the grid are missing at the end (under torchrun: the output
             folder is not shared by every machine).
     """
+    return run_units(plan, _EstimateUnits())
+
+
+def run_units(plan: PreparedRun, units: Units) -> RunSummary:
+    """Compute every missing unit of the plan's grid with ``units``, then (rank 0) check the
+    table is whole, merge it and let ``units`` finish; see :func:`execute`.
+
+    Points are cut into the plan's blocks; a unit is one block for one task. A unit already
+    stored is skipped (resumption); under torchrun each rank takes every world_size-th block.
+    The lock is released and the process group closed at the end, whatever happens.
+    """
     start = time.perf_counter()
     world, store = plan.world, plan.store
     try:
@@ -199,12 +248,11 @@ def execute(plan: PreparedRun) -> RunSummary:
         empty = np.empty(0, np.int64)
         todos = {task.key: [block[~np.isin(block, done.get(task.key, empty))] for block in mine] for task in plan.tasks}
         pending = [(block, np.unique(np.concatenate([t[i] for t in todos.values()]))) for i, block in enumerate(mine)]
-        # Every clean pass first, so that a tied prediction (or a failing model) stops the run on
-        # every rank before any estimator runs.
-        clean: dict[int, tuple[Tensor, ...]] = {}
+        # Every check first (estimate's clean passes), so that a tied prediction (or a failing
+        # model) stops the run on every rank before any unit runs.
         error: BaseException | None = None
         try:
-            clean = _clean_passes(plan, [(block, missing) for block, missing in pending if len(missing)])
+            units.before(plan, [(block, missing) for block, missing in pending if len(missing)])
         except Exception as exc:
             error = exc
         agree(world, error)
@@ -215,12 +263,12 @@ def execute(plan: PreparedRun) -> RunSummary:
             left = sum(len(t) for _, t in todo)
             if left == 0:
                 continue
-            estimator = make_task_estimator(plan, task)
+            state = units.start(plan, task)
             bar = _progress_bar(plan, task, total, total - left)
             try:
                 for block, missing in todo:
                     if len(missing):
-                        computed += _run_unit(plan, estimator, task, block, missing, clean)
+                        computed += units.run(plan, state, task, block, missing)
                         if bar is not None:
                             bar.update(len(missing))
             finally:
@@ -231,7 +279,7 @@ def execute(plan: PreparedRun) -> RunSummary:
         world.barrier()
         if world.is_main:
             try:
-                merged = _finish(plan)
+                merged = _finish(plan, units)
             except Exception as exc:
                 error = exc
         agree(world, error)
@@ -241,7 +289,7 @@ def execute(plan: PreparedRun) -> RunSummary:
         world.close()
 
 
-def _finish(plan: PreparedRun) -> Path | None:
+def _finish(plan: PreparedRun, units: Units) -> Path | None:
     """Rank 0, after every rank is done: check the grid is complete, merge, record the end."""
     store = plan.store
     rows = store.read()
@@ -258,4 +306,6 @@ def _finish(plan: PreparedRun) -> Path | None:
     if config.get("history"):
         config["history"][-1]["finished"] = now()
     store.write_config(config)
-    return store.merge(config, rows) if plan.settings.merge else None
+    merged = store.merge(config, rows) if plan.settings.merge else None
+    units.finish(plan, rows)
+    return merged

@@ -1,0 +1,215 @@
+"""``probust certify``: the TSV in Cohen et al.'s format, abstentions, the table equal to
+``probust.certify`` on the same points, and independent of batching and resumption."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import probust
+from probust.cli import main
+from probust.run import ConfigError
+from probust.run.certify import (
+    TSV_COLUMNS,
+    CertifySettings,
+    certified_column,
+    prepare_certify,
+    read_certified,
+    tsv_name,
+)
+from probust.run.store import ResultStore
+
+FACTORY = """
+import torch
+
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+"""
+
+N_POINTS = 12
+SIGMAS = ["0.25", "1.0"]
+RADII = ["0", "0.1", "0.3"]
+
+
+def _x_y() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.random((N_POINTS, 1, 4, 4)).astype("float32"), np.arange(N_POINTS) % 3
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("certify")
+    x, y = _x_y()
+    np.savez(root / "d.npz", x=x, y=y)
+    (root / "certnet.py").write_text(FACTORY)
+    return root
+
+
+@pytest.fixture()
+def in_root(root, monkeypatch):
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    sys.modules.pop("certnet", None)
+    return root
+
+
+def _args(out: str, *extra: str) -> list[str]:
+    return [
+        "certify",
+        "--data",
+        "d.npz",
+        "--model",
+        "certnet:make",
+        "--sigma",
+        *SIGMAS,
+        "--N0",
+        "16",
+        "--N",
+        "256",
+        "--radii",
+        *RADII,
+        "--estimate",
+        "taylor",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--out",
+        out,
+        *extra,
+    ]
+
+
+def _table(path) -> pd.DataFrame:
+    return read_certified(path).drop(columns="time_s")
+
+
+@pytest.fixture()
+def reference(in_root) -> pd.DataFrame:
+    if not (in_root / "ref" / "results.parquet").is_file():
+        assert main(_args("ref")) == 0
+    return _table(in_root / "ref")
+
+
+def test_the_tsv_has_the_authors_columns_and_format(in_root, reference):
+    rows = read_certified(in_root / "ref")
+    for sigma in (0.25, 1.0):
+        path = in_root / "ref" / tsv_name(sigma)
+        assert path.name == f"certify_sigma{sigma!r}.tsv"
+        lines = path.read_text().splitlines()
+        assert lines[0] == "idx\tlabel\tpredict\tradius\tcorrect\ttime"
+        tsv = pd.read_csv(path, sep="\t")
+        assert tuple(tsv.columns) == TSV_COLUMNS and len(tsv) == N_POINTS
+        mine = rows[rows.sigma == sigma].sort_values("index")
+        assert tsv.idx.tolist() == mine["index"].tolist() == list(range(N_POINTS))
+        assert tsv.label.tolist() == mine.label.tolist()
+        assert tsv.predict.tolist() == mine.prediction.tolist()
+        assert tsv.radius.tolist() == mine.radius.tolist()  # every digit written
+        assert tsv.correct.tolist() == mine.correct.astype(int).tolist()
+        # time as the authors write it: str(datetime.timedelta(seconds=elapsed))
+        assert tsv.time.tolist() == [str(datetime.timedelta(seconds=s)) for s in mine.time_s]
+        assert all(re.fullmatch(r"\d+:\d\d:\d\d(\.\d{6})?", t) for t in tsv.time)
+
+
+def test_abstaining_points_read_minus_one_radius_zero_and_incorrect(in_root, reference):
+    abstained = reference[reference.prediction == -1]
+    assert len(abstained) > 0, "the test needs some abstentions (sigma 1.0 on a random model gives them)"
+    assert (abstained.radius == 0).all() and (~abstained.correct).all()
+    assert (abstained.p_lower < 0.5).all()
+    kept = reference[reference.prediction != -1]
+    assert (kept.radius > 0).all() and (kept.correct == (kept.prediction == kept.label)).all()
+    tsv = pd.read_csv(in_root / "ref" / tsv_name(1.0), sep="\t")
+    assert ((tsv.predict == -1) <= ((tsv.radius == 0) & (tsv.correct == 0))).all()
+
+
+def test_the_cli_table_equals_probust_certify_on_the_same_points(in_root, reference):
+    import certnet
+
+    x, y = _x_y()
+    model = certnet.make()
+    for sigma in (0.25, 1.0):
+        mine = reference[reference.sigma == sigma].sort_values("index")
+        r = probust.certify(model, torch.from_numpy(x), sigma, n0=16, n=256, radii=[0, 0.1, 0.3], seed=0)
+        assert mine.prediction.tolist() == r.prediction.tolist()
+        np.testing.assert_array_equal(mine.radius.to_numpy(), r.radius.numpy())
+        np.testing.assert_array_equal(mine.p_lower.to_numpy(), r.p_lower.numpy())
+        assert mine.n_drawn.tolist() == r.n_drawn.tolist() and mine.hits.tolist() == r.hits.tolist()
+        assert mine.correct.tolist() == r.correct(torch.from_numpy(y)).tolist()
+        for j, radius in enumerate((0.0, 0.1, 0.3)):
+            assert mine[certified_column(radius)].tolist() == r.certified[:, j].tolist()
+        # The estimate column is labelled as such: Taylor's p and sigma * Phi^-1(p), no guarantee.
+        est = probust.Taylor(model, sigma)(torch.from_numpy(x))
+        np.testing.assert_allclose(mine.p_estimate.to_numpy(), est.p.double().numpy(), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            mine.radius_estimate.to_numpy(), probust.radius_estimate(est, sigma).numpy(), rtol=1e-5, atol=1e-9
+        )
+
+
+def test_the_table_does_not_depend_on_the_batch_size(in_root, reference):
+    assert main(_args("b5", "--batch-size", "5")) == 0
+    pd.testing.assert_frame_equal(_table(in_root / "b5"), reference)
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_table(in_root, reference, monkeypatch):
+    write_part, written = ResultStore.write_part, []
+
+    def interrupt_after_three(self, *args, **kwargs):
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        written.append(1)
+        return write_part(self, *args, **kwargs)
+
+    monkeypatch.setattr(ResultStore, "write_part", interrupt_after_three)
+    assert main(_args("resumed")) == 130
+    assert len(list((in_root / "resumed" / "parts").glob("*.parquet"))) == 3
+    assert not (in_root / "resumed" / tsv_name(0.25)).exists()
+    parts = []
+    monkeypatch.setattr(
+        ResultStore, "write_part", lambda self, name, *a, **k: parts.append(name) or write_part(self, name, *a, **k)
+    )
+    assert main(_args("resumed")) == 0
+    assert len(parts) == 2 * 3 - 3  # only the missing units: 3 blocks of 4 points x 2 sigmas, 3 done
+    pd.testing.assert_frame_equal(_table(in_root / "resumed"), reference)
+    assert (in_root / "resumed" / tsv_name(1.0)).read_text().splitlines()[1:] != []
+
+
+def test_integer_inputs_are_refused_naming_the_data(in_root, tmp_path):
+    class Counts(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int):
+            return torch.full((1, 4, 4), i, dtype=torch.int64), i % 3
+
+    import certnet
+
+    settings = CertifySettings(data=Counts(), model=certnet.make(), sigmas=[0.25], out=tmp_path / "c", device="cpu")
+    with pytest.raises(ConfigError, match="not floating point") as info:
+        prepare_certify(settings)
+    assert info.value.field == "data"
+
+
+def test_a_bad_flag_is_one_line_naming_it(in_root, capsys):
+    assert main(_args("bad", "--alpha", "2")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probust certify: error: --alpha") and "\n" not in err
+
+
+def test_estimate_and_certify_folders_refuse_each_other(in_root, reference, capsys):
+    assert main(_args("ref", "--N", "128")) == 2
+    assert "n: 256 there, 128 here" in capsys.readouterr().err
+    estimate = ["estimate", "--data", "d.npz", "--model", "certnet:make", "--sigma", "0.25", "--methods", "softmax"]
+    assert main([*estimate, "--quiet", "--out", "ref"]) == 2
+    assert "probust.certify's" in capsys.readouterr().err
+    assert main([*estimate, "--quiet", "--out", "est"]) == 0
+    assert main(_args("est")) == 2
+    assert "not a probust.certify configuration" in capsys.readouterr().err
