@@ -44,6 +44,7 @@ class Option:
         default_help: how ``--help`` describes the default (e.g. "half the free memory"); None:
             the default value itself; "" to say nothing.
         flag: its command-line flag; None: ``--`` and the name with dashes; "" for none.
+        aliases: other spellings of the flag (errors name ``flag``).
         metavar: the placeholder of its value in ``--help``.
         choices: the allowed values; a mapping gives the command-line word of each value.
         many: takes one or more values (a list on the command line).
@@ -62,6 +63,7 @@ class Option:
     help: str
     default_help: str | None = None
     flag: str | None = None
+    aliases: tuple[str, ...] = ()
     metavar: str | None = None
     choices: tuple[Any, ...] | Mapping[str, Any] | None = None
     many: bool = False

@@ -213,3 +213,17 @@ def test_estimate_and_certify_folders_refuse_each_other(in_root, reference, caps
     assert main([*estimate, "--quiet", "--out", "est"]) == 0
     assert main(_args("est")) == 2
     assert "not a probust.certify configuration" in capsys.readouterr().err
+
+
+def test_the_draw_counts_read_as_the_authors_flags_or_lowercase(in_root):
+    """--N0/--N (the authors' certify.py; what torchrun lets through) and --n0/--n (the issue's
+    spelling) set the same settings."""
+    from probust.cli import build_parser
+    from probust.cli.certify import settings_from
+
+    parser = build_parser()
+    upper = settings_from(parser.parse_args(_args("x")))
+    lower = ["--n0" if a == "--N0" else "--n" if a == "--N" else a for a in _args("x")]
+    assert lower != _args("x")
+    assert settings_from(parser.parse_args(lower)) == upper
+    assert (upper.n0, upper.n) == (16, 256)

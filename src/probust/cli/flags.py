@@ -90,7 +90,7 @@ def add_options(
             common["action"] = "append"
         elif o.many:
             common["nargs"] = "+"
-        group.add_argument(flag, required=f.name in set(required), **common)
+        group.add_argument(flag, *o.aliases, required=f.name in set(required), **common)
     return group
 
 

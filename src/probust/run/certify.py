@@ -126,12 +126,14 @@ class CertifyOptions(SeedOptions):
 
     TITLE: ClassVar[str] = "certification (Cohen et al.'s CERTIFY; recorded in config.json)"
 
-    # The flags are the authors' (certify.py's --N0 and --N): "--n" would be an ambiguous
-    # abbreviation of torchrun's own options (--nnodes, --nproc-per-node), which it refuses.
+    # The flags are the authors' (certify.py's --N0 and --N), with --n0 and --n as the issue's
+    # spelling; under torchrun "--n" is an ambiguous abbreviation of torchrun's own options
+    # (--nnodes, --nproc-per-node), which it refuses before probust starts: --N works there.
     n0: int = option(
         100,
         help="selection draws per point (Cohen et al.: 100)",
         flag="--N0",
+        aliases=("--n0",),
         metavar="N0",
         parse=int,
         check=_count,
@@ -139,8 +141,10 @@ class CertifyOptions(SeedOptions):
     )
     n: int = option(
         100_000,
-        help="estimation draws per point (Cohen et al.: 100,000); with --radii the most a point may draw",
+        help="estimation draws per point (Cohen et al.: 100,000); with --radii the most a point may draw "
+        "(also --n, except under torchrun, which takes --n for its own options)",
         flag="--N",
+        aliases=("--n",),
         metavar="N",
         parse=int,
         check=_count,
