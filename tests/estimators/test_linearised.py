@@ -274,7 +274,7 @@ def test_ties_at_the_clean_point_need_an_explicit_target():
 
 def test_unknown_cdf_is_refused(small):
     model, x = small
-    with pytest.raises(ValueError, match="cdf must be one of"):
+    with pytest.raises(ValueError, match="^cdf: must be one of"):
         probust.Taylor(model, 0.1, cdf="probit")
 
 

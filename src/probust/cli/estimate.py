@@ -81,6 +81,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``probust estimate``; returns the exit status."""
+    from probust._extras import MissingExtraError
     from probust.cli import UsageError
     from probust.cli.flags import message
     from probust.errors import ProbustError
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
+    except MissingExtraError:
+        raise  # not a usage error: probust.cli.main names the extra to install
     except ProbustError as exc:
         raise UsageError(message(exc, flags())) from None
     quiet = not settings.show_progress
@@ -102,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
         # Found by the clean pass before any estimator ran (a tied prediction): a usage error.
         raise UsageError(message(exc, flags())) from None
     except (RuntimeError, ValueError, OSError) as exc:
-        # Failures after the checks (a damaged part file, a model returning NaN, a full disk):
-        # one line, and the finished work units stay for the next run.
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        # Failures after the checks (a damaged part file, a model returning NaN, a full disk, a
+        # setting only the work can check, such as a memory budget too small for the model): one
+        # line, options named by their flags, and the finished work units stay for the next run.
+        shown = message(exc, flags()) if isinstance(exc, ProbustError) else str(exc)
+        text = shown.strip().splitlines()[0] if shown.strip() else ""
         print(f"probust estimate: error: {type(exc).__name__}: {text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
