@@ -17,6 +17,7 @@ import torch
 from scipy import stats
 
 from probust import _rng
+from probust.errors import OptionError
 from probust.noise import Gaussian, Laplace, Noise, Uniform, as_noise, require_gaussian
 
 Z = 5.5  # standard errors allowed by each moment check
@@ -200,27 +201,28 @@ def test_as_noise_turns_numbers_and_tensors_into_gaussians_and_passes_noise_thro
 @pytest.mark.parametrize(
     "sigma, match",
     [
-        (None, r"^sigma is required"),
-        (True, r"^sigma must be a positive number"),
-        (0, r"^sigma must be a positive"),
-        (-0.5, r"^sigma must be a positive"),
-        (math.nan, r"^sigma must be a positive"),
-        (math.inf, r"^sigma must be a positive"),
-        ("a", r"^sigma must be a positive"),
-        (torch.zeros(3), r"^sigma \(per-coordinate std\) must be"),
-        (torch.tensor([0.1, -0.1]), r"^sigma \(per-coordinate std\) must be"),
-        (torch.tensor([0.1, math.nan]), r"^sigma \(per-coordinate std\) must be"),
+        (None, r"^sigma: required"),
+        (True, r"^sigma: must be a positive number"),
+        (0, r"^sigma: must be a positive"),
+        (-0.5, r"^sigma: must be a positive"),
+        (math.nan, r"^sigma: must be a positive"),
+        (math.inf, r"^sigma: must be a positive"),
+        ("a", r"^sigma: must be a positive"),
+        (torch.zeros(3), r"^sigma: per-coordinate standard deviations must be"),
+        (torch.tensor([0.1, -0.1]), r"^sigma: per-coordinate standard deviations must be"),
+        (torch.tensor([0.1, math.nan]), r"^sigma: per-coordinate standard deviations must be"),
     ],
 )
 def test_as_noise_refuses_bad_sigma_by_name(sigma, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(OptionError, match=match) as error:  # a ValueError
         as_noise(sigma)
+    assert error.value.field == "sigma"
 
 
 @pytest.mark.parametrize("cls", [Uniform, Laplace])
 @pytest.mark.parametrize("sigma", [0, -1.0, math.nan, "x"])
 def test_non_gaussian_noise_refuses_bad_sigma_by_name(cls, sigma):
-    with pytest.raises(ValueError, match=r"^sigma must be a positive"):
+    with pytest.raises(ValueError, match=r"^sigma: must be a positive"):
         cls(sigma)
 
 
@@ -229,23 +231,24 @@ def test_non_gaussian_noise_refuses_bad_sigma_by_name(cls, sigma):
     [
         (dict(), r"exactly one of sigma .* or cov"),
         (dict(sigma=0.1, cov=torch.eye(2)), r"exactly one of sigma .* or cov"),
-        (dict(cov=torch.ones(2, 3)), r"^cov must be a square matrix"),
-        (dict(cov=torch.ones(4)), r"^cov must be a square matrix"),
-        (dict(cov=torch.tensor([[1.0, 0.5], [0.0, 1.0]])), r"^cov must be a finite symmetric matrix"),
-        (dict(cov=torch.tensor([[1.0, math.nan], [math.nan, 1.0]])), r"^cov must be a finite symmetric matrix"),
-        (dict(cov=torch.tensor([[1.0, 2.0], [2.0, 1.0]])), r"^cov must be positive semi-definite"),
+        (dict(cov=torch.ones(2, 3)), r"^cov: must be a square matrix"),
+        (dict(cov=torch.ones(4)), r"^cov: must be a square matrix"),
+        (dict(cov=torch.tensor([[1.0, 0.5], [0.0, 1.0]])), r"^cov: must be a finite symmetric matrix"),
+        (dict(cov=torch.tensor([[1.0, math.nan], [math.nan, 1.0]])), r"^cov: must be a finite symmetric matrix"),
+        (dict(cov=torch.tensor([[1.0, 2.0], [2.0, 1.0]])), r"^cov: must be positive semi-definite"),
     ],
 )
 def test_gaussian_refuses_bad_covariances_by_name(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(OptionError, match=match) as error:
         Gaussian(**kwargs)
+    assert error.value.field in (None, "cov")
 
 
 def test_require_gaussian_names_the_method_and_accepts_every_gaussian():
     for noise in (Gaussian(0.1), Gaussian(torch.tensor([0.1, 0.2])), Gaussian(cov=torch.eye(2))):
         require_gaussian(noise, "mc_cv")
     for noise in (Uniform(0.1), Laplace(0.1)):
-        with pytest.raises(ValueError, match=r"^mc_is needs Gaussian noise"):
+        with pytest.raises(ValueError, match=r"^sigma: mc_is needs Gaussian noise"):
             require_gaussian(noise, "mc_is")
 
 

@@ -110,7 +110,7 @@ def test_wilson_interval_reaches_0_and_1_exactly_at_the_edges():
 
 
 def test_unknown_interval_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"^interval must be one of \('wilson', 'clopper-pearson'\)"):
+    with pytest.raises(ValueError, match=r"^interval: must be one of \('wilson', 'clopper-pearson'\)"):
         binomial_interval(torch.tensor([1]), torch.tensor([2]), 0.95, "wald")
 
 

@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+from probust.errors import ProbustError
+
 #: The extras and what each adds (pyproject.toml's ``[project.optional-dependencies]``).
 EXTRAS: dict[str, str] = {
     "run": "the runner, its results store and progress bars (probust.run_estimate, `probust estimate`)",
@@ -35,11 +37,11 @@ MODULE_EXTRAS: dict[str, str] = {
 }
 
 
-class MissingExtraError(ModuleNotFoundError):
+class MissingExtraError(ProbustError, ModuleNotFoundError):
     """An optional dependency is not installed; the message names the extra that installs it.
 
-    A :class:`ModuleNotFoundError` (hence an :class:`ImportError`), with ``name`` the missing
-    module and ``extra`` the extra to install.
+    A :class:`~probust.errors.ProbustError` and a :class:`ModuleNotFoundError` (hence an
+    :class:`ImportError`), with ``name`` the missing module and ``extra`` the extra to install.
     """
 
     def __init__(self, module: str, extra: str, feature: str | None = None) -> None:
@@ -48,9 +50,9 @@ class MissingExtraError(ModuleNotFoundError):
         what = feature or "this part of probust"
         super().__init__(
             f"{what} needs the {extra!r} extra ({module} is not installed): pip install 'probust[{extra}]' "
-            "(or 'probust[all]' for everything)",
-            name=module,
+            "(or 'probust[all]' for everything)"
         )
+        self.name = module
 
 
 def _extra_of(module: str, extra: str | None) -> str:

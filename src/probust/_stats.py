@@ -6,6 +6,8 @@ import torch
 from scipy import special, stats
 from torch import Tensor
 
+from probust.errors import OptionError
+
 INTERVALS = ("wilson", "clopper-pearson")
 
 
@@ -42,7 +44,7 @@ def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, meth
         low = torch.where(k == 0, 0.0, low)
         high = torch.where(k == n, 1.0, high)
     else:
-        raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
+        raise OptionError(f"must be one of {INTERVALS}, got {method!r}", field="interval")
     return low.to(successes.device), high.to(successes.device)
 
 

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -92,6 +92,20 @@ class ProbustError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+    def renamed(self, names: Mapping[str, str]) -> ProbustError:
+        """A copy whose ``field`` and :class:`Setting` parts use ``names[name]`` for each name
+        it maps (the others kept): how a caller that gave an option under another name (the
+        run's ``eval_batch_size`` is the estimators' ``batch_size``) reports an error in its own names."""
+        error = type(self).__new__(type(self))  # no __init__: subclasses' signatures differ
+        error.__dict__.update(self.__dict__)
+        error.parts = tuple(
+            Setting(names.get(p.name, p.name), p.value) if isinstance(p, Setting) else p for p in self.parts
+        )
+        if self.field is not None:
+            error.field = names.get(self.field, self.field)
+        error.args = (error.render(),)
+        return error
 
     def lines(self) -> list[tuple[Part, ...]]:
         """The message's lines (without the subject), each as its parts."""

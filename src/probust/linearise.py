@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._checks import check_target
+from probust.pullback import TraceFallbackWarning
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
@@ -78,9 +79,6 @@ def _jacobian_forward(model: nn.Module, x: Tensor, tangent_chunk_size: int | Non
     return logits[0], columns.permute(1, 2, 0).reshape(x.shape[0], -1, *x.shape[1:])
 
 
-_FALLBACK_WARNED: set[type] = set()
-
-
 def _pull(
     model: nn.Module,
     x: Tensor,
@@ -99,14 +97,12 @@ def _pull(
     except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
         if not fallback:
             raise
-        if type(model) not in _FALLBACK_WARNED:
-            _FALLBACK_WARNED.add(type(model))
-            warnings.warn(
-                f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
-                "computing gradients with one backward pass per class instead",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        warnings.warn(
+            f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
+            "computing gradients with one backward pass per class instead",
+            TraceFallbackWarning,
+            stacklevel=4,
+        )
         return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
 
 
@@ -142,8 +138,8 @@ def logit_jacobian(
             class) or "forward" (forward mode, one pass per input coordinate). All give the
             same Jacobian up to float rounding.
         classes: only these classes' rows of the Jacobian (int64 [k]).
-        fallback: on a model torch.func cannot trace, fall back to "loop" with one warning
-            (False: raise).
+        fallback: on a model torch.func cannot trace, fall back to "loop" with a
+            :class:`~probust.pullback.TraceFallbackWarning` (False: raise).
     """
     if strategy == "forward":
         logits, grads = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)

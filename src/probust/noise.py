@@ -17,6 +17,7 @@ from torch import Tensor
 
 from probust import _rng
 from probust._checks import check_positive_float
+from probust.errors import OptionError, Setting
 
 
 class Noise(ABC):
@@ -66,7 +67,13 @@ class Gaussian(Noise):
 
     def __init__(self, sigma: float | Tensor | None = None, *, cov: Tensor | None = None) -> None:
         if (sigma is None) == (cov is None):
-            raise ValueError("Gaussian needs exactly one of sigma (per-coordinate std) or cov (full covariance)")
+            raise OptionError(
+                "Gaussian needs exactly one of ",
+                Setting("sigma"),
+                " (per-coordinate std) or ",
+                Setting("cov"),
+                " (full covariance)",
+            )
         self.sigma: float | None = None
         self.std: Tensor | None = None
         self.cov: Tensor | None = None
@@ -74,12 +81,12 @@ class Gaussian(Noise):
         if cov is not None:
             cov = torch.as_tensor(cov, dtype=torch.float64)
             if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
-                raise ValueError(f"cov must be a square matrix [d, d], got shape {tuple(cov.shape)}")
+                raise OptionError(f"must be a square matrix [d, d], got shape {tuple(cov.shape)}", field="cov")
             if not torch.isfinite(cov).all() or not torch.allclose(cov, cov.T, atol=1e-10):
-                raise ValueError("cov must be a finite symmetric matrix")
+                raise OptionError("must be a finite symmetric matrix", field="cov")
             eig_min = torch.linalg.eigvalsh(cov).min().item()
             if eig_min < -1e-8 * max(1.0, cov.diagonal().abs().max().item()):
-                raise ValueError(f"cov must be positive semi-definite (smallest eigenvalue {eig_min:.3g})")
+                raise OptionError(f"must be positive semi-definite (smallest eigenvalue {eig_min:.3g})", field="cov")
             self.cov = cov
             # A PSD square root (works for singular cov, unlike Cholesky).
             vals, vecs = torch.linalg.eigh(cov)
@@ -87,7 +94,9 @@ class Gaussian(Noise):
         elif isinstance(sigma, Tensor) and sigma.numel() > 1:
             std = sigma.detach().to(torch.float32)
             if not torch.isfinite(std).all() or (std < 0).any() or not (std > 0).any():
-                raise ValueError("sigma (per-coordinate std) must be finite, non-negative and not all zero")
+                raise OptionError(
+                    "per-coordinate standard deviations must be finite, >= 0 and not all 0", field="sigma"
+                )
             self.std = std
         else:
             self.sigma = check_positive_float(
@@ -181,15 +190,18 @@ class Laplace(_IidNoise):
 
 
 def require_gaussian(noise: Noise, method: str) -> None:
-    """Raise ValueError unless ``noise`` is :class:`Gaussian` (what ``method`` needs).
+    """Raise an OptionError (field "sigma") unless ``noise`` is :class:`Gaussian` (what ``method`` needs).
 
     The Monte Carlo methods built on the linearised model ("mc_cv", "mc_is") need it: the
     control variate's mean is the mvn-cdf, and importance weights are Gaussian density ratios.
     """
     if not isinstance(noise, Gaussian):
-        raise ValueError(
-            f"{method} needs Gaussian noise: sigma must be a number, a tensor of per-coordinate standard "
-            f"deviations or a probust.Gaussian, got {type(noise).__name__}; use method='mc' for other noise"
+        raise OptionError(
+            f"{method} needs Gaussian noise: a number, a tensor of per-coordinate standard deviations or a "
+            f"probust.Gaussian, got {type(noise).__name__}; use ",
+            Setting("method", "mc"),
+            " for other noise",
+            field="sigma",
         )
 
 
@@ -198,7 +210,7 @@ def as_noise(sigma: float | Tensor | Noise | None) -> Noise:
     if isinstance(sigma, Noise):
         return sigma
     if sigma is None:
-        raise ValueError("sigma is required: the noise standard deviation per input coordinate (or a Noise)")
+        raise OptionError("required: the noise standard deviation per input coordinate (or a Noise)", field="sigma")
     if isinstance(sigma, bool):
-        raise ValueError(f"sigma must be a positive number or a probust.noise.Noise, got {sigma!r}")
+        raise OptionError(f"must be a positive number or a probust.noise.Noise, got {sigma!r}", field="sigma")
     return Gaussian(sigma)

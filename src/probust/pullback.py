@@ -29,7 +29,12 @@ from torch import Tensor, nn
 VMAP_STEP = 8
 
 _TRACE_ERRORS = (RuntimeError, NotImplementedError, AttributeError, TypeError)
-_FALLBACK_WARNED: set[type] = set()
+
+
+class TraceFallbackWarning(RuntimeWarning):
+    """torch.func could not trace a model, so its gradients are computed with autograd, one
+    backward pass at a time (the same numbers, more slowly). Issued with :func:`warnings.warn`:
+    Python's default filter shows each message once per place, and a filter can silence or raise it."""
 
 
 def features_and_logits(model: nn.Module, head: nn.Linear | None) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
@@ -74,7 +79,7 @@ class Pullback:
         head: the model's linear head, or None (the features are then the logits).
         strategy: "loop" (one autograd backward pass per cotangent, on the retained graph) or
             "vmap" (torch.func's pullback, vectorised over :data:`VMAP_STEP` cotangents at a
-            time). A model torch.func cannot trace falls back to "loop" with one warning.
+            time). A model torch.func cannot trace falls back to "loop" with a TraceFallbackWarning.
 
     Attributes:
         logits: [R, C], detached.
@@ -131,11 +136,9 @@ class Pullback:
 
 
 def _warn_fallback(model: nn.Module, exc: Exception) -> None:
-    if type(model) not in _FALLBACK_WARNED:
-        _FALLBACK_WARNED.add(type(model))
-        warnings.warn(
-            f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
-            "computing gradients with one backward pass per cotangent instead",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    warnings.warn(
+        f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
+        "computing gradients with one backward pass per cotangent instead",
+        TraceFallbackWarning,
+        stacklevel=4,
+    )

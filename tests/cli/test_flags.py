@@ -329,29 +329,72 @@ def test_recorded_certify_flags_arrive_in_config_json(in_root):
     assert {k: config["run"][k] for k in expected} == expected
 
 
-TRAIN_BASE = ["--data", "digits", "--arch", "linear", "--out", "m.pt"]
+TRAIN_BASE = ["--data", "digits", "--arch", "linear", "--out", "m.pt", "--robust-sigma", "0.1"]
 
 
 def _train_flags():
-    from probust.training import TrainConfig
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
 
-    return declared(TrainConfig)
+    return [(f, o) for cls in (TrainConfig, RobustLossOptions, TrainOptions) for f, o in declared(cls)]
 
 
 @pytest.mark.parametrize("field,option", _train_flags(), ids=lambda v: getattr(v, "name", ""))
 def test_every_train_flag_sets_its_own_field_and_no_other(field, option):
-    from probust.cli.train import _check
+    from probust.cli.train import _settings
 
     parser = _sub("train")
-    base = _check(parser.parse_args(TRAIN_BASE))
-    special = {"arch_kwargs": ['{"bias": false}'], "device": ["cpu"], "schedule": ["step"]}
+    base_args = [*TRAIN_BASE[:3], "vit", *TRAIN_BASE[4:]] if field.name == "pretrained" else TRAIN_BASE
+    base = _settings(parser.parse_args(base_args))
+    special = {
+        "arch_kwargs": ['{"bias": false}'],
+        "device": ["cpu"],
+        "schedule": ["step"],
+        "root": ["somewhere"],
+        "pretrained": ["hf-tiny"],
+    }
     flag = flag_of(field, option)
     words = _other_word(field, option, special)
-    config = _check(parser.parse_args([*TRAIN_BASE, flag, *words]))
-    changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(base, f.name)}
+    got = _settings(parser.parse_args([*base_args, flag, *words]))
+    changed = {
+        f.name for old, new in zip(base, got, strict=True) for f in dataclasses.fields(new)
+        if getattr(new, f.name) != getattr(old, f.name)
+    }  # fmt: skip
     assert changed == {field.name}, f"{flag} changed {changed}"
     if field.name == "augment":
-        assert _check(parser.parse_args([*TRAIN_BASE, "--no-augment"])).augment is False
+        assert _settings(parser.parse_args([*TRAIN_BASE, "--no-augment"]))[0].augment is False
+
+
+def test_train_options_reach_train(monkeypatch):
+    """The robust-loss, data and checkpoint flags arrive in train()'s arguments and its RobustLoss."""
+    import probust.training
+
+    seen = {}
+
+    def fake_train(**kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(probust.training, "train", fake_train)
+    with pytest.raises(SystemExit):
+        main(["train", *TRAIN_BASE, "--robust-loss", "0.5", "--robust-sigma", "0.2", "--robust-cdf", "mvn",
+              "--robust-warmup", "7", "--root", "somewhere", "--download", "--no-resume", "--quiet"])  # fmt: skip
+    assert (seen["root"], seen["download"], seen["resume"]) == ("somewhere", True, False)
+    loss = seen["extra_loss"]
+    assert (loss.mu, loss.noise.sigma, loss.cdf, loss.warmup_steps) == (0.5, 0.2, "mvn", 7)
+
+
+def test_train_option_errors_name_their_flags(capsys):
+    assert main(["train", *TRAIN_BASE[:6], "--robust-loss", "1"]) == 2
+    assert "--robust-loss: needs --robust-sigma S" in capsys.readouterr().err
+    assert main(["train", *TRAIN_BASE, "--robust-warmup", "-1"]) == 2
+    assert "--robust-warmup: must be an integer >= 0" in capsys.readouterr().err
+    assert main(["train", *TRAIN_BASE, "--pretrained", "x"]) == 2
+    assert "--pretrained: applies to --arch vit only" in capsys.readouterr().err
+    from probust.training import RobustLossOptions
+
+    with pytest.raises(OptionError, match="^robust_loss: needs robust_sigma=S") as error:
+        RobustLossOptions(robust_loss=1.0)
+    assert error.value.field == "robust_loss"
 
 
 def _report_flags():
@@ -534,7 +577,29 @@ def test_memory_budget_too_small_is_named(in_root, capsys):
     code = main(["estimate", *ESTIMATE_BASE[:-1], "mbud", "--device", "cpu", "--quiet", "--limit", "2",
                  "--methods", "taylor", "--model-arg", "num_classes=5", "--memory-budget", "1"])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 1 and "memory_budget" in err
+    assert code == 1 and "--memory-budget of " in err and "raise --memory-budget" in err
+    assert "memory_budget" not in err  # the flag, not the Python name
+
+
+def test_an_option_only_the_estimator_can_check_is_named_by_its_flag(in_root, capsys):
+    """Rows per pass that do not fit the budget are found inside the estimator, which names its
+    own argument (batch_size); the run reports its option (eval_batch_size), the CLI the flag."""
+    from probust.run import run_estimate
+
+    common = ["--device", "cpu", "--quiet", "--limit", "2", "--methods", "mc", "--mc-samples", "1000",
+              "--model-arg", "num_classes=5", "--eval-batch-size", "100000", "--memory-budget", "200KB"]  # fmt: skip
+    assert main(["estimate", *ESTIMATE_BASE[:-1], "ebs", *common]) == 1
+    err = capsys.readouterr().err
+    assert "--eval-batch-size 100000 rows per pass need more than --memory-budget" in err
+    assert "lower --eval-batch-size or raise --memory-budget" in err
+    with pytest.raises(OptionError) as error:
+        run_estimate(
+            data="d.npz", model="flagnet:make", model_args={"num_classes": 5}, sigmas=[0.1], methods=["mc"],
+            mc_samples=[1000], limit=2, device="cpu", show_progress=False, out="ebs2",
+            eval_batch_size=100_000, memory_budget="200KB",
+        )  # fmt: skip
+    assert error.value.field == "memory_budget"
+    assert "eval_batch_size=100000 rows per pass" in str(error.value) and "lower eval_batch_size" in str(error.value)
 
 
 def test_train_lr_and_schedule_reach_the_optimizer(tmp_path):

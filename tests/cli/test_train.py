@@ -116,9 +116,12 @@ def test_cli_trains_with_the_robust_loss_and_records_it(tmp_path, capsys):
     "extra, message",
     [
         (["--robust-loss", "0.5"], "--robust-sigma"),
-        (["--robust-loss", "-1", "--robust-sigma", "0.2"], "--robust-loss must be >= 0"),
-        (["--robust-loss", "1", "--robust-sigma", "0"], "--robust-sigma must be a positive number"),
-        (["--robust-loss", "1", "--robust-sigma", "0.2", "--robust-warmup", "-5"], "--robust-warmup must be >= 0"),
+        (["--robust-loss", "-1", "--robust-sigma", "0.2"], "--robust-loss: must be a number >= 0"),
+        (["--robust-loss", "1", "--robust-sigma", "0"], "--robust-sigma: must be a positive"),
+        (
+            ["--robust-loss", "1", "--robust-sigma", "0.2", "--robust-warmup", "-5"],
+            "--robust-warmup: must be an integer >= 0",
+        ),
     ],
 )
 def test_cli_refuses_bad_robust_loss_flags(tmp_path, capsys, extra, message):

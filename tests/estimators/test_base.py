@@ -55,13 +55,13 @@ def test_sigma_is_a_required_argument_of_every_noise_estimator(small, cls):
     model, _ = small
     with pytest.raises(TypeError, match="sigma"):
         cls(model)
-    with pytest.raises(ValueError, match="^sigma is required"):
+    with pytest.raises(ValueError, match="^sigma: required"):
         cls(model, None)
-    with pytest.raises(ValueError, match="^sigma is required"):
+    with pytest.raises(ValueError, match="^sigma: required"):
         cls(model, sigma=None)
     with pytest.raises(TypeError, match="sigma"):
         probust.make_estimator(cls(model, 0.1).method, model)
-    with pytest.raises(ValueError, match="^sigma is required"):
+    with pytest.raises(ValueError, match="^sigma: required"):
         probust.make_estimator(cls(model, 0.1).method, model, None)
 
 

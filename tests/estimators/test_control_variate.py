@@ -195,7 +195,7 @@ def test_mc_cv_and_mc_is_refuse_non_gaussian_noise_with_one_message(noise):
     name = type(noise).__name__
     for method, message in messages.items():
         assert re.fullmatch(
-            rf"{method} needs Gaussian noise: sigma must be .*, got {name}; use method='mc' for other noise", message
+            rf"sigma: {method} needs Gaussian noise: .*, got {name}; use method='mc' for other noise", message
         )
     assert messages["mc_cv"].replace("mc_cv", "mc_is") == messages["mc_is"]
     require_gaussian(probust.Gaussian(cov=torch.eye(4)), "mc_cv")  # any Gaussian passes
@@ -255,5 +255,5 @@ def test_the_linearisation_shares_the_monte_carlo_estimators_execution_settings(
         linear = outer.linear
         assert (linear.seed, linear.memory_budget, linear.channels_last) == (7, "1GB", False)
         assert (linear.batch_size, linear.jacobian, linear.method) == (5, "loop", "mmse")
-        with pytest.raises(ValueError, match="linearisation must be one of"):
+        with pytest.raises(ValueError, match="^linearisation: must be one of"):
             cls(model, 0.2, linearisation="quadratic")

@@ -30,7 +30,7 @@ def test_estimate_does_not_depend_on_batch_split(method):
 
 def test_unknown_method_is_refused(small):
     model, x = small
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="^method: must be one of"):
         probust.estimate(model, x, 0.1, "exact")
 
 

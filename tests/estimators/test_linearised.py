@@ -214,6 +214,26 @@ def test_models_torch_func_cannot_trace_fall_back_to_autograd():
     assert torch.equal(measured, probust.Taylor(reference, 0.3, jacobian="loop")(many).p)
 
 
+def test_the_fallback_warning_is_a_standard_warning_without_module_state():
+    """torch.func's failure is reported with warnings.warn (a TraceFallbackWarning): Python's
+    filters decide how often it shows (the default: once per place and message), nothing in
+    probust remembers it, so a filter that records every warning sees it on every call."""
+    from probust.pullback import Pullback, TraceFallbackWarning
+
+    model, x = _Untraceable(), torch.randn(3, 6)
+    for _ in range(2):  # a new estimator warns again: no warn-once set left behind
+        with pytest.warns(TraceFallbackWarning, match="one backward pass per class"):
+            probust.Taylor(model, 0.3, jacobian="vmap")(x)
+        with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
+            Pullback(model, x, model.b, strategy="vmap")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            probust.Taylor(model, 0.3, jacobian="vmap")(x)
+    assert sum(issubclass(w.category, TraceFallbackWarning) for w in seen) == 1
+    assert issubclass(TraceFallbackWarning, RuntimeWarning)
+
+
 def test_diagnostics_have_documented_shapes():
     model = linear_model(8, 5, seed=4)
     x = points_near_boundaries(model, 3, 0.3)
@@ -256,7 +276,7 @@ def test_ties_at_the_clean_point_need_an_explicit_target():
 
 def test_unknown_cdf_is_refused(small):
     model, x = small
-    with pytest.raises(ValueError, match="cdf must be one of"):
+    with pytest.raises(ValueError, match="^cdf: must be one of"):
         probust.Taylor(model, 0.1, cdf="probit")
 
 

@@ -49,7 +49,7 @@ def test_softmax_takes_no_sigma_and_the_functional_form_accepts_none_for_it(smal
     torch.testing.assert_close(probust.estimate(model, x, None, "softmax"), probust.Softmax(model)(x).p)
     with pytest.raises(TypeError, match="sigma"):
         probust.estimate(model, x, method="taylor")
-    with pytest.raises(ValueError, match="^sigma is required"):
+    with pytest.raises(ValueError, match="^sigma: required"):
         probust.estimate(model, x, None, "taylor")
 
 

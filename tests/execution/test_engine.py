@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.errors import OptionError
 from probust.execution import Execution
 from probust.execution import tuning as _tuning
 from probust.models import build
@@ -71,12 +72,13 @@ def test_the_settings_are_given_once():
     model = nn.Linear(4, 3)
     given = Execution(batch_size=4)
     for keyword in (dict(batch_size=8), dict(memory_budget="1GB"), dict(channels_last=False)):
-        with pytest.raises(ValueError, match=f"execution= and {next(iter(keyword))}="):
+        with pytest.raises(OptionError, match=f"^execution: given together with {next(iter(keyword))}:") as error:
             probust.MonteCarlo(model, 0.1, execution=given, **keyword)
+        assert error.value.field == "execution"
     for keyword in (dict(jacobian="loop"), dict(class_chunk_size=2)):
-        with pytest.raises(ValueError, match=f"execution= and {next(iter(keyword))}="):
+        with pytest.raises(OptionError, match=f"^execution: given together with {next(iter(keyword))}:"):
             probust.Taylor(model, 0.1, execution=given, **keyword)
-    with pytest.raises(ValueError, match="^execution must be"):
+    with pytest.raises(ValueError, match="^execution: must be"):
         probust.Taylor(model, 0.1, execution={"batch_size": 4})  # type: ignore[arg-type]
     # Keywords at their defaults are no second setting.
     assert probust.Taylor(model, 0.1, execution=given, jacobian="auto").execution is given
@@ -85,16 +87,21 @@ def test_the_settings_are_given_once():
 @pytest.mark.parametrize(
     ("setting", "value", "match"),
     [
-        ("batch_size", 0, "^batch_size "),
-        ("memory_budget", "lots", "^memory_budget "),
-        ("channels_last", "yes", "^channels_last "),
-        ("jacobian", "reverse", "^jacobian must be one of"),
-        ("class_chunk_size", 1.5, "^class_chunk_size "),
+        ("batch_size", 0, "^batch_size: "),
+        ("memory_budget", "lots", "^memory_budget: "),
+        ("channels_last", "yes", "^channels_last: "),
+        ("jacobian", "reverse", "^jacobian: must be one of"),
+        ("class_chunk_size", 1.5, "^class_chunk_size: "),
     ],
 )
 def test_bad_settings_are_refused_by_name(setting, value, match):
-    with pytest.raises(ValueError, match=match):
+    """An OptionError (a ValueError) whose field is the setting's name, as an estimator's keyword too."""
+    with pytest.raises(OptionError, match=match) as error:
         Execution(**{setting: value})
+    assert error.value.field == setting
+    with pytest.raises(OptionError) as error:
+        probust.Taylor(nn.Linear(4, 3), 0.1, **{setting: value})
+    assert error.value.field == setting
 
 
 def test_an_execution_holds_settings_only_and_cannot_change():
@@ -110,7 +117,7 @@ def test_an_execution_holds_settings_only_and_cannot_change():
         given.batch_size = 8  # type: ignore[misc]
     assert hash(given) == hash(Execution(batch_size=4, jacobian="vmap"))
     assert given.replace(batch_size=8) == Execution(batch_size=8, jacobian="vmap")
-    with pytest.raises(ValueError, match="^batch_size "):
+    with pytest.raises(ValueError, match="^batch_size: "):
         given.replace(batch_size=-1)
 
 

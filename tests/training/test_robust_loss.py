@@ -151,7 +151,7 @@ def test_from_config_refuses_what_is_not_a_robust_loss_config_naming_the_key():
         RobustLoss.from_config({k: v for k, v in cfg.items() if k != "tol"})
     with pytest.raises(ValueError, match=r"unknown keys \['temperature'\]"):
         RobustLoss.from_config({**cfg, "temperature": 2.0})
-    with pytest.raises(ValueError, match="mu must be a number >= 0"):
+    with pytest.raises(ValueError, match="^mu: must be a number >= 0"):
         RobustLoss.from_config({**cfg, "mu": -1.0})
 
 

@@ -49,6 +49,7 @@ def run_prepared(
     a full disk) one line (status 1), the finished work units kept for the next run; an
     interruption 130.
     """
+    from probust._extras import MissingExtraError
     from probust.cli import UsageError
     from probust.cli.flags import message
     from probust.errors import ProbustError
@@ -57,6 +58,8 @@ def run_prepared(
     try:
         settings = settings_of(args, cls)
         plan = prepare(settings, argv=sys.argv[1:] if sys.argv else None)
+    except MissingExtraError:
+        raise  # not a usage error: probust.cli.main names the extra to install
     except ProbustError as exc:
         raise UsageError(message(exc, flags_of(cls))) from None
     quiet = not settings.show_progress
@@ -70,7 +73,10 @@ def run_prepared(
         # Found before any unit ran (estimate's tied prediction): a usage error.
         raise UsageError(message(exc, flags_of(cls))) from None
     except (RuntimeError, ValueError, OSError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        # Options named by their flags, also for a setting only the work can check (a memory
+        # budget too small for the model).
+        shown = message(exc, flags_of(cls)) if isinstance(exc, ProbustError) else str(exc)
+        text = shown.strip().splitlines()[0] if shown.strip() else ""
         print(f"probust {command}: error: {type(exc).__name__}: {text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

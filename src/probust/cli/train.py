@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ def register(subparsers: Any) -> None:
     from probust.cli.flags import add_options
     from probust.data import DATASETS, FileOptions
     from probust.models import ARCHS
-    from probust.training import DEFAULTS, TrainConfig
+    from probust.training import DEFAULTS, RobustLossOptions, TrainConfig, TrainOptions
 
     defaults = ", ".join(
         f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}"
@@ -48,47 +47,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="checkpoint to write, e.g. models/fmnist_cnn.pt")
     # One flag per field of TrainConfig (declared there with its help); --device defaults to auto here.
     add_options(p, TrainConfig, defaults={"device": "auto"})
-    robust = p.add_argument_group("average-case robustness term (probust.RobustLoss)")
-    robust.add_argument(
-        "--robust-loss",
-        type=float,
-        default=0.0,
-        metavar="MU",
-        help="weight mu of the average-case robustness term mu * mean(-log p_robust(x)) added to the "
-        "cross-entropy (probust.RobustLoss; needs --robust-sigma; default 0: off)",
-    )
-    robust.add_argument("--robust-sigma", type=float, metavar="S", help="noise sigma of --robust-loss, in pixel units")
-    robust.add_argument(
-        "--robust-cdf",
-        default="mv-sigmoid",
-        choices=("mv-sigmoid", "mvn"),
-        help="probability map of --robust-loss: mv-sigmoid (default) or mvn (slower)",
-    )
-    robust.add_argument(
-        "--robust-warmup",
-        type=int,
-        default=500,
-        metavar="STEPS",
-        help="steps over which the --robust-loss weight ramps up from 0 (default 500; from scratch "
-        "the full term at once can collapse the model to a constant classifier)",
-    )
-    p.add_argument("--root", metavar="DIR", help="data folder (default $PROBUST_DATA_DIR or ~/.cache/probust/data)")
-    p.add_argument("--download", action="store_true", help="download the data set if it is not found locally")
-    p.add_argument(
-        "--pretrained", metavar="NAME_OR_DIR", help="vit only: pretrained Hugging Face checkpoint to fine-tune"
-    )
-    p.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if --out holds a run")
+    add_options(p, RobustLossOptions)
+    add_options(p, TrainOptions)
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> Any:
     """The data set name checked and the :class:`~probust.training.TrainConfig` of the flags."""
+    return _settings(args)[0]
+
+
+def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The data set name checked, and the :class:`~probust.training.TrainConfig`,
+    :class:`~probust.training.RobustLossOptions` and :class:`~probust.training.TrainOptions` of the flags."""
     from probust.cli.flags import message, values
     from probust.data import canonical_name, is_builtin
     from probust.errors import ProbustError
     from probust.models import check_arch
-    from probust.training import TrainConfig
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
 
     try:
         if is_builtin(args.data):
@@ -100,45 +77,39 @@ def _check(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
     try:
         config = TrainConfig(**values(args, TrainConfig))
+        robust = RobustLossOptions(**values(args, RobustLossOptions))
+        options = TrainOptions(**values(args, TrainOptions))
     except ProbustError as exc:
         raise UsageError(message(exc, flags())) from None
-    if not (args.robust_loss >= 0 and math.isfinite(args.robust_loss)):
-        raise UsageError(f"--robust-loss must be >= 0, got {args.robust_loss}")
-    if args.robust_loss > 0 and args.robust_sigma is None:
-        raise UsageError("--robust-loss needs --robust-sigma S, the noise level whose p_robust is trained")
-    if args.robust_sigma is not None and not (args.robust_sigma > 0 and math.isfinite(args.robust_sigma)):
-        raise UsageError(f"--robust-sigma must be a positive number, got {args.robust_sigma}")
-    if args.robust_warmup < 0:
-        raise UsageError(f"--robust-warmup must be >= 0, got {args.robust_warmup}")
-    if args.pretrained is not None and args.arch != "vit":
-        raise UsageError("--pretrained applies to --arch vit only")
+    if options.pretrained is not None and args.arch != "vit":
+        raise UsageError(f"{flags()['pretrained']}: applies to --arch vit only")
     if config.device != "auto":
         import torch
 
         if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
             raise UsageError(f"--device {config.device}: CUDA is not available here; use cpu or auto")
-    return config
+    return config, robust, options
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``probust train``; returns the exit status."""
-    config = _check(args)
+    config, robust, options = _settings(args)
     import dataclasses
 
     from probust.cli.flags import message
     from probust.data import ProbustDataError, is_builtin
+    from probust.errors import ProbustError
     from probust.models import CheckpointError
     from probust.training import train
 
-    if args.pretrained:
-        config = dataclasses.replace(config, arch_kwargs={**(config.arch_kwargs or {}), "pretrained": args.pretrained})
-    extra_loss = None
-    if args.robust_loss > 0:
-        from probust.training import RobustLoss
-
-        extra_loss = RobustLoss(
-            args.robust_sigma, args.robust_loss, cdf=args.robust_cdf, warmup_steps=args.robust_warmup
+    if options.pretrained:
+        config = dataclasses.replace(
+            config, arch_kwargs={**(config.arch_kwargs or {}), "pretrained": options.pretrained}
         )
+    try:
+        extra_loss = robust.loss()
+    except ProbustError as exc:
+        raise UsageError(message(exc, flags())) from None
     dataset, test_dataset = args.data, None
     if not is_builtin(args.data):
         dataset, test_dataset = _own_data(args)
@@ -149,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
             arch=args.arch,
             config=config,
             out=args.out,
-            resume=args.resume,
+            resume=options.resume,
             show_progress=not args.quiet,
-            root=args.root,
-            download=args.download,
+            root=options.root,
+            download=options.download,
             extra_loss=extra_loss,
         )
     except (ProbustDataError, CheckpointError, ImportError, FloatingPointError) as exc:
@@ -178,10 +149,9 @@ def flags() -> dict[str, str]:
     :func:`probust.cli.flags.message`)."""
     from probust.cli.flags import flag_map
     from probust.data import FileOptions
-    from probust.training import TrainConfig
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
 
-    # train()'s own arguments, set by the flags declared in register()
-    return {**flag_map(TrainConfig, FileOptions), "resume": "--no-resume", "download": "--download", "root": "--root"}
+    return flag_map(TrainConfig, RobustLossOptions, TrainOptions, FileOptions)
 
 
 def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:

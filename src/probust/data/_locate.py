@@ -66,7 +66,14 @@ def not_found(
         [
             f"to fetch it into {download_root}",
             *([SYSTEM_PACKAGES[name]] if name in SYSTEM_PACKAGES else []),
-            f"put the files in --root (or ${DATA_DIR_ENV})",
+            "put the files in ",
         ]
     )
-    return ProbustDataError("\n".join(lines), "\nto get it: pass ", Setting("download", True), f" {how}")
+    return ProbustDataError(
+        "\n".join(lines),
+        "\nto get it: pass ",
+        Setting("download", True),
+        f" {how}",
+        Setting("root"),
+        f" (or ${DATA_DIR_ENV})",
+    )

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
+from probust.errors import OptionError
 from probust.estimators.result import Estimate
 from probust.execution.engine import Execution
 from probust.execution.tuning import ForwardPlan, to_format
@@ -79,7 +80,7 @@ class PointwiseMethod:
             execution, batch_size=batch_size, memory_budget=memory_budget, channels_last=channels_last
         )
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
+            raise OptionError(f"must be an int, got {seed!r}", field="seed")
         self.seed = seed
         self.show_progress = show_progress
 
@@ -127,7 +128,7 @@ class PointwiseMethod:
         """
         x = check_x(x)
         if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
-            raise ValueError(f"index_offset must be an int >= 0, got {index_offset!r}")
+            raise OptionError(f"must be an int >= 0, got {index_offset!r}", field="index_offset")
         device = model_device(self.model) if isinstance(self.model, nn.Module) else None
         if device is not None and x.device != device:
             x = x.to(device)

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from torch import Tensor, nn
 
+from probust.errors import OptionError
 from probust.estimators.base import Estimator
 from probust.estimators.registry import method_spec
 from probust.noise import Noise
@@ -26,7 +27,7 @@ def make_estimator(
     """
     spec = method_spec(method)
     if n_samples is not None and spec.samples is None:
-        raise ValueError(f"n_samples does not apply to method {method!r} (it uses no noise samples)")
+        raise OptionError(f"does not apply to method {method!r} (it uses no noise samples)", field="n_samples")
     samples = {} if n_samples is None else {"n_samples": n_samples}
     build = cast(Callable[..., Estimator], spec.estimator)  # each class has its own signature
     noise = () if not spec.uses_noise else (sigma,)

@@ -18,7 +18,7 @@ from scipy import special
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_int, finite_rows
+from probust._checks import check_fraction, check_positive_int, finite_rows
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
@@ -86,9 +86,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
     ) -> None:
         super().__init__(model, sigma, n_samples, **kwargs)
         self.components = None if components is None else check_positive_int(components, "components")
-        if not 0 <= defensive < 1:
-            raise ValueError(f"defensive must be in [0, 1), got {defensive!r}")
-        self.defensive = float(defensive)
+        self.defensive = check_fraction(defensive, "defensive", closed_below=True)
 
     def _proposal(self, target: Tensor, c: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Mixture log-weights [B, 1 + C] (nominal first), shifts delta [B, C, *S], the

@@ -14,8 +14,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_positive_float, check_target_shape
+from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
 from probust._progress import progress
+from probust.errors import OptionError, Part, Setting
 from probust.estimators import maps, pruning, routes
 from probust.estimators.base import Estimator
 from probust.estimators.result import Estimate
@@ -107,39 +108,48 @@ class Linearised(Estimator):
         super().__init__(model, **kwargs)
         self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
-        if cdf not in CDFS:
-            raise ValueError(f"cdf must be one of {CDFS}, got {cdf!r}")
+        check_choice(cdf, CDFS, "cdf")
         self.cdf = cdf
         self.tol = check_positive_float(tol, "tol")
-        if not isinstance(differentiable, bool) or not isinstance(p_fail, bool):
-            raise ValueError(f"differentiable and p_fail must be bools, got {differentiable!r} and {p_fail!r}")
+        for name, value in (("differentiable", differentiable), ("p_fail", p_fail)):
+            if not isinstance(value, bool):
+                raise OptionError(f"must be True or False, got {value!r}", field=name)
         self.differentiable = differentiable
         self.p_fail = p_fail
-        self.fail_rtol = check_positive_float(fail_rtol, "fail_rtol")
-        if self.fail_rtol >= 1:
-            raise ValueError(f"fail_rtol must be in (0, 1), got {fail_rtol!r}")
+        self.fail_rtol = check_fraction(fail_rtol, "fail_rtol")
         self.prune = pruning.as_prune(prune)
         if self.prune == "on":
-            unsupported = {
-                "cdf='mv-sigmoid'": cdf != "mvn",
-                "differentiable=True": differentiable,
-                "p_fail=True": p_fail,
+            unsupported: dict[Part, bool] = {
+                Setting("cdf", "mv-sigmoid"): cdf != "mvn",
+                Setting("differentiable", True): differentiable,
+                Setting("p_fail", True): p_fail,
                 "non-Gaussian noise": not self.noise.is_gaussian,
             }
             reasons = [name for name, bad in unsupported.items() if bad]
             if reasons:
-                raise ValueError(f"prune='on' cannot be combined with {', '.join(reasons)}; use prune='auto' or 'off'")
-        if route not in routes.ROUTE_CHOICES:
-            raise ValueError(f"route must be one of {routes.ROUTE_CHOICES}, got {route!r}")
+                listed = [part for i, reason in enumerate(reasons) for part in ((", ",) if i else ()) + (reason,)]
+                raise OptionError("'on' cannot be combined with ", *listed, "; use 'auto' or 'off'", field="prune")
+        check_choice(route, routes.ROUTE_CHOICES, "route")
         if route != "auto" and (self.prune == "off" or differentiable or self.jacobian == "forward"):
-            raise ValueError(
-                f"route={route!r} needs prune 'auto' or 'on', differentiable=False and a jacobian other than "
-                "'forward' (those compute every gradient directly); use route='auto'"
+            raise OptionError(
+                f"{route!r} needs ",
+                Setting("prune"),
+                " 'auto' or 'on', ",
+                Setting("differentiable", False),
+                " and a ",
+                Setting("jacobian"),
+                " other than 'forward' (those compute every gradient directly); use 'auto'",
+                field="route",
             )
         prunable = cdf == "mvn" and not p_fail and self.noise.is_gaussian
         if route in ("spectral", "sketch") and not prunable:
-            raise ValueError(
-                f"route={route!r} prunes boundaries, which needs cdf='mvn', p_fail=False and Gaussian noise"
+            raise OptionError(
+                f"{route!r} prunes boundaries, which needs ",
+                Setting("cdf", "mvn"),
+                ", ",
+                Setting("p_fail", False),
+                " and Gaussian noise",
+                field="route",
             )
         self.route = route
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from probust._checks import check_positive_int, check_target_shape
+from probust._checks import check_choice, check_fraction, check_positive_int, check_target_shape
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.linearised import Linearised
@@ -48,8 +48,7 @@ def linearised_estimator(
         jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
         **kwargs: passed to the estimator (tol, ...).
     """
-    if linearisation not in LINEARISATIONS:
-        raise ValueError(f"linearisation must be one of {LINEARISATIONS}, got {linearisation!r}")
+    check_choice(linearisation, LINEARISATIONS, "linearisation")
     common = dict(execution=outer.execution.replace(batch_size=jacobian_batch_size), seed=outer.seed, **kwargs)
     if linearisation == "taylor":
         return Taylor(model, noise, **common)
@@ -95,9 +94,7 @@ class LinearisedMonteCarlo(Estimator):
         self.noise = as_noise(sigma)
         require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
-        if not 0 < confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-        self.confidence = confidence
+        self.confidence = check_fraction(confidence, "confidence")
         self.linearisation = linearisation
         self.linear = linearised_estimator(
             self,

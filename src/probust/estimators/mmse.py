@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_int, check_target
+from probust._checks import check_choice, check_positive_int, check_target
 from probust.estimators.base import noise_words
 from probust.estimators.linearised import Linearisation, Linearised
 from probust.execution.tuning import JacobianPlan, to_format
@@ -48,8 +48,7 @@ class MMSE(Linearised):
     ) -> None:
         super().__init__(model, sigma, **kwargs)
         self.n_samples = check_positive_int(n_samples, "n_samples")
-        if sampling not in self.SAMPLINGS:
-            raise ValueError(f"sampling must be one of {self.SAMPLINGS}, got {sampling!r}")
+        check_choice(sampling, self.SAMPLINGS, "sampling")
         self.sampling = sampling
 
     @property

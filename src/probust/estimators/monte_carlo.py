@@ -8,7 +8,14 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng
-from probust._checks import check_positive_float, check_positive_int, check_target, finite_rows
+from probust._checks import (
+    check_choice,
+    check_fraction,
+    check_positive_float,
+    check_positive_int,
+    check_target,
+    finite_rows,
+)
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.estimators.base import Estimator, check_noisy_copies
@@ -85,11 +92,8 @@ class MonteCarlo(Estimator):
         super().__init__(model, **kwargs)
         self.noise = as_noise(sigma)
         self.n_samples = check_positive_int(n_samples, "n_samples")
-        if not 0 < confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-        if interval not in INTERVALS:
-            raise ValueError(f"interval must be one of {INTERVALS}, got {interval!r}")
-        self.confidence = confidence
+        self.confidence = check_fraction(confidence, "confidence")
+        check_choice(interval, INTERVALS, "interval")
         self.interval = interval
         self.target_half_width = (
             None if target_half_width is None else check_positive_float(target_half_width, "target_half_width")

@@ -34,6 +34,7 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
+from probust.errors import OptionError
 from probust.mvn.numerics import ndtr
 
 #: ``prune`` settings: "auto" prunes where it can apply and pays, "on", "off".
@@ -53,7 +54,7 @@ def as_prune(prune: str | bool | None) -> str:
     if isinstance(prune, bool):
         return "on" if prune else "off"
     if prune not in PRUNE_CHOICES:
-        raise ValueError(f"prune must be one of {PRUNE_CHOICES}, True, False or None, got {prune!r}")
+        raise OptionError(f"must be one of {PRUNE_CHOICES}, True, False or None, got {prune!r}", field="prune")
     return prune
 
 

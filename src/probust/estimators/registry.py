@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from probust.errors import OptionError
 from probust.estimators.base import Estimator
 from probust.estimators.control_variate import MonteCarloCV
 from probust.estimators.importance import MonteCarloIS
@@ -159,11 +160,12 @@ PAPER_METHODS: tuple[str, ...] = tuple(name for name, spec in REGISTRY.items() i
 
 
 def method_spec(method: str) -> MethodSpec:
-    """The :class:`MethodSpec` of ``method``; a ValueError names the known methods otherwise."""
+    """The :class:`MethodSpec` of ``method``; an :class:`~probust.errors.OptionError` (field
+    "method") names the known methods otherwise."""
     try:
         return REGISTRY[method]
     except (KeyError, TypeError):
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}") from None
+        raise OptionError(f"must be one of {', '.join(METHODS)}; got {method!r}", field="method") from None
 
 
 def methods_with(run_option: str) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from probust import _rng, linear_head
 from probust._checks import check_logits, check_target
+from probust.errors import OptionError
 from probust.estimators import pruning
 from probust.execution.costs import UnitCosts, unit_costs
 from probust.execution.tuning import JacobianPlan, to_format
@@ -239,7 +240,9 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     if forced in ("direct", "head", "forward"):
         keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
         if forced == "head" and ctx.head is None:
-            raise ValueError("route='head' needs a model whose logits come from an nn.Linear head; none was found")
+            raise OptionError(
+                "'head' needs a model whose logits come from an nn.Linear head; none was found", field="route"
+            )
         for cost in (direct_cost, head_cost, forward_cost):
             if cost is not keep:
                 cost.fill_(math.inf)
@@ -268,9 +271,10 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
         if forced == "sketch":
             if not math.isfinite(jvp):
-                raise ValueError(
-                    "route='sketch' needs forward mode (torch.func.jvp), which cannot run through this model; "
-                    "use route='spectral' or 'auto'"
+                raise OptionError(
+                    "'sketch' needs forward mode (torch.func.jvp), which cannot run through this model; "
+                    "use 'spectral' or 'auto'",
+                    field="route",
                 )
             sketch = torch.ones(points, dtype=torch.bool, device=c.device)
         else:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust.errors import OptionError
+from probust.errors import OptionError, Setting
 
 #: Fraction of the free memory the default budget takes: the rest is left to the caller's own
 #: tensors, the allocator's fragmentation and other processes.
@@ -50,21 +50,27 @@ class MemoryBudgetError(OptionError):
 
 
 def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
-    """Bytes from an int or a string such as ``"2GB"``, ``"512 MiB"`` or ``"1.5g"`` (binary units)."""
+    """Bytes from an int or a string such as ``"2GB"``, ``"512 MiB"`` or ``"1.5g"`` (binary units).
+
+    Raises:
+        OptionError: not a size (``field`` is ``name``).
+    """
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number of bytes or a size such as '2GB', got {value!r}")
+        raise OptionError(f"must be a number of bytes or a size such as '2GB', got {value!r}", field=name)
     if isinstance(value, (int, float)):
         number = float(value)
     elif isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         unit = match.group(2).lower().replace("ib", "b") if match else None
         if match is None or unit not in _UNITS:
-            raise ValueError(f"{name} must be a number of bytes or a size such as '2GB' or '512MB', got {value!r}")
+            raise OptionError(
+                f"must be a number of bytes or a size such as '2GB' or '512MB', got {value!r}", field=name
+            )
         number = float(match.group(1)) * _UNITS[unit]
     else:
-        raise ValueError(f"{name} must be a number of bytes or a size such as '2GB', got {type(value).__name__}")
+        raise OptionError(f"must be a number of bytes or a size such as '2GB', got {type(value).__name__}", field=name)
     if not math.isfinite(number) or number < 1:
-        raise ValueError(f"{name} must be a positive size, got {value!r}")
+        raise OptionError(f"must be a positive size, got {value!r}", field=name)
     return int(number)
 
 
@@ -195,8 +201,10 @@ def rows_within(budget: int, per_row: int, fixed: int = 0, *, what: str) -> int:
     rows = (budget - fixed) // max(1, per_row)
     if rows < 1:
         raise MemoryBudgetError(
-            f"memory_budget of {human_bytes(budget)} is too small for {what}: one row needs about "
-            f"{human_bytes(fixed + per_row)}; raise memory_budget (or --memory-budget)"
+            Setting("memory_budget"),
+            f" of {human_bytes(budget)} is too small for {what}: one row needs about "
+            f"{human_bytes(fixed + per_row)}; raise ",
+            Setting("memory_budget"),
         )
     return int(rows)
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from probust._checks import check_positive_int
+from probust._checks import check_choice, check_positive_int
+from probust.errors import OptionError, Setting
 from probust.execution import costs as _costs
 from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
@@ -94,9 +95,10 @@ class Execution:
             check_positive_int(self.batch_size, "batch_size")
         check_budget(self.memory_budget)
         if self.channels_last is not None and not isinstance(self.channels_last, bool):
-            raise ValueError(f"channels_last must be True, False or None (measured), got {self.channels_last!r}")
-        if self.jacobian not in JACOBIANS:
-            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {self.jacobian!r}")
+            raise OptionError(
+                f"must be True, False or None (measured), got {self.channels_last!r}", field="channels_last"
+            )
+        check_choice(self.jacobian, JACOBIANS, "jacobian")
         if self.class_chunk_size is not None:
             check_positive_int(self.class_chunk_size, "class_chunk_size")
 
@@ -108,8 +110,8 @@ class Execution:
         it, every keyword must be left at its default: the settings are given once.
 
         Raises:
-            ValueError: ``execution`` is not an Execution, or it is given together with a
-                keyword that is not at its default (the message names the keyword).
+            OptionError: ``execution`` is not an Execution (``field`` "execution"), or it is
+                given together with a keyword that is not at its default (the message names it).
         """
         unknown = set(settings) - set(EXECUTION_DEFAULTS)
         if unknown:
@@ -119,12 +121,15 @@ class Execution:
         if execution is None:
             return cls(**settings)
         if not isinstance(execution, Execution):
-            raise ValueError(f"execution must be a probust.execution.Execution or None, got {execution!r}")
+            raise OptionError(f"must be a probust.execution.Execution or None, got {execution!r}", field="execution")
         given = [name for name, value in settings.items() if value != EXECUTION_DEFAULTS[name]]
         if given:
-            raise ValueError(
-                f"execution= and {', '.join(f'{name}=' for name in given)} were both given: pass the execution "
-                f"settings once, either as execution=Execution(...) or as keyword arguments"
+            also = [part for i, name in enumerate(given) for part in ((", ",) if i else ()) + (Setting(name),)]
+            raise OptionError(
+                "given together with ",
+                *also,
+                ": pass the execution settings once, either as an Execution or as keyword arguments",
+                field="execution",
             )
         return execution
 

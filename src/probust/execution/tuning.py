@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
 
@@ -506,8 +507,13 @@ def _measure_jacobian(
 
 def _too_many(name: str, rows: int, cap: int, budget: int) -> MemoryBudgetError:
     return MemoryBudgetError(
-        f"{name}={rows} rows per pass needs more than memory_budget={human_bytes(budget)} allows "
-        f"(at most {cap} rows fit); lower {name} or raise memory_budget"
+        Setting(name, rows),
+        " rows per pass need more than ",
+        Setting("memory_budget"),
+        f" ({human_bytes(budget)}) allows: at most {cap} rows fit; lower ",
+        Setting(name),
+        " or raise ",
+        Setting("memory_budget"),
     )
 
 

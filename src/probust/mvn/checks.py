@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probust.errors import OptionError
+
 __all__ = ["check_inputs", "check_options"]
 
 
@@ -90,15 +92,16 @@ def _check_psd(cov: Tensor, in_dtype: torch.dtype) -> None:
 
 
 def check_options(tol: float, max_samples: int, seed: int) -> tuple[float, int, int]:
-    """Validate the options: -> (tol as float >= 0, max_samples as int >= 1, seed as int >= 0)."""
+    """Validate the options: -> (tol as float >= 0, max_samples as int >= 1, seed as int >= 0);
+    an :class:`~probust.errors.OptionError` naming the option otherwise."""
     try:
         tol = float(tol)
     except (TypeError, ValueError):
-        raise ValueError(f"tol must be a number >= 0, got {tol!r}") from None
+        raise OptionError(f"must be a number >= 0, got {tol!r}", field="tol") from None
     if not (tol >= 0.0) or math.isinf(tol):
-        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+        raise OptionError(f"must be a finite number >= 0, got {tol!r}", field="tol")
     if isinstance(max_samples, bool) or not isinstance(max_samples, (int, np.integer)) or max_samples < 1:
-        raise ValueError(f"max_samples must be an integer >= 1, got {max_samples!r}")
+        raise OptionError(f"must be an integer >= 1, got {max_samples!r}", field="max_samples")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        raise OptionError(f"must be an integer >= 0, got {seed!r}", field="seed")
     return tol, int(max_samples), int(seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from probust.errors import OptionError
 from probust.mvn.numerics import ndtr
 from probust.mvn.problem import Problem, prepare
 from probust.mvn.qmc import qmc_cdf
@@ -59,7 +60,7 @@ def mvn_sf(
         0 (z beyond ~38.5) the result is 0 with relative error 1. Not differentiable.
     """
     if not (isinstance(rtol, (int, float)) and 0 < rtol < 1):
-        raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
+        raise OptionError(f"must be a number in (0, 1), got {rtol!r}", field="rtol")
     with torch.no_grad():
         problem = prepare(upper, cov, max_samples=max_samples, seed=seed)
         p, err = _sf_flat(problem, rtol)

@@ -29,7 +29,7 @@ from torch import nn
 
 from probust._options import UNSET, declared, option
 from probust._stats import INTERVALS
-from probust.errors import Setting
+from probust.errors import OptionError, Setting
 from probust.estimators import METHODS, MMSE, PAPER_METHODS, REGISTRY
 from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import RUN_OPTIONS
@@ -255,8 +255,8 @@ def _device(value: Any, name: str) -> Any:
 def _budget(value: Any, name: str) -> Any:
     try:
         check_budget(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc).removeprefix(f"{name} "), field=name) from None
+    except OptionError as exc:
+        raise ConfigError(*exc.parts, field=name) from None
     return value
 
 
@@ -763,6 +763,22 @@ def recorded(settings: Any, noise_description: Mapping[str, Any] | None = None) 
 SETTING_DEFAULTS: dict[str, Any] = {
     o.record: o.implied for _, o in declared(RunSettings) if o.record is not None and o.implied is not UNSET
 }
+
+
+#: The run's name of each estimator argument that its options set under another name (their
+#: declared ``param``: ``eval_batch_size`` is the estimators' ``batch_size``), from the declarations.
+RUN_NAMES: dict[str, str] = {
+    o.param: f.name for f, o in declared(RunSettings) if o.param is not None and o.param != f.name
+}
+
+
+def in_run_terms(error: OptionError) -> OptionError:
+    """An error an estimator raised about one of its arguments, naming the run's option instead
+    (its ``field`` and the settings it suggests, by :data:`RUN_NAMES`), so that a caller of
+    :func:`probust.run.run_estimate` or ``probust estimate`` reads the names it gave."""
+    renamed = error.renamed(RUN_NAMES)
+    assert isinstance(renamed, OptionError)
+    return renamed
 
 
 def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str, Any]:

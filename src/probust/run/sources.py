@@ -117,9 +117,11 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
         return pdata.load(str(data), split, root=root, download=download)
     except pdata.ProbustDataError as exc:
         # Its first line, and how to get the data (with the settings it names, kept as such).
+        # probust.data's ``root`` is the run's ``data_root``.
         lines = exc.lines()
         hint = next((line for line in lines if line and str(line[0]).startswith("to get it")), ())
-        raise ConfigError(*lines[0], *((" (", *hint, ")") if hint else ()), field="data") from None
+        error = ConfigError(*lines[0], *((" (", *hint, ")") if hint else ()), field="data")
+        raise error.renamed({"root": "data_root"}) from None
     except FileNotFoundError as exc:
         raise ConfigError(first_line(exc), field="data") from None
     except ValueError as exc:

@@ -20,13 +20,14 @@ import torch
 from torch import Tensor
 
 from probust._checks import eval_mode
-from probust.errors import Setting
+from probust.errors import OptionError, Setting
 from probust.execution.tuning import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs
 from probust.run.methods import make_task_estimator
 from probust.run.prepared import PreparedRun, RunSummary, Task
+from probust.run.settings import in_run_terms
 from probust.run.sources import batch
 from probust.run.store import OPTIONAL_COLUMNS
 
@@ -224,6 +225,8 @@ def execute(plan: PreparedRun) -> RunSummary:
         TiedPredictionError: with target "prediction", a point still to compute has a tied
             clean prediction (found by the clean passes, which all run before any estimator;
             raised on every rank).
+        OptionError: an estimator refused a setting only the work can check (e.g. a
+            ``memory_budget`` too small for the model); ``field`` names the run's option.
         RuntimeError: rows of the grid are missing at the end (under torchrun: the output
             folder is not shared by every machine).
     """
@@ -263,14 +266,16 @@ def run_units(plan: PreparedRun, units: Units) -> RunSummary:
             left = sum(len(t) for _, t in todo)
             if left == 0:
                 continue
-            state = units.start(plan, task)
             bar = _progress_bar(plan, task, total, total - left)
             try:
+                state = units.start(plan, task)
                 for block, missing in todo:
                     if len(missing):
                         computed += units.run(plan, state, task, block, missing)
                         if bar is not None:
                             bar.update(len(missing))
+            except OptionError as exc:  # an estimator's argument (e.g. memory_budget too small for the model)
+                raise in_run_terms(exc).with_traceback(exc.__traceback__) from None
             finally:
                 if bar is not None:
                     bar.close()

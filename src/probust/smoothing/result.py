@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from probust.errors import OptionError
+
 ABSTAIN = -1  #: ``prediction`` where the procedure abstains
 
 _R = TypeVar("_R", bound="_Rows")
@@ -26,9 +28,9 @@ def _check_labels(labels: Tensor, batch: int) -> Tensor:
 def _check_radii(radii: Sequence[float] | Tensor, name: str = "radii") -> tuple[float, ...]:
     values = torch.as_tensor(radii, dtype=torch.float64).flatten() if not isinstance(radii, (int, float)) else None
     if values is None or values.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty sequence of radii >= 0, got {radii!r}")
+        raise OptionError(f"must be a non-empty sequence of radii >= 0, got {radii!r}", field=name)
     if not torch.isfinite(values).all() or (values < 0).any():
-        raise ValueError(f"{name} must hold finite radii >= 0 (in the units of x), got {values.tolist()}")
+        raise OptionError(f"must hold finite radii >= 0 (in the units of x), got {values.tolist()}", field=name)
     return tuple(float(r) for r in values)
 
 

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from probust import _rng
 from probust._checks import check_logits, check_positive_int
 from probust._progress import Progress, progress
+from probust.errors import OptionError
 from probust.estimators.base import PointwiseMethod, check_noisy_copies
 from probust.estimators.monte_carlo import noisy_predictions
 from probust.execution.tuning import ForwardPlan
@@ -49,7 +50,7 @@ GROWTH = 1.25
 
 
 def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
-    """The standard deviation of isotropic Gaussian noise, or a ValueError saying why not.
+    """The standard deviation of isotropic Gaussian noise, or an OptionError (field "sigma") saying why not.
 
     Cohen et al.'s radius ``sigma * Phi^-1(p)`` is a property of isotropic Gaussian noise
     N(0, sigma^2 I): it bounds the change of the smoothed class under any perturbation of L2
@@ -58,24 +59,29 @@ def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
     """
     if isinstance(sigma, Gaussian):
         if sigma.sigma is None:
-            raise ValueError(
-                "sigma must be isotropic Gaussian noise (one standard deviation for every coordinate): the "
+            raise OptionError(
+                "must be isotropic Gaussian noise (one standard deviation for every coordinate): the "
                 "certified radius sigma * Phi^-1(p) holds for N(0, sigma^2 I) only, and this Gaussian has "
-                "per-coordinate standard deviations or a full covariance"
+                "per-coordinate standard deviations or a full covariance",
+                field="sigma",
             )
         return sigma.sigma
     if isinstance(sigma, Noise):
-        raise ValueError(
-            f"sigma must be a number (isotropic Gaussian noise N(0, sigma^2 I)), got {type(sigma).__name__} noise: "
-            "the certified radius sigma * Phi^-1(p) is a property of Gaussian noise and does not hold for others"
+        raise OptionError(
+            f"must be a number (isotropic Gaussian noise N(0, sigma^2 I)), got {type(sigma).__name__} noise: "
+            "the certified radius sigma * Phi^-1(p) is a property of Gaussian noise and does not hold for others",
+            field="sigma",
         )
     if isinstance(sigma, bool) or sigma is None:
-        raise ValueError(f"sigma must be a positive number, the noise standard deviation per coordinate, got {sigma!r}")
+        raise OptionError(
+            f"must be a positive number, the noise standard deviation per coordinate, got {sigma!r}", field="sigma"
+        )
     if isinstance(sigma, Tensor):
         if sigma.numel() != 1:
-            raise ValueError(
-                f"sigma must be one number (isotropic Gaussian noise), got a tensor of shape {tuple(sigma.shape)}: "
-                "the certified radius sigma * Phi^-1(p) holds for N(0, sigma^2 I) only"
+            raise OptionError(
+                f"must be one number (isotropic Gaussian noise), got a tensor of shape {tuple(sigma.shape)}: "
+                "the certified radius sigma * Phi^-1(p) holds for N(0, sigma^2 I) only",
+                field="sigma",
             )
         sigma = float(sigma.item())
     return Gaussian(sigma).sigma  # type: ignore[return-value]  # a positive float, checked there

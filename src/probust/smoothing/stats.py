@@ -43,6 +43,8 @@ import torch
 from scipy import special
 from torch import Tensor
 
+from probust.errors import OptionError
+
 __all__ = [
     "binomial_test_half",
     "clopper_pearson_lower",
@@ -59,15 +61,16 @@ _BISECTIONS = 56  # bracket width 74 * 2**-56 = 1e-15 in z
 
 
 def check_level(value: float, name: str) -> float:
-    """A significance level in (0, 1) (e.g. ``alpha``), as a float; ValueError naming ``name``."""
+    """A significance level in (0, 1) (e.g. ``alpha``), as a float; an
+    :class:`~probust.errors.OptionError` naming ``name``."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+        raise OptionError(f"must be a number in (0, 1), got {value!r}", field=name)
     try:
         level = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
+        raise OptionError(f"must be a number in (0, 1), got {value!r}", field=name) from None
     if not 0.0 < level < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        raise OptionError(f"must be in (0, 1), got {value!r}", field=name)
     return level
 
 

@@ -2,10 +2,12 @@
 
 * :func:`train` (:mod:`~probust.training.loop`): SGD with a per-step schedule, a checkpoint per
   epoch, resumable; settings as keywords or one :class:`TrainConfig`.
-* :class:`TrainConfig`, :data:`DEFAULTS`, :data:`SCHEDULES` (:mod:`~probust.training.config`).
+* :class:`TrainConfig`, :class:`TrainOptions`, :data:`DEFAULTS`, :data:`SCHEDULES`
+  (:mod:`~probust.training.config`).
 * :func:`objective`, :func:`input_gradient_penalty`, :func:`evaluate`
   (:mod:`~probust.training.objectives`): cross-entropy plus the gradient-norm penalty.
-* :class:`RobustLoss` (:mod:`~probust.training.robust_loss`): ``mu * mean(-log p_robust)``.
+* :class:`RobustLoss` (:mod:`~probust.training.robust_loss`): ``mu * mean(-log p_robust)``;
+  :class:`RobustLossOptions`, the same as ``probust train``'s options.
 * :mod:`~probust.training.checkpointing`: what a run records and how it resumes.
 
 Example:
@@ -18,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from probust.training.checkpointing import RESUME_KEYS
-    from probust.training.config import DEFAULTS, SCHEDULES, TrainConfig
+    from probust.training.config import DEFAULTS, SCHEDULES, TrainConfig, TrainOptions
     from probust.training.loop import TrainResult, resolve_device, steps_per_epoch, train
     from probust.training.objectives import ExtraLoss, evaluate, input_gradient_penalty, objective
-    from probust.training.robust_loss import RobustLoss
+    from probust.training.robust_loss import RobustLoss, RobustLossOptions
 
 # name -> module defining it. Loaded on first use: the loop pulls in the data sets and models
 # (torchvision), which ``import probust`` (it exports RobustLoss) does not need.
@@ -30,6 +32,7 @@ _WHERE = {
     "DEFAULTS": "config",
     "SCHEDULES": "config",
     "TrainConfig": "config",
+    "TrainOptions": "config",
     "TrainResult": "loop",
     "resolve_device": "loop",
     "steps_per_epoch": "loop",
@@ -39,6 +42,7 @@ _WHERE = {
     "input_gradient_penalty": "objectives",
     "objective": "objectives",
     "RobustLoss": "robust_loss",
+    "RobustLossOptions": "robust_loss",
 }
 
 
@@ -61,7 +65,9 @@ __all__ = [
     "SCHEDULES",
     "ExtraLoss",
     "RobustLoss",
+    "RobustLossOptions",
     "TrainConfig",
+    "TrainOptions",
     "TrainResult",
     "evaluate",
     "input_gradient_penalty",

@@ -172,8 +172,9 @@ def restore(
     ]
     if problems:
         raise _models.CheckpointMismatchError(
-            f"{path} holds a run with other settings ({'; '.join(problems)}); "
-            "pass resume=False (CLI: --no-resume) to start over, or choose another --out"
+            f"{path} holds a run with other settings ({'; '.join(problems)}); pass ",
+            Setting("resume", False),
+            " to start over, or write the checkpoint elsewhere",
         )
     model.load_state_dict(payload["state_dict"])
     if not saved.get("complete"):

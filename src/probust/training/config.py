@@ -15,13 +15,14 @@ import dataclasses
 import json
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from probust._options import option
+from probust._options import declared, option
 from probust.errors import OptionError
 from probust.models import check_arch
 
@@ -159,6 +160,59 @@ class TrainConfig:
         check_arch(arch)
         filled = {name: DEFAULTS[arch][name] for name in ARCH_DEFAULTED if getattr(self, name) is None}
         return dataclasses.replace(self, **filled)
+
+
+def _optional_path(value: Any, name: str) -> Any:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise OptionError(f"expected a folder (a str or a path), got {value!r}", field=name)
+    return value
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise OptionError(f"must be True or False, got {value!r}", field=name)
+    return value
+
+
+def _optional_name(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise OptionError(f"expected a checkpoint name or folder, got {value!r}", field=name)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """The other options of a training run, declared once: :func:`probust.training.train`'s
+    ``root``, ``download`` and ``resume``, and ``pretrained``, vit's ``arch_kwargs`` key (a
+    Hugging Face checkpoint to fine-tune). ``probust train``'s flags are derived from them.
+
+    Raises:
+        OptionError: a bad value (``field`` names the option).
+    """
+
+    TITLE: ClassVar[str] = "data and checkpoint"
+
+    root: str | os.PathLike | None = option(
+        None,
+        help="data folder",
+        default_help="$PROBUST_DATA_DIR or ~/.cache/probust/data",
+        metavar="DIR",
+        check=_optional_path,
+    )
+    download: bool = option(False, help="download the data set if it is not found locally", check=_flag)
+    resume: bool = option(True, help="start over even if --out holds a run", flag="--no-resume", check=_flag)
+    pretrained: str | None = option(
+        None,
+        help="vit only: pretrained Hugging Face checkpoint to fine-tune",
+        default_help="",
+        metavar="NAME_OR_DIR",
+        check=_optional_name,
+    )
+
+    def __post_init__(self) -> None:
+        for f, o in declared(self):
+            if o.check is not None:
+                object.__setattr__(self, f.name, o.check(getattr(self, f.name), f.name))
 
 
 def _real(value: Any, name: str) -> float:

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from probust._checks import check_positive_float, check_positive_int
+from probust._checks import check_choice, check_positive_float, check_positive_int
+from probust._options import declared, option
+from probust.errors import OptionError, Placeholder, Setting
 from probust.estimators import CDFS, MMSE, Taylor
 from probust.noise import Gaussian, Laplace, Noise, Uniform, as_noise
 
@@ -97,14 +100,13 @@ class RobustLoss:
     ) -> None:
         self.noise = as_noise(sigma)
         if not (isinstance(mu, (int, float)) and mu >= 0):
-            raise ValueError(f"mu must be a number >= 0, got {mu!r}")
+            raise OptionError(f"must be a number >= 0, got {mu!r}", field="mu")
         for value, allowed, name in (
             (cdf, CDFS, "cdf"),
             (linearisation, LINEARISATIONS, "linearisation"),
             (target, TARGETS, "target"),
         ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+            check_choice(value, allowed, name)
         self.mu = float(mu)
         self.cdf = cdf
         self.linearisation = linearisation
@@ -114,7 +116,7 @@ class RobustLoss:
         self.min_p = check_positive_float(min_p, "min_p")
         self.mmse_samples = check_positive_int(mmse_samples, "mmse_samples")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+            raise OptionError(f"must be an integer >= 0, got {warmup_steps!r}", field="warmup_steps")
         self.warmup_steps = warmup_steps
         self.calls = 0
         # train() records getattr(extra_loss, "__qualname__") in the checkpoint and refuses to
@@ -240,3 +242,93 @@ class RobustLoss:
         if self.max_points is not None:
             x, y = x[: self.max_points], y[: self.max_points]
         return weight * self.neg_log_p(model, x, y).mean().to(x.dtype)
+
+
+def _robust_weight(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+        raise OptionError(f"must be a number >= 0, got {value!r}", field=name)
+    return float(value)
+
+
+def _robust_sigma(value: Any, name: str) -> float | None:
+    return None if value is None else check_positive_float(value, name)
+
+
+def _warmup(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(f"must be an integer >= 0, got {value!r}", field=name)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RobustLossOptions:
+    """The robust training term as options (``probust train``'s ``--robust-*`` flags), each
+    declared once: it sets the :class:`RobustLoss` argument its ``param`` names. A
+    ``robust_loss`` of 0 adds no term (:meth:`loss` is None).
+
+    Raises:
+        OptionError: a bad value (``field`` names the option).
+    """
+
+    TITLE: ClassVar[str] = "average-case robustness term (probust.RobustLoss)"
+
+    robust_loss: float = option(
+        0.0,
+        help="weight mu of the average-case robustness term mu * mean(-log p_robust(x)) added to the "
+        "cross-entropy (probust.RobustLoss; needs --robust-sigma; 0: off)",
+        metavar="MU",
+        parse=float,
+        check=_robust_weight,
+        param="mu",
+    )
+    robust_sigma: float | None = option(
+        None,
+        help="noise sigma of --robust-loss, in pixel units",
+        default_help="",
+        metavar="S",
+        parse=float,
+        check=_robust_sigma,
+        param="sigma",
+    )
+    robust_cdf: str = option(
+        "mv-sigmoid",
+        help="probability map of --robust-loss: mv-sigmoid or mvn (slower)",
+        choices=("mv-sigmoid", "mvn"),
+        param="cdf",
+    )
+    robust_warmup: int = option(
+        500,
+        help="steps over which the --robust-loss weight ramps up from 0 (from scratch the full term at once "
+        "can collapse the model to a constant classifier)",
+        metavar="STEPS",
+        parse=int,
+        check=_warmup,
+        param="warmup_steps",
+    )
+
+    def __post_init__(self) -> None:
+        for f, o in declared(self):
+            value = getattr(self, f.name)
+            if o.check is not None:
+                value = o.check(value, f.name)
+            elif o.choices is not None:
+                check_choice(value, tuple(o.choices), f.name)
+            object.__setattr__(self, f.name, value)
+        if self.robust_loss > 0 and self.robust_sigma is None:
+            raise OptionError(
+                "needs ",
+                Setting("robust_sigma", Placeholder("S")),
+                ", the noise level whose p_robust is trained",
+                field="robust_loss",
+            )
+
+    def loss(self) -> RobustLoss | None:
+        """The :class:`RobustLoss` these options describe (None: no term); an error it raises
+        names the option, not the argument."""
+        if self.robust_loss == 0:
+            return None
+        params = {o.param: f.name for f, o in declared(self) if o.param is not None}
+        try:
+            return RobustLoss(**{param: getattr(self, name) for param, name in params.items()})
+        except OptionError as exc:
+            raise exc.renamed(params) from None
