@@ -15,7 +15,11 @@ def test_load_results_finds_every_run_and_names_them_from_the_checkpoint(results
         "digits linear, robust μ=1 (σ=0.3)",
         "digits CNN",
     ]
-    assert experiments.find_runs(results_dir) == sorted((results_dir / "results").iterdir())
+    folders = sorted((results_dir / "results").iterdir())
+    certify = [f for f in folders if f.name.startswith("certify-")]
+    assert len(certify) == 1  # a probust certify folder: found only when its format is asked for
+    assert experiments.find_runs(results_dir) == [f for f in folders if f not in certify]
+    assert experiments.find_runs(results_dir, format="probust.certify") == certify
     assert [[r.label for r in f] for f in results.families()] == [["digits linear", "digits linear, λ=0.05"]]
     assert results.primary().label in ("digits linear", "digits CNN")  # standard, with the pool
     lin = results.by_label("digits linear")
