@@ -333,9 +333,9 @@ TRAIN_BASE = ["--data", "digits", "--arch", "linear", "--out", "m.pt", "--robust
 
 
 def _train_flags():
-    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions, TrainRun
 
-    return [(f, o) for cls in (TrainConfig, RobustLossOptions, TrainOptions) for f, o in declared(cls)]
+    return [(f, o) for cls in (TrainConfig, RobustLossOptions, TrainOptions, TrainRun) for f, o in declared(cls)]
 
 
 @pytest.mark.parametrize("field,option", _train_flags(), ids=lambda v: getattr(v, "name", ""))
@@ -344,6 +344,8 @@ def test_every_train_flag_sets_its_own_field_and_no_other(field, option):
 
     parser = _sub("train")
     base_args = [*TRAIN_BASE[:3], "vit", *TRAIN_BASE[4:]] if field.name == "pretrained" else TRAIN_BASE
+    if field.name == "test_data":  # a test split is for the user's own data (not read here)
+        base_args = [TRAIN_BASE[0], "train.npz", *TRAIN_BASE[2:]]
     base = _settings(parser.parse_args(base_args))
     special = {
         "arch_kwargs": ['{"bias": false}'],
@@ -351,6 +353,10 @@ def test_every_train_flag_sets_its_own_field_and_no_other(field, option):
         "schedule": ["step"],
         "root": ["somewhere"],
         "pretrained": ["hf-tiny"],
+        "data": ["fashion-mnist"],
+        "test_data": ["test.npz"],
+        "arch": ["cnn"],
+        "out": ["elsewhere.pt"],
     }
     flag = flag_of(field, option)
     words = _other_word(field, option, special)

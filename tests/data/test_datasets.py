@@ -334,8 +334,23 @@ def test_cifar_pickle_that_would_run_code_is_refused(tmp_path):
 def test_cifar_archive_alone_points_to_download(tmp_path):
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"not really")
 
-    with pytest.raises(pdata.ProbustDataError, match="found the archive .*--download"):
+    with pytest.raises(pdata.ProbustDataError, match="found the archive .*: download=True verifies") as info:
         pdata.load("cifar10", root=tmp_path)
+    # The command line names its own flag for the same setting (the error carries it as a Setting).
+    from probust.cli.flags import message
+
+    assert "found the archive" in message(info.value, {"download": "--download"})
+    assert ": --download verifies" in message(info.value, {"download": "--download"})
+
+
+def test_a_damaged_cifar_file_suggests_download_in_the_callers_words(tmp_path):
+    write_cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(pdata.DataCorruptError, match=r"run again with download=True\)") as info:
+        pdata.load("cifar10", root=tmp_path)
+    from probust.cli.flags import message
+
+    assert "run again with --download)" in message(info.value, {"download": "--download"})
 
 
 # ---- digits, names ----------------------------------------------------------------------------

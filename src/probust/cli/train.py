@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,8 @@ from probust.cli import UsageError
 def register(subparsers: Any) -> None:
     """Adds the ``train`` sub-command."""
     from probust.cli.flags import add_options
-    from probust.data import DATASETS, FileOptions
-    from probust.models import ARCHS
-    from probust.training import DEFAULTS, RobustLossOptions, TrainConfig, TrainOptions
+    from probust.data import FileOptions
+    from probust.training import DEFAULTS, RobustLossOptions, TrainConfig, TrainOptions, TrainRun
 
     defaults = ", ".join(
         f"{a}: {d['epochs']} epochs, lr {d['lr']}, batch {d['batch_size']}, wd {d['weight_decay']}"
@@ -34,67 +34,50 @@ def register(subparsers: Any) -> None:
         "epoch. Running the same command again resumes an interrupted run.",
         epilog=f"Defaults per architecture: {defaults}.",
     )
-    p.add_argument(
-        "--data",
-        required=True,
-        metavar="NAME|PATH",
-        help=f"data set: {', '.join(DATASETS)}; or your own training data, a tensor file, a table or a folder of "
-        "images (as for probust estimate; e.g. --arch mlp for a table)",
-    )
-    own = add_options(p, FileOptions)
-    own.add_argument("--test-data", metavar="PATH", help="the test split, read like --data (default: none)")
-    p.add_argument("--arch", required=True, metavar="ARCH", help=f"architecture: {', '.join(ARCHS)}")
-    p.add_argument("--out", required=True, metavar="PATH", help="checkpoint to write, e.g. models/fmnist_cnn.pt")
+    add_options(p, TrainRun, required=("data", "arch", "out"))
+    add_options(p, FileOptions)
     # One flag per field of TrainConfig (declared there with its help); --device defaults to auto here.
     add_options(p, TrainConfig, defaults={"device": "auto"})
     add_options(p, RobustLossOptions)
     add_options(p, TrainOptions)
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.set_defaults(func=run)
 
 
-def _check(args: argparse.Namespace) -> Any:
-    """The data set name checked and the :class:`~probust.training.TrainConfig` of the flags."""
-    return _settings(args)[0]
-
-
-def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """The data set name checked, and the :class:`~probust.training.TrainConfig`,
-    :class:`~probust.training.RobustLossOptions` and :class:`~probust.training.TrainOptions` of the flags."""
+def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """The :class:`~probust.training.TrainConfig`, :class:`~probust.training.RobustLossOptions`,
+    :class:`~probust.training.TrainOptions` and :class:`~probust.training.TrainRun` of the flags
+    (a built-in data set's name in its canonical spelling)."""
     from probust.cli.flags import message, values
     from probust.data import canonical_name, is_builtin
     from probust.errors import ProbustError
-    from probust.models import check_arch
-    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions, TrainRun
 
     try:
-        if is_builtin(args.data):
-            args.data = canonical_name(args.data)
-            if args.test_data is not None:
-                raise ValueError("--test-data applies to your own data; a built-in data set brings its test split")
-        check_arch(args.arch)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
+        job = TrainRun(**values(args, TrainRun))
         config = TrainConfig(**values(args, TrainConfig))
         robust = RobustLossOptions(**values(args, RobustLossOptions))
         options = TrainOptions(**values(args, TrainOptions))
     except ProbustError as exc:
         raise UsageError(message(exc, flags())) from None
-    if options.pretrained is not None and args.arch != "vit":
-        raise UsageError(f"{flags()['pretrained']}: applies to --arch vit only")
+    if is_builtin(job.data):
+        job = dataclasses.replace(job, data=canonical_name(job.data))
+        if job.test_data is not None:
+            raise UsageError(
+                f"{flags()['test_data']}: applies to your own data; a built-in data set brings its test split"
+            )
+    if options.pretrained is not None and job.arch != "vit":
+        raise UsageError(f"{flags()['pretrained']}: applies to {flags()['arch']} vit only")
     if config.device != "auto":
         import torch
 
         if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"--device {config.device}: CUDA is not available here; use cpu or auto")
-    return config, robust, options
+            raise UsageError(f"{flags()['device']} {config.device}: CUDA is not available here; use cpu or auto")
+    return config, robust, options, job
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``probust train``; returns the exit status."""
-    config, robust, options = _settings(args)
-    import dataclasses
+    config, robust, options, job = _settings(args)
 
     from probust.cli.flags import message
     from probust.data import ProbustDataError, is_builtin
@@ -110,18 +93,18 @@ def run(args: argparse.Namespace) -> int:
         extra_loss = robust.loss()
     except ProbustError as exc:
         raise UsageError(message(exc, flags())) from None
-    dataset, test_dataset = args.data, None
-    if not is_builtin(args.data):
-        dataset, test_dataset = _own_data(args)
+    dataset, test_dataset = job.data, None
+    if not is_builtin(job.data):
+        dataset, test_dataset = _own_data(args, job)
     try:
         result = train(
             dataset=dataset,
             test_dataset=test_dataset,
-            arch=args.arch,
+            arch=job.arch,
             config=config,
-            out=args.out,
+            out=job.out,
             resume=options.resume,
-            show_progress=not args.quiet,
+            show_progress=job.show_progress,
             root=options.root,
             download=options.download,
             extra_loss=extra_loss,
@@ -132,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except ValueError as exc:  # settings only training can check, e.g. an unknown --arch-kwargs key
         raise UsageError(message(exc, flags())) from None
-    if not args.quiet:
+    if job.show_progress:
         meta = result.meta
         acc = meta.get("test_accuracy")
         acc_text = f"test accuracy {acc:.4f}" if acc is not None else "no test split"
@@ -149,12 +132,12 @@ def flags() -> dict[str, str]:
     :func:`probust.cli.flags.message`)."""
     from probust.cli.flags import flag_map
     from probust.data import FileOptions
-    from probust.training import RobustLossOptions, TrainConfig, TrainOptions
+    from probust.training import RobustLossOptions, TrainConfig, TrainOptions, TrainRun
 
-    return flag_map(TrainConfig, RobustLossOptions, TrainOptions, FileOptions)
+    return flag_map(TrainRun, TrainConfig, RobustLossOptions, TrainOptions, FileOptions)
 
 
-def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
+def _own_data(args: argparse.Namespace, job: Any) -> tuple[Any, Any]:
     """The training and test data read from the user's files (``--data``, ``--test-data``)."""
     from probust.cli.flags import message, values
     from probust.data import DATASETS, FileOptions, ProbustDataError, load_file
@@ -165,7 +148,7 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
     except ProbustError as exc:
         raise UsageError(message(exc, flags())) from None
     read: list[Any] = []
-    for flag, path in (("--data", args.data), ("--test-data", args.test_data)):
+    for flag, path in (("--data", job.data), ("--test-data", job.test_data)):
         if path is None:
             read.append(None)
             continue
@@ -183,7 +166,7 @@ def _own_data(args: argparse.Namespace) -> tuple[Any, Any]:
     train_ds, test_ds = read
     if test_ds is not None and (test_ds.input_shape != train_ds.input_shape or test_ds.classes != train_ds.classes):
         raise UsageError(
-            f"--test-data: {args.test_data} has input shape {list(test_ds.input_shape)} and classes "
+            f"--test-data: {job.test_data} has input shape {list(test_ds.input_shape)} and classes "
             f"{test_ds.classes}, --data {list(train_ds.input_shape)} and {train_ds.classes}"
         )
     return train_ds, test_ds

@@ -19,6 +19,7 @@ from probust.data._dataset import ImageDataset
 from probust.data._errors import ProbustDataError
 from probust.data._locate import dedupe, not_found, search_roots
 from probust.data._pickle import check_cifar_batch, check_cifar_meta
+from probust.errors import Part, Setting
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ def _candidate_dirs(fmt: _CifarFormat, root: Path) -> list[Path]:
     return dedupe([root / fmt.folder, root])
 
 
-def _find(fmt: _CifarFormat, split: str, roots: list[Path]) -> Path | list[str]:
+def _find(fmt: _CifarFormat, split: str, roots: list[Path]) -> Path | list[str | tuple[Part, ...]]:
     needed = fmt.files(split) + [fmt.meta_file]
-    notes = []
+    notes: list[str | tuple[Part, ...]] = []
     for root in roots:
         for folder in _candidate_dirs(fmt, root):
             have = [f for f in needed if (folder / f).is_file()]
@@ -87,7 +88,13 @@ def _find(fmt: _CifarFormat, split: str, roots: list[Path]) -> Path | list[str]:
                 )
         archive = root / fmt.tv_class.filename
         if archive.is_file():
-            notes.append(f"found the archive {archive}: --download verifies and extracts it without a network")
+            notes.append(
+                (
+                    f"found the archive {archive}: ",
+                    Setting("download", True),
+                    " verifies and extracts it without a network",
+                )
+            )
     return notes
 
 
@@ -129,7 +136,14 @@ def load_cifar_dataset(name: str, split: str, root: str | None, download: bool) 
         )
         classes = check_cifar_meta(folder / fmt.meta_file, key=fmt.meta_key, num_classes=fmt.num_classes)
     except ProbustDataError as exc:
-        raise type(exc)(f"{exc}\n(delete the damaged file and run again with --download)") from None
+        raise type(exc)(
+            *exc.parts,
+            "\n(delete the damaged file and run again with ",
+            Setting("download", True),
+            ")",
+            field=exc.field,
+            path=exc.path,
+        ) from None
     ds = _torchvision_reader(fmt, folder, split)
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # torchvision keeps HWC
     targets = torch.as_tensor(ds.targets, dtype=torch.int64)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from probust.data._errors import ProbustDataError
-from probust.errors import Setting
+from probust.errors import Part, Setting
 
 #: Environment variable naming the default data folder (used when ``root`` is None).
 DATA_DIR_ENV = "PROBUST_DATA_DIR"
@@ -53,15 +53,19 @@ def not_found(
     missing: Sequence[str],
     looked_in: Sequence[Path],
     download_root: Path,
-    notes: Sequence[str] = (),
+    notes: Sequence[str | Sequence[Part]] = (),
     download_error: str | None = None,
 ) -> ProbustDataError:
-    """Builds the error for a data set that is not on disk (and could not be downloaded)."""
-    lines = [f"{name} ({split} split) not found: missing {', '.join(missing)}"]
+    """Builds the error for a data set that is not on disk (and could not be downloaded).
+    A note is a line of text, or a line's parts (text and :class:`~probust.errors.Setting`s)."""
+    lines: list[str | Sequence[Part]] = [f"{name} ({split} split) not found: missing {', '.join(missing)}"]
     lines.append("looked in: " + "; ".join(str(p) for p in looked_in))
     lines.extend(notes)
     if download_error is not None:
         lines.append(f"download failed: {download_error}")
+    parts: list[Part] = []
+    for k, line in enumerate(lines):
+        parts.extend([*([] if k == 0 else ["\n"]), *([line] if isinstance(line, str) else line)])
     how = "; or ".join(
         [
             f"to fetch it into {download_root}",
@@ -70,7 +74,7 @@ def not_found(
         ]
     )
     return ProbustDataError(
-        "\n".join(lines),
+        *parts,
         "\nto get it: pass ",
         Setting("download", True),
         f" {how}",

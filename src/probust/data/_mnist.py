@@ -17,6 +17,7 @@ from probust.data._dataset import ImageDataset
 from probust.data._errors import DataCorruptError, ProbustDataError
 from probust.data._idx import check_idx_header, read_idx
 from probust.data._locate import dedupe, not_found, search_roots
+from probust.errors import Setting
 
 # torchvision's class per data set (imported on use: torchvision is the 'data' extra).
 _TV_NAMES = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
@@ -128,7 +129,14 @@ def load_idx_dataset(name: str, split: str, root: str | None, download: bool) ->
     try:
         images, labels = _read_pair(name, split, images_path, labels_path)
     except ProbustDataError as exc:
-        raise type(exc)(f"{exc}\n(delete the damaged file and run again with --download, or reinstall it)") from None
+        raise type(exc)(
+            *exc.parts,
+            "\n(delete the damaged file and run again with ",
+            Setting("download", True),
+            ", or reinstall it)",
+            field=exc.field,
+            path=exc.path,
+        ) from None
     mean, std = _STATS[name]
     return ImageDataset(
         images,

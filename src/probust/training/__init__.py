@@ -2,7 +2,7 @@
 
 * :func:`train` (:mod:`~probust.training.loop`): SGD with a per-step schedule, a checkpoint per
   epoch, resumable; settings as keywords or one :class:`TrainConfig`.
-* :class:`TrainConfig`, :class:`TrainOptions`, :data:`DEFAULTS`, :data:`SCHEDULES`
+* :class:`TrainConfig`, :class:`TrainRun`, :class:`TrainOptions`, :data:`DEFAULTS`, :data:`SCHEDULES`
   (:mod:`~probust.training.config`).
 * :func:`objective`, :func:`input_gradient_penalty`, :func:`evaluate`
   (:mod:`~probust.training.objectives`): cross-entropy plus the gradient-norm penalty.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from probust.training.checkpointing import RESUME_KEYS
-    from probust.training.config import DEFAULTS, SCHEDULES, TrainConfig, TrainOptions
+    from probust.training.config import DEFAULTS, SCHEDULES, TrainConfig, TrainOptions, TrainRun
     from probust.training.loop import TrainResult, resolve_device, steps_per_epoch, train
     from probust.training.objectives import ExtraLoss, evaluate, input_gradient_penalty, objective
     from probust.training.robust_loss import RobustLoss, RobustLossOptions
@@ -33,6 +33,7 @@ _WHERE = {
     "SCHEDULES": "config",
     "TrainConfig": "config",
     "TrainOptions": "config",
+    "TrainRun": "config",
     "TrainResult": "loop",
     "resolve_device": "loop",
     "steps_per_epoch": "loop",
@@ -69,6 +70,7 @@ __all__ = [
     "TrainConfig",
     "TrainOptions",
     "TrainResult",
+    "TrainRun",
     "evaluate",
     "input_gradient_penalty",
     "objective",

@@ -23,8 +23,9 @@ from typing import Any, ClassVar
 import torch
 
 from probust._options import declared, option
+from probust.data import DATASETS
 from probust.errors import OptionError
-from probust.models import check_arch
+from probust.models import ARCHS, check_arch
 
 #: Learning-rate schedules: factor of the base lr as a function of progress t in [0, 1).
 SCHEDULES: dict[str, Callable[[float], float]] = {
@@ -178,6 +179,58 @@ def _optional_name(value: Any, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise OptionError(f"expected a checkpoint name or folder, got {value!r}", field=name)
     return value
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise OptionError(f"expected a name or a path, got {value!r}", field=name)
+    return str(value)
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _architecture(value: Any, name: str) -> str:
+    try:
+        return check_arch(_text(value, name))
+    except ValueError as exc:
+        raise OptionError(str(exc), field=name) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainRun:
+    """What ``probust train`` trains and where it writes, declared once (its flags are derived
+    from these): the data (a built-in data set's name or the user's files), the architecture and
+    the checkpoint. :func:`probust.training.train` takes the same as its arguments.
+
+    Raises:
+        OptionError: a bad value (``field`` names the option).
+    """
+
+    TITLE: ClassVar[str] = "what to train"
+
+    data: str = option(
+        help=f"data set: {', '.join(DATASETS)}; or your own training data, a tensor file, a table or a folder of "
+        "images (as for probust estimate; e.g. --arch mlp for a table)",
+        metavar="NAME|PATH",
+        check=_text,
+    )
+    test_data: str | None = option(
+        None,
+        help="the test split of your own data, read like --data (a built-in data set brings its own)",
+        default_help="none",
+        metavar="PATH",
+        check=_optional_text,
+    )
+    arch: str = option(help=f"architecture: {', '.join(ARCHS)}", metavar="ARCH", check=_architecture)
+    out: str = option(help="checkpoint to write, e.g. models/fmnist_cnn.pt", metavar="PATH", check=_text)
+    show_progress: bool = option(True, help="no progress bar or summary", flag="--quiet", check=_flag)
+
+    def __post_init__(self) -> None:
+        for f, o in declared(self):
+            if o.check is not None:
+                object.__setattr__(self, f.name, o.check(getattr(self, f.name), f.name))
 
 
 @dataclass(frozen=True, kw_only=True)
