@@ -60,6 +60,7 @@ import torchvision
 from torch import Tensor, nn
 
 import probust
+from probust.errors import OptionError
 from probust.estimators.routes import ROUTE_CHOICES, ROUTE_NAMES
 from probust.execution.budget import peak_memory
 from probust.linear_head import find_linear_head
@@ -232,7 +233,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
                         alone["direct"] = t_off * points / few
                 for route in _routes_alone(big, x):
                     if route in args.alone:
-                        _, alone[route], memory[route] = _timed(_estimator(method, big, sigma, route=route), x)
+                        try:
+                            _, alone[route], memory[route] = _timed(_estimator(method, big, sigma, route=route), x)
+                        except OptionError as exc:  # e.g. the sketch where forward mode cannot run
+                            print(f"{name} {head} {method}: route {route} does not apply: {exc}", flush=True)
                 best = min(alone, key=alone.__getitem__)
                 assert auto.cdf_error is not None and r10.cdf_error is not None
                 over, max_dp = 0, 0.0
