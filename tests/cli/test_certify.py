@@ -180,6 +180,11 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_table(in_root, referenc
     assert len(parts) == 2 * 3 - 3  # only the missing units: 3 blocks of 4 points x 2 sigmas, 3 done
     pd.testing.assert_frame_equal(_table(in_root / "resumed"), reference)
     assert (in_root / "resumed" / tsv_name(1.0)).read_text().splitlines()[1:] != []
+    # a finished folder run again computes nothing and leaves its tables untouched
+    tables = sorted(p for p in (in_root / "resumed").iterdir() if p.suffix in (".tsv", ".parquet"))
+    before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in tables]
+    assert main(_args("resumed")) == 0
+    assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in tables] == before
 
 
 def test_integer_inputs_are_refused_naming_the_data(in_root, tmp_path):

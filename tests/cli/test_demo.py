@@ -122,6 +122,12 @@ def test_demo_quick_end_to_end_then_reuses_everything(tmp_path, capsys):
     assert all(m["trained"] for m in record["models"])
     text = report.read_text(encoding="utf-8")
     assert "Not run:" not in text
+    # the main CNN and the robust-loss CNN are certified: the report's last experiment has both
+    certified = [m for m in record["models"] if m["certified"]]
+    assert {m["name"] for m in certified} == {"fashion-mnist-cnn-lambda0", "fashion-mnist-cnn-robust0.3-sigma0.2"}
+    table = pd.read_csv(out / "experiments" / "certified_accuracy" / "certified_accuracy.csv")
+    assert len(table) == 2 and (table["points"] == 10).all() and (table["sigma"] == 0.2).all()
+    assert (table["draws_mean"] == 550).all() and table["certified@0"].between(0, 1).all()
     first = pd.read_csv(out / "experiments" / "estimation_error" / "estimation_error.csv")
     first_tables = {
         p.relative_to(out): pd.read_csv(p) for p in (out / "experiments").rglob("*.csv") if "runtime" not in p.parts

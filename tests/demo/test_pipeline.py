@@ -47,7 +47,8 @@ def no_work(monkeypatch):
         calls["say"].append(say)
         if say is not None:
             say(f"  [{spec.name}] stub")
-        return {"name": spec.name, "results": str(spec.results)}
+        certified = None if spec.certified is None else str(spec.certified)
+        return {"name": spec.name, "results": str(spec.results), "certified": certified}
 
     monkeypatch.setattr(pipeline, "run_model", run_model)
     monkeypatch.setattr(probust.experiments, "load_results", lambda folders: SimpleNamespace(root=None))

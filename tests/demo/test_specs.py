@@ -55,6 +55,29 @@ def test_robust_loss_cnns_are_trained_like_the_family_and_scored_on_its_grid(tmp
     assert sum(bool(s.robust) for s in demo.model_specs(quick, tmp_path)) == 1
 
 
+def test_the_main_cnn_and_the_robust_loss_cnns_are_certified_into_sibling_folders(tmp_path):
+    cfg = demo.config_for("fashion-mnist", robust_mus=(0.5, 2.0))
+    specs = demo.model_specs(cfg, tmp_path)
+    certified = {s.name: s for s in specs if s.certify is not None}
+    assert set(certified) == {"fashion-mnist-cnn-lambda0", *(s.name for s in specs if s.robust)}
+    for s in specs:
+        assert (s.certified is None) == (s.certify is None)
+    for s in certified.values():
+        # a sibling, not inside the estimate folder: a folder search stops at a results folder
+        assert s.certified == tmp_path / "results" / f"{s.name}-certify"
+        assert s.certify == demo.CertifyRequest("0-99", 0.4, 100, 5000, 0.001, "taylor")
+    assert not any(s.certify for s in demo.model_specs(demo.config_for("fashion-mnist", certify_points=0), tmp_path))
+
+
+def test_certify_key_clips_to_the_test_set_and_changes_with_the_model(tmp_path):
+    cfg = demo.config_for("digits", quick=True)
+    request = next(s.certify for s in demo.model_specs(cfg, tmp_path) if s.certify is not None)
+    key = demo.certify_key(cfg, request, "ab" * 32, 5)
+    assert key["certify"]["indices"] == "0-4" and key["certify"]["n"] == cfg.certify_n
+    assert json.loads(json.dumps(key)) == key
+    assert demo.certify_key(cfg, request, "cd" * 32, 5) != key
+
+
 def test_model_specs_are_frozen_and_survive_pickling(tmp_path):
     import pickle
 

@@ -15,7 +15,11 @@ The pipeline (every step reuses what an earlier run with the same settings left 
    softmax); for the main models also a convergence subset (Monte Carlo up to 10^4 or
    10^5 samples, MMSE N = 1 ... 100), and for the main CNN a larger pool scored with MMSE and
    softmax at one sigma, for the image grids and the case study.
-3. **Report**: every experiment (:mod:`probust.experiments`) on those folders, and
+3. **Certify** (beyond the paper) the first ``certify_points`` test images of the main CNN and
+   of each robust-loss CNN by randomized smoothing at ``certify_sigma`` (Cohen et al.'s CERTIFY,
+   :func:`probust.run.run_certify`, with the Taylor estimate of the radius beside it), each into
+   a ``<model>-certify`` folder beside the model's results folder.
+4. **Report**: every experiment (:mod:`probust.experiments`) on those folders, and
    ``report.html`` (:mod:`probust.report`).
 
 Models are trained and scored in ``jobs`` worker processes with ``threads`` torch threads each
@@ -36,11 +40,21 @@ Example:
 
 from probust.demo.pipeline import DemoSummary, run_demo
 from probust.demo.settings import FAMILY_METHODS, PAPER_METHODS, DemoConfig, DemoConfigError, check_config, config_for
-from probust.demo.specs import GRID_FILE, ModelSpec, RobustLossSpec, ScoreRequest, grid_key, model_specs
+from probust.demo.specs import (
+    GRID_FILE,
+    CertifyRequest,
+    ModelSpec,
+    RobustLossSpec,
+    ScoreRequest,
+    certify_key,
+    grid_key,
+    model_specs,
+)
 
 __all__ = [
     "FAMILY_METHODS",
     "GRID_FILE",
+    "CertifyRequest",
     "PAPER_METHODS",
     "DemoConfig",
     "DemoConfigError",
@@ -48,6 +62,7 @@ __all__ = [
     "ModelSpec",
     "RobustLossSpec",
     "ScoreRequest",
+    "certify_key",
     "check_config",
     "config_for",
     "grid_key",

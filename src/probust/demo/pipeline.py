@@ -152,7 +152,8 @@ def run_demo(
             raise TypeError(f"say: must be picklable when jobs > 1 (a module-level function), got {say!r}") from exc
     out.mkdir(parents=True, exist_ok=True)
     specs = model_specs(config, out)
-    _remove_stale(out / "results", {s.results.name for s in specs}, report_line)
+    keep = {s.results.name for s in specs} | {s.certified.name for s in specs if s.certified is not None}
+    _remove_stale(out / "results", keep, report_line)
     robust_text = (
         f"; CNN with RobustLoss μ = {', '.join(f'{v:g}' for v in sorted(set(config.robust_mus)))} at σ = {config.robust_sigma:g}"
         if config.robust_mus
@@ -190,7 +191,9 @@ def run_demo(
     # 3. experiments and report
     report_line("experiments:")
     t1 = time.perf_counter()
-    results = load_results([Path(m["results"]) for m in models])
+    results = load_results(
+        [Path(m["results"]) for m in models] + [Path(m["certified"]) for m in models if m["certified"]]
+    )
     results.root = out / "results"
     options: dict[str, dict[str, Any]] = {
         "runtime": {

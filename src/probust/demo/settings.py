@@ -50,6 +50,13 @@ class DemoConfig:
         runtime_points, runtime_mc, runtime_mmse: the runtime experiment's points and counts.
         case_seeds, case_epochs, case_k: the case study's repetitions, training epochs and
             images per class and end.
+        certify_points: the first this many test points of the main CNN and of each robust-loss
+            CNN are certified by randomized smoothing (:func:`probust.run.run_certify`, Cohen et
+            al.'s CERTIFY with a Taylor estimate of the radius beside it; 0: none).
+        certify_sigma: the smoothing noise level of the certificates (per pixel, [0, 1] units).
+        certify_n0, certify_n, certify_alpha: CERTIFY's selection draws, estimation draws and
+            failure probability per point (Cohen et al.: 100, 100,000 and 0.001; the demo draws
+            fewer estimation samples, which only makes the certified radii smaller).
         seed: seeds training, the estimators' random streams, the noise shown and the case study.
     """
 
@@ -78,6 +85,11 @@ class DemoConfig:
     case_seeds: int = 5
     case_epochs: int = 30
     case_k: int = 25
+    certify_points: int = 100
+    certify_sigma: float = 0.4
+    certify_n0: int = 100
+    certify_n: int = 5_000
+    certify_alpha: float = 0.001
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +126,10 @@ def config_for(data: str = "fashion-mnist", *, quick: bool = False, **overrides:
             case_seeds=2,
             case_epochs=3,
             case_k=5,
+            certify_points=10,
+            certify_sigma=0.2,
+            certify_n0=50,
+            certify_n=500,
         )
     base.update({k: v for k, v in overrides.items() if v is not None})
     return DemoConfig(**base)
@@ -137,6 +153,14 @@ def check_config(cfg: DemoConfig) -> None:
         raise DemoConfigError(f"robust_mus must be > 0, got {cfg.robust_mus}")
     if cfg.robust_mus and cfg.robust_sigma not in cfg.sigmas:
         raise DemoConfigError(f"robust_sigma {cfg.robust_sigma} must be one of sigmas {cfg.sigmas}")
+    if cfg.certify_points < 0:
+        raise DemoConfigError(f"certify_points must be >= 0, got {cfg.certify_points}")
+    if not cfg.certify_sigma > 0:
+        raise DemoConfigError(f"certify_sigma must be positive, got {cfg.certify_sigma}")
+    if cfg.certify_n0 < 1 or cfg.certify_n < 1:
+        raise DemoConfigError(f"certify_n0 and certify_n must be at least 1, got {cfg.certify_n0}, {cfg.certify_n}")
+    if not 0 < cfg.certify_alpha < 1:
+        raise DemoConfigError(f"certify_alpha must be in (0, 1), got {cfg.certify_alpha}")
     if cfg.robust_max_points < 1:
         raise DemoConfigError(f"robust_max_points must be at least 1, got {cfg.robust_max_points}")
     if not 0 <= cfg.robust_warmup <= 1:

@@ -14,7 +14,16 @@ from typing import Any, Literal
 
 from probust.demo.settings import FAMILY_METHODS, PAPER_METHODS, DemoConfig
 
-__all__ = ["GRID_FILE", "ModelSpec", "RobustLossSpec", "ScoreRequest", "grid_key", "model_specs"]
+__all__ = [
+    "GRID_FILE",
+    "CertifyRequest",
+    "ModelSpec",
+    "RobustLossSpec",
+    "ScoreRequest",
+    "certify_key",
+    "grid_key",
+    "model_specs",
+]
 
 GRID_FILE = "demo-grid.json"
 
@@ -62,6 +71,36 @@ class ScoreRequest:
 
 
 @dataclass(frozen=True)
+class CertifyRequest:
+    """One call of :func:`probust.run.run_certify` on a model's certify folder.
+
+    Attributes:
+        indices: the test points, "first-last" (both included).
+        sigma: the smoothing noise level, per pixel in [0, 1] units.
+        n0, n, alpha: CERTIFY's selection draws, estimation draws and failure probability.
+        estimate: the analytic radius estimate written beside the certificate.
+    """
+
+    indices: str
+    sigma: float
+    n0: int
+    n: int
+    alpha: float
+    estimate: str = "taylor"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as JSON-ready data."""
+        return {
+            "indices": self.indices,
+            "sigma": self.sigma,
+            "n0": self.n0,
+            "n": self.n,
+            "alpha": self.alpha,
+            "estimate": self.estimate,
+        }
+
+
+@dataclass(frozen=True)
 class RobustLossSpec:
     """The settings of a model trained with :class:`probust.RobustLoss` (see :class:`DemoConfig`).
 
@@ -91,7 +130,10 @@ class ModelSpec:
         checkpoint: the checkpoint file; its name records the settings it was trained with.
         results: the results folder.
         requests: what to score, in order.
-        cost: relative run time (the longest jobs start first).
+        cost: relative run time of training and scoring (the longest jobs start first; the
+            models certified are the main CNN and the robust-loss CNNs, the longest already).
+        certify: what to certify by randomized smoothing, or None.
+        certified: the certify folder (a sibling of ``results``; written only with ``certify``).
     """
 
     name: str
@@ -103,6 +145,8 @@ class ModelSpec:
     results: Path
     requests: tuple[ScoreRequest, ...]
     cost: float
+    certify: CertifyRequest | None = None
+    certified: Path | None = None
 
 
 def _slug(value: float) -> str:
@@ -118,6 +162,13 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
     """
     size = "all" if cfg.train_size is None else str(cfg.train_size)
     specs = []
+    certify_request = (
+        CertifyRequest(
+            f"0-{cfg.certify_points - 1}", float(cfg.certify_sigma), cfg.certify_n0, cfg.certify_n, cfg.certify_alpha
+        )
+        if cfg.certify_points > 0
+        else None
+    )
 
     def spec(
         arch: str,
@@ -126,6 +177,7 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
         requests: list[ScoreRequest],
         cost: float,
         robust: RobustLossSpec | None = None,
+        certify: bool = False,
     ) -> ModelSpec:
         name = f"{cfg.data}-{arch}" + (f"-lambda{_slug(lam)}" if arch == "cnn" and robust is None else "")
         if robust is not None:  # the name records mu and sigma; the rest of the loss is checked on resumption
@@ -141,6 +193,8 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
             results=out / "results" / name,
             requests=tuple(requests),
             cost=cost,
+            certify=certify_request if certify else None,
+            certified=out / "results" / f"{name}-certify" if certify and certify_request else None,
         )
 
     def main(methods: tuple[str, ...]) -> ScoreRequest:
@@ -171,13 +225,13 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
             )
             requests.append(convergence(cfg.mc_convergence))
             cost += 0.6
-        specs.append(spec("cnn", lam, cfg.cnn_epochs, requests, cost))
+        specs.append(spec("cnn", lam, cfg.cnn_epochs, requests, cost, certify=lam == 0))
     for mu in sorted(set(float(v) for v in cfg.robust_mus)):
         # scored like the family's regularised members (the comparison needs their mc rows)
         robust = RobustLossSpec(
             mu=mu, sigma=float(cfg.robust_sigma), max_points=cfg.robust_max_points, warmup=cfg.robust_warmup
         )
-        specs.append(spec("cnn", 0.0, cfg.cnn_epochs, [main(FAMILY_METHODS)], 2.5, robust))
+        specs.append(spec("cnn", 0.0, cfg.cnn_epochs, [main(FAMILY_METHODS)], 2.5, robust, certify=True))
     specs.append(
         spec("linear", 0.0, cfg.linear_epochs, [main(PAPER_METHODS), convergence(cfg.mc_convergence_linear)], 0.4)
     )
@@ -199,3 +253,12 @@ def grid_key(cfg: DemoConfig, spec: ModelSpec, model_sha: str, n_test: int) -> d
         r["indices"] = f"{first}-{min(last, n_test - 1)}"
         requests.append(r)
     return {"model_sha256": model_sha, "seed": cfg.seed, "data": cfg.data, "requests": requests}
+
+
+def certify_key(cfg: DemoConfig, request: CertifyRequest, model_sha: str, n_test: int) -> dict[str, Any]:
+    """The key of a certify folder, as written to its :data:`GRID_FILE` (JSON-ready); a later
+    demo with the same key resumes the folder, any other key recomputes it."""
+    r = request.to_dict()
+    first, last = (int(v) for v in r["indices"].split("-"))
+    r["indices"] = f"{first}-{min(last, n_test - 1)}"
+    return {"model_sha256": model_sha, "seed": cfg.seed, "data": cfg.data, "certify": r}

@@ -10,7 +10,7 @@ from typing import Any
 
 from probust._io import sha256_file
 from probust.demo.settings import DemoConfig
-from probust.demo.specs import GRID_FILE, ModelSpec, grid_key
+from probust.demo.specs import GRID_FILE, CertifyRequest, ModelSpec, certify_key, grid_key
 
 __all__ = ["run_model"]
 
@@ -30,6 +30,40 @@ def _written_by_this_version(results: Path) -> bool:
     return all(v == __version__ for v in (config.probust_version, *(h.probust_version for h in config.history)))
 
 
+def _certify(
+    cfg: DemoConfig, request: CertifyRequest, checkpoint: Path, folder: Path, model_sha: str, n_test: int
+) -> bool:
+    """Certify the request's points into ``folder`` (resumed when its key is the same, else
+    recomputed); returns whether the folder was reused as it was."""
+    from probust.run.certify import CertifySettings, run_certify
+
+    key = certify_key(cfg, request, model_sha, n_test)
+    key_file = folder / GRID_FILE
+    same = key_file.is_file() and json.loads(key_file.read_text()) == key and _written_by_this_version(folder)
+    if not same:
+        folder.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(json.dumps(key, indent=1) + "\n")
+    first, last = (int(v) for v in key["certify"]["indices"].split("-"))
+    summary = run_certify(
+        CertifySettings(
+            data=cfg.data,
+            model=checkpoint,
+            sigmas=(request.sigma,),
+            indices=list(range(first, last + 1)),
+            n0=request.n0,
+            n=request.n,
+            alpha=request.alpha,
+            estimate=request.estimate,
+            seed=cfg.seed,
+            device="cpu",
+            show_progress=False,
+            out=folder,
+            overwrite=not same,
+        )
+    )
+    return same and summary.rows_computed == 0
+
+
 def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str], None] | None) -> dict[str, Any]:
     """Train (or reuse) one model and score its requests; runs in a worker process.
 
@@ -46,7 +80,8 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
 
     Returns:
         The model's record: name, arch, grad_reg, robust_mu, robust_sigma, checkpoint, results,
-        test_accuracy, trained, train_seconds and score_seconds (JSON-ready).
+        test_accuracy, trained, train_seconds, score_seconds, certified (the certify folder or
+        None) and certify_seconds (JSON-ready).
     """
     import warnings
 
@@ -91,7 +126,8 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
 
     # the results folder: recomputed from scratch when its grid or model changed
     results = spec.results
-    grid = grid_key(cfg, spec, sha256_file(ckpt), len(test_ds))
+    model_sha = sha256_file(ckpt)
+    grid = grid_key(cfg, spec, model_sha, len(test_ds))
     grid_file = results / GRID_FILE
     same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid and _written_by_this_version(results)
     if not same:  # written first, so that an interrupted demo resumes the same grid
@@ -121,6 +157,17 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
         say(
             f"  [{name}] {'reused' if same else 'scored'} {results.name}: {len(grid['requests'])} request(s) ({t_score:.0f} s)"
         )
+    t2 = time.perf_counter()
+    if spec.certify is not None and spec.certified is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            kept = _certify(cfg, spec.certify, ckpt, spec.certified, model_sha, len(test_ds))
+        if say is not None:
+            say(
+                f"  [{name}] {'reused' if kept else 'certified'} {spec.certified.name}: σ = {spec.certify.sigma:g}, "
+                f"N = {spec.certify.n:,} ({time.perf_counter() - t2:.0f} s)"
+            )
+    t_certify = time.perf_counter() - t2
     return {
         "name": name,
         "arch": spec.arch,
@@ -133,4 +180,6 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
         "trained": not reused,
         "train_seconds": round(t_train, 1),
         "score_seconds": round(t_score, 1),
+        "certified": str(spec.certified) if spec.certify is not None else None,
+        "certify_seconds": round(t_certify, 1),
     }

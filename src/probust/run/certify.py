@@ -25,6 +25,7 @@ import datetime
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -365,8 +366,11 @@ def write_tsv(rows: Any, folder: str | os.PathLike) -> list[str]:
     its digits, where the authors wrote three), 1 if the prediction is the label else 0, and the
     point's share of the time as ``str(datetime.timedelta(seconds=time_s))`` (``0:00:01.234000``).
 
+    A file that already holds the same text is left as it is (a resumed, finished folder is
+    not touched).
+
     Returns:
-        The paths written (each written whole or not at all).
+        The paths of the tables (each written whole or not at all).
     """
     from probust._io import atomic_write_bytes
 
@@ -387,7 +391,9 @@ def write_tsv(rows: Any, folder: str | os.PathLike) -> list[str]:
                 f"{int(idx)}\t{int(label)}\t{int(predict)}\t{float(radius)!r}\t{int(correct)}\t{_timedelta(seconds)}"
             )
         path = os.path.join(folder, tsv_name(sigma))
-        atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+        text = ("\n".join(lines) + "\n").encode()
+        if not (os.path.isfile(path) and Path(path).read_bytes() == text):
+            atomic_write_bytes(path, text)
         written.append(path)
     return written
 
