@@ -100,6 +100,12 @@ def reference(in_root) -> pd.DataFrame:
     return _table(in_root / "ref")
 
 
+def test_read_results_refuses_a_certify_folder_and_names_its_reader(in_root, reference):
+    with pytest.raises(ValueError, match="'probust.certify' results, not probust estimate's.*read_certified"):
+        probust.run.read_results(in_root / "ref")
+    pd.testing.assert_frame_equal(probust.run.read_certified(in_root / "ref"), read_certified(in_root / "ref"))
+
+
 def test_the_tsv_has_the_authors_columns_and_format(in_root, reference):
     rows = read_certified(in_root / "ref")
     for sigma in (0.25, 1.0):
@@ -154,6 +160,24 @@ def test_the_cli_table_equals_probust_certify_on_the_same_points(in_root, refere
         )
 
 
+def test_the_mmse_estimate_averages_the_copies_asked_for_and_records_them(in_root):
+    import json
+
+    import certnet
+
+    args = _args("mmse", "--estimate", "mmse", "--estimate-copies", "3", "--N", "32")  # the last flag wins
+    at = args.index("--radii")
+    del args[at : at + 1 + len(RADII)]  # fixed-n CERTIFY
+    assert main(args) == 0
+    x, _ = _x_y()
+    mine = read_certified(in_root / "mmse")
+    assert json.loads((in_root / "mmse" / "config.json").read_text())["run"]["estimate_copies"] == 3
+    for sigma in (0.25, 1.0):
+        rows = mine[mine.sigma == sigma].sort_values("index")
+        est = probust.MMSE(certnet.make(), sigma, n_samples=3, seed=0)(torch.from_numpy(x))
+        np.testing.assert_allclose(rows.p_estimate.to_numpy(), est.p.double().numpy(), rtol=1e-6, atol=1e-9)
+
+
 def test_the_table_does_not_depend_on_the_batch_size(in_root, reference):
     assert main(_args("b5", "--batch-size", "5")) == 0
     pd.testing.assert_frame_equal(_table(in_root / "b5"), reference)
@@ -201,6 +225,24 @@ def test_integer_inputs_are_refused_naming_the_data(in_root, tmp_path):
     with pytest.raises(ConfigError, match="not floating point") as info:
         prepare_certify(settings)
     assert info.value.field == "data"
+
+
+def test_a_tensor_file_of_integers_is_refused_though_its_points_are_served_as_floats(in_root, tmp_path):
+    import certnet
+
+    from probust import data as pdata
+
+    x = np.random.default_rng(0).integers(0, 256, size=(4, 1, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "pixels.npz", x=x, y=np.arange(4) % 3)
+    assert pdata.load_file(tmp_path / "pixels.npz").subset([0, 1]).stored_dtype == "uint8"
+    settings = CertifySettings(
+        data=str(tmp_path / "pixels.npz"), model=certnet.make(), sigmas=[0.25], out=tmp_path / "c", device="cpu"
+    )
+    with pytest.raises(ConfigError, match="stored as uint8 in .*pixels.npz, not floating point") as info:
+        prepare_certify(settings)
+    assert info.value.field == "data"
+    np.savez(tmp_path / "scaled.npz", x=(x / 255).astype(np.float32), y=np.arange(4) % 3)
+    assert prepare_certify(settings.replace(data=str(tmp_path / "scaled.npz"))).store is not None
 
 
 def test_a_bad_flag_is_one_line_naming_it(in_root, capsys):

@@ -310,6 +310,8 @@ def test_recorded_certify_flags_arrive_in_config_json(in_root):
         "0.01",
         "--estimate",
         "mmse",
+        "--estimate-copies",
+        "2",
     ]
     assert main(["certify", *args]) == 0
     config = json.loads((in_root / "crec" / "config.json").read_text())
@@ -322,6 +324,7 @@ def test_recorded_certify_flags_arrive_in_config_json(in_root):
         "radii": [0.0, 0.5],
         "futility": 0.01,
         "estimate": "mmse",
+        "estimate_copies": 2,
     }
     records = {o.record for _, o in declared(CertifySettings) if o.record is not None}
     assert records == set(expected), "a recorded option without a test value"

@@ -137,7 +137,7 @@ def test_few_inputs_and_many_classes_take_forward_mode_or_the_sketch_by_measured
 
 
 def test_forward_mode_is_not_timed_where_its_start_up_would_cost_more_than_the_planning_share(monkeypatch):
-    monkeypatch.setattr(costs, "forward_mode_startup", lambda: 2.5)  # as in a process that never used it
+    monkeypatch.setattr(costs, "torch_func_startup", lambda: 2.5)  # as in a process that never used it
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(3, 6)
     plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)

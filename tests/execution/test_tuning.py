@@ -191,6 +191,7 @@ def test_a_call_too_small_to_repay_every_timing_gets_the_default_plan_and_times_
 
 def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatch):
     model, x = _mlp(12, 10, seed=0), torch.randn(8, 12)
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)  # torch.func already imported
     timed = _fake_timings(monkeypatch, 1e-5)
     plan = _plan(model, x, 10_000)
     assert len(timed) == 2  # loop and vmap (12 inputs, 10 classes: no forward mode)
@@ -201,7 +202,7 @@ def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatc
 
 def test_forward_mode_is_timed_only_where_its_start_up_fits_the_allowance(monkeypatch):
     model, x = _mlp(4, 10, seed=0), torch.randn(8, 4)  # 4 inputs < 10 classes: forward mode is a candidate
-    monkeypatch.setattr(_tuning, "forward_mode_startup", lambda: 2.5)  # as in a process that never used it
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 2.5)  # as in a process that never used it
     timed = _fake_timings(monkeypatch, 1e-3)
     # The default timed once (1 ms for 4 rows x 2 margins): 2,000 rows x 9 passes is ~2 s of
     # work, whose tenth cannot pay for 2.5 s of imports. The default, kept as the first timing only.
@@ -213,9 +214,41 @@ def test_forward_mode_is_timed_only_where_its_start_up_fits_the_allowance(monkey
     timed.clear()
     _tuning.forget(model)
     _tuning._FIRST_TIMINGS.pop(model, None)
-    monkeypatch.setattr(_tuning, "forward_mode_startup", lambda: 0.0)
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
     _plan(model, x, 2_000)
     assert len(timed) == 3  # loop, vmap and forward
+
+
+def test_vmap_is_timed_only_where_torch_funcs_start_up_fits_the_allowance(monkeypatch):
+    """torch.func's first call imports torch._dynamo (about 1.6 s here), vmap's as much as
+    forward mode's: a first call too small to repay it keeps the loop and times nothing more."""
+    model, x = _mlp(12, 10, seed=0), torch.randn(8, 12)  # 12 inputs > 10 classes: loop and vmap only
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 2.0)
+    timed = _fake_timings(monkeypatch, 1e-3)
+    plan = _plan(model, x, 2_000)
+    assert len(timed) == 1 and plan.strategy == "loop" and not _tuning.plan_cache._MEMORY.get(model)
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
+    _tuning._FIRST_TIMINGS.pop(model, None)
+    timed.clear()
+    _plan(model, x, 2_000)
+    assert len(timed) == 2  # loop and vmap
+
+
+def test_torch_func_start_up_is_what_a_fresh_process_pays_before_its_first_vmap():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from probust.execution.tuning import torch_func_startup\n"
+        "before = torch_func_startup()\n"
+        "m = torch.nn.Linear(3, 2)\n"
+        "out, pull = torch.func.vjp(m, torch.ones(1, 3))\n"
+        "torch.func.vmap(pull)(torch.eye(2).unsqueeze(1))\n"
+        "print(before > 0, torch_func_startup() == 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
 
 
 def test_the_forward_plan_times_both_formats_or_neither(monkeypatch):

@@ -32,7 +32,11 @@ class TensorDataset(Dataset):
     Attributes:
         details: what else is known about the source (e.g. a table's feature columns), recorded
             in a results folder's ``config.json`` ("data").
+        stored_dtype: the dtype the file stored the inputs in (e.g. "uint8": integer units, such
+            as 0..255 pixels, served as float32), or None when not read from a file.
     """
+
+    stored_dtype: str | None = None
 
     def __init__(
         self,
@@ -83,7 +87,7 @@ class TensorDataset(Dataset):
 
     def subset(self, indices: Sequence[int] | Tensor) -> TensorDataset:
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        return TensorDataset(
+        subset = TensorDataset(
             self._x[idx],
             self._y[idx],
             name=self.name,
@@ -94,6 +98,8 @@ class TensorDataset(Dataset):
             std=self.std,
             details=self.details,
         )
+        subset.stored_dtype = self.stored_dtype
+        return subset
 
     def __repr__(self) -> str:
         return (
@@ -220,6 +226,7 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
     except Exception as exc:  # unreadable, pickled objects, truncated
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise DataFormatError(f"{path}: cannot read it as a {suffix} file ({type(exc).__name__}: {text})") from None
+    stored = str(np.asarray(x_raw).dtype)
     x = check_inputs(np.asarray(x_raw), path, f"inputs {x_key!r}")
     if classes is not None:
         classes = [str(c) for c in np.asarray(classes).tolist()]
@@ -228,7 +235,7 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
         raise DataFormatError(f"{path}: {x.shape[0]} inputs but {y.shape[0]} labels")
     if x.shape[0] == 0:
         raise DataFormatError(f"{path}: holds no points")
-    return TensorDataset(
+    dataset = TensorDataset(
         torch.from_numpy(x),
         torch.from_numpy(y),
         name=path.name,
@@ -236,6 +243,8 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
         source=str(path.resolve()),
         details={"format": suffix[1:], "x_key": x_key, "y_key": y_key},
     )
+    dataset.stored_dtype = stored
+    return dataset
 
 
 def _keys(contents: Any, path: Path, x_key: str, y_key: str) -> tuple[Any, Any]:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from probust.execution import plan_cache
-from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, forward_mode_startup, sync, to_format
+from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, sync, to_format, torch_func_startup
 from probust.pullback import Pullback, features_and_logits
 
 
@@ -66,7 +66,7 @@ def unit_costs(
     if not math.isnan(costs.jvp):
         return costs
     spent = time.perf_counter() - started
-    if not forward_mode and spent + forward_mode_startup() + 4 * costs.forward > PLANNING_SHARE * work * costs.pull:
+    if not forward_mode and spent + torch_func_startup() + 4 * costs.forward > PLANNING_SHARE * work * costs.pull:
         return replace(costs, jvp=math.inf)
     costs = replace(costs, jvp=_jvp_cost(model, head, rows))
     plan_cache.store(model, cache_key, costs)

@@ -52,14 +52,16 @@ _DEFAULT_JACOBIAN_ROWS = 32
 _TRIAL_ROWS = 4  # rows of a timed Jacobian pass
 _CALIBRATION_CLASSES = 2  # class (or tangent) subset timed; cost is linear in it
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
-#: What torch.func's first forward-mode call in a process costs: it imports torch._dynamo
-#: (about 2.5 s on a 2-core CPU; reverse mode and vmap do not).
-FORWARD_MODE_IMPORT_SECONDS = 2.5
+#: What torch.func's first call in a process costs (vjp, vmap and jvp alike, torch 2.14): it
+#: imports torch._dynamo, about 1.6 s on this project's 2-core CPU (2.5 s was measured with
+#: forward mode's first jvp, which builds more); plain autograd does not.
+TORCH_FUNC_IMPORT_SECONDS = 2.0
 
 
-def forward_mode_startup() -> float:
-    """Seconds the next forward-mode call will spend on imports: 0 once torch._dynamo is loaded."""
-    return 0.0 if "torch._dynamo" in sys.modules else FORWARD_MODE_IMPORT_SECONDS
+def torch_func_startup() -> float:
+    """Seconds the next torch.func call (the "vmap" and "forward" strategies, vmapped pulls) will
+    spend on imports: 0 once torch._dynamo is loaded."""
+    return 0.0 if "torch._dynamo" in sys.modules else TORCH_FUNC_IMPORT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -467,7 +469,8 @@ def _measure_jacobian(
                 seconds = _first_timing(model, memo, functools.partial(_paired, timed, plan))[0]
                 allowance.estimate = per_row(plan, seconds) * total_rows
                 others = candidates[index + 1 :]
-                startup = forward_mode_startup() if any(s == "forward" for s, _ in others) else 0.0
+                # the first torch.func call imports its compiler stack: paid once per process
+                startup = torch_func_startup() if any(s in ("vmap", "forward") for s, _ in others) else 0.0
                 if not allowance.affords(len(others) * (1 + _TIMED_CALLS) * seconds + startup):
                     return planned(strategy, channels_last, default_rows), False
             else:

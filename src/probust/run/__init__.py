@@ -15,6 +15,7 @@ model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a fold
 the same folder, work-unit and torchrun machinery.
 """
 
+from probust.run.certify import CertifySettings, execute_certify, prepare_certify, read_certified, run_certify
 from probust.run.errors import ConfigError, ConfigMismatchError, TiedPredictionError
 from probust.run.indices import parse_indices
 from probust.run.methods import ADAPTIVE_METHODS, DEFAULT_METHODS, LINEARISED_MC_METHODS, P_FAIL_METHODS
@@ -35,6 +36,7 @@ __all__ = [
     "MMSE_SAMPLINGS",
     "P_FAIL_METHODS",
     "TARGETS",
+    "CertifySettings",
     "ConfigError",
     "ConfigMismatchError",
     "ResultStore",
@@ -45,12 +47,16 @@ __all__ = [
     "Task",
     "TiedPredictionError",
     "execute",
+    "execute_certify",
     "hash_state_dict",
     "is_results_folder",
     "parse_indices",
     "prepare",
+    "prepare_certify",
+    "read_certified",
     "read_config",
     "read_results",
     "read_results_config",
+    "run_certify",
     "run_estimate",
 ]

@@ -72,7 +72,7 @@ __all__ = [
 FORMAT = "probust.certify"
 #: The analytic methods whose radius estimate sigma * Phi^-1(p) may go beside the certificate.
 ESTIMATE_METHODS = ("taylor", "mmse")
-#: MMSE's noisy copies for ``--estimate mmse`` (``probust estimate``'s default ``--mmse-samples``).
+#: MMSE's default noisy copies for ``--estimate mmse`` (``probust estimate``'s default ``--mmse-samples``).
 MMSE_COPIES = 5
 #: The columns of ``certify_sigma<S>.tsv``, as Cohen et al.'s ``certify.py`` writes them.
 TSV_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
@@ -179,13 +179,22 @@ class CertifyOptions(SeedOptions):
     )
     estimate: str | None = option(
         None,
-        help="also an analytic radius ESTIMATE sigma * Phi^-1(p) from taylor or mmse (5 copies), beside the "
+        help="also an analytic radius ESTIMATE sigma * Phi^-1(p) from taylor or mmse (--estimate-copies), beside the "
         "certificate: no guarantee (columns p_estimate, radius_estimate, estimate_target)",
         default_help="none",
         choices={"none": None, "taylor": "taylor", "mmse": "mmse"},
         check=_estimate,
         record="estimate",
         implied=None,
+    )
+    estimate_copies: int = option(
+        MMSE_COPIES,
+        help="with --estimate mmse: the noisy copies N the MMSE estimate averages over",
+        metavar="N",
+        parse=int,
+        check=_count,
+        record="estimate_copies",
+        implied=MMSE_COPIES,
     )
 
 
@@ -293,7 +302,7 @@ class _CertifyUnits:
         )
         estimator = None
         if s.estimate is not None:
-            copies = MMSE_COPIES if s.estimate == "mmse" else 0
+            copies = s.estimate_copies if s.estimate == "mmse" else 0
             estimator = make_task_estimator(plan, Task(task.sigma, s.estimate, copies))
         return certifier, estimator
 
@@ -411,13 +420,17 @@ def prepare_certify(settings: CertifySettings, *, argv: Sequence[str] | None = N
     s = settings
 
     def grid(ds: Any, selected: np.ndarray) -> Grid:
-        # A Dataset's own items (the runner would cast them to float32 in their integer units).
+        # A Dataset's own items, or the dtype a tensor file stored (the runner would cast either to
+        # float32 in their integer units).
         x = torch.as_tensor(ds[int(selected[0])][0]) if len(selected) else None
-        if x is not None and not x.is_floating_point():
+        stored = getattr(ds, "stored_dtype", None)
+        integer = stored is not None and np.dtype(stored).kind in "biu"
+        if x is not None and (integer or not x.is_floating_point()):
+            where = f"stored as {stored} in {getattr(ds, 'source', None) or 'the file'}" if integer else f"{x.dtype}"
             raise ConfigError(
-                f"the inputs are {x.dtype}, not floating point: the noise N(0, sigma^2 I) is added to the tensors "
-                "the model receives and the radius is measured in their units; give float inputs (e.g. images "
-                "scaled to [0, 1])",
+                f"the inputs are {where}, not floating point: the noise N(0, sigma^2 I) is added to the tensors "
+                "the model receives and the radius is measured in their units (integer steps, e.g. 0..255); "
+                "give float inputs (e.g. images scaled to [0, 1])",
                 field="data",
             )
         return Grid(

@@ -409,7 +409,8 @@ def read_results(path: str | os.PathLike) -> Any:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a results file is damaged (unreadable, truncated, a page whose checksum
+        ValueError: ``path`` is another command's folder (``probust certify``'s: read it with
+            :func:`probust.run.read_certified`), or a results file is damaged (unreadable, truncated, a page whose checksum
             does not match, a column of another type, a row without its key); the message names
             it and says what to do (move it away and run the same command again, which
             computes its rows again). No file is skipped: the table is whole or refused.
@@ -419,7 +420,15 @@ def read_results(path: str | os.PathLike) -> Any:
         return to_frame(read_table_file(path, None))
     if not path.is_dir():
         raise FileNotFoundError(f"no results at {path}")
-    return ResultStore(path).read()
+    store = ResultStore(path)
+    config = store.read_config()
+    found = config.get("format") if isinstance(config, dict) else None
+    if found is not None and found != FORMAT:
+        raise ValueError(
+            f"{path} holds {found!r} results, not probust estimate's: read a probust certify folder with "
+            "probust.run.read_certified"
+        )
+    return store.read()
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
