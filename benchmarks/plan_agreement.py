@@ -20,6 +20,10 @@ and torch build prints the same table. Columns, per method and dtype, over all m
   between the reference plan (rows per pass 32, Jacobian "loop", contiguous format) and each
   other plan: rows per pass 1 / 7 / 128, Jacobian "vmap" / "forward", channels_last (CNNs),
   the gradient routes "direct" / "head" / "forward" (taylor, mmse).
+- routes: the routes "head" and "forward" against "direct", all three with pruning on (the
+  dropped boundaries are the same whichever route computes the kept ones).
+- pruning: |dp| between pruning on (route "direct") and the reference (the full sum at C = 10),
+  checked against the pruned estimate's cdf_error, which counts the dropped boundaries' mass.
 - threads: the same plan with torch.set_num_threads(T) (T = the machine's cores, a user's
   default) against one thread, and the batch-split check repeated at T threads.
 """
@@ -150,6 +154,20 @@ def splits(name, model, x, sigma, table, dtype, column, model_name, **plan) -> N
         table.add(name, dtype, column + ("1" if one_row else ""), *field_diffs(whole, parts), model_name)
 
 
+def prune_check(table: Table, name: str, dtype: str, model_name: str, full: Estimate, pruned: Estimate) -> None:
+    """Pruning against the full sum: |dp| must stay within the pruned estimate's cdf_error (which
+    counts the dropped boundaries' mass); the excess over it, if any, is printed."""
+    dp = (full.p.double() - pruned.p.double()).abs()
+    allowed = pruned.cdf_error.double() if pruned.cdf_error is not None else torch.zeros_like(dp)
+    excess = float((dp - allowed).max())
+    table.add(name, dtype, "pruning", bool(torch.equal(full.p, pruned.p)), {"p": float(dp.max())}, model_name)
+    PRUNING.append((model_name, name, dtype, float(dp.max()), float(allowed.max()), excess))
+
+
+#: (model, method, dtype, max |dp| pruned against full, max cdf_error, max excess of |dp| over it)
+PRUNING: list[tuple[str, str, str, float, float, float]] = []
+
+
 def plans(name: str, model: nn.Module, x: Tensor, sigma: float, quick: bool) -> list[dict]:
     spec = REGISTRY[name]
     out: list[dict] = [dict(batch_size=rows) for rows in ((7, 128) if quick else (1, 7, 128))]
@@ -183,12 +201,26 @@ def main() -> None:
                 torch.set_num_threads(1)
                 splits(name, model, x, sigma, table, dname, "split", model_name)
                 reference = call(name, model, x, sigma)
+                pruned = None
                 for plan in plans(name, model, x, sigma, args.quick):
                     key = ",".join(f"{k}={v}" for k, v in plan.items() if k != "prune")
                     try:
                         other = call(name, model, x, sigma, **plan)
                     except (ValueError, RuntimeError) as exc:
                         print(f"  {model_name} {name} {dname} {key}: not run ({str(exc)[:80]})")
+                        continue
+                    if plan.get("prune") == "on":
+                        # Pruning drops boundaries (their mass is in cdf_error): a route is compared
+                        # with the direct route under the same pruning, and pruning with the full sum.
+                        if pruned is None:
+                            pruned = call(name, model, x, sigma, route="direct", prune="on")
+                            prune_check(table, name, dname, model_name, reference, pruned)
+                        same, d = field_diffs(pruned, other)
+                        table.add(name, dname, "routes", same, d, model_name)
+                        if d.get("p", 0) > 1e-7 or z_like(d) > 1e-6:
+                            print(
+                                f"  {model_name} {name} {dname} {key} (pruned): p {d.get('p', 0):.2e} z {z_like(d):.2e}"
+                            )
                         continue
                     same, d = field_diffs(reference, other)
                     table.add(name, dname, "plans", same, d, model_name)
@@ -198,9 +230,17 @@ def main() -> None:
                 table.add(name, dname, "threads", *field_diffs(reference, call(name, model, x, sigma)), model_name)
                 splits(name, model, x, sigma, table, dname, f"split@{cores}", model_name)
                 torch.set_num_threads(1)
-    columns = ["split", "split1", "plans", "threads", f"split@{cores}", f"split@{cores}1"]
+    columns = ["split", "split1", "plans", "routes", "threads", f"split@{cores}", f"split@{cores}1", "pruning"]
     print()
     table.show(columns)
+    if PRUNING:
+        worst = max(PRUNING, key=lambda r: r[5])
+        print(
+            f"\npruning: |p(prune on) - p(prune off)| at most {max(r[3] for r in PRUNING):.1e}; the pruned "
+            f"estimate's cdf_error at most {max(r[4] for r in PRUNING):.1e}; |dp| - cdf_error at most "
+            f"{worst[5]:.1e} ({worst[0]} {worst[1]} {worst[2]}): "
+            + ("within the stated error everywhere" if worst[5] <= 0 else "BEYOND the stated error")
+        )
     print("\n==: every field bitwise equal; otherwise the largest |dp| and |dz| (margins where no z).")
     _ = probust  # the package under test (PYTHONPATH=src)
 
