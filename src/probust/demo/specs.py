@@ -8,6 +8,7 @@ folder made by them is still recognised.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -90,14 +91,7 @@ class CertifyRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON-ready data."""
-        return {
-            "indices": self.indices,
-            "sigma": self.sigma,
-            "n0": self.n0,
-            "n": self.n,
-            "alpha": self.alpha,
-            "estimate": self.estimate,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -133,7 +127,6 @@ class ModelSpec:
         cost: relative run time of training and scoring (the longest jobs start first; the
             models certified are the main CNN and the robust-loss CNNs, the longest already).
         certify: what to certify by randomized smoothing, or None.
-        certified: the certify folder (a sibling of ``results``; written only with ``certify``).
     """
 
     name: str
@@ -146,7 +139,12 @@ class ModelSpec:
     requests: tuple[ScoreRequest, ...]
     cost: float
     certify: CertifyRequest | None = None
-    certified: Path | None = None
+
+    @property
+    def certified(self) -> Path | None:
+        """The certify folder, a sibling of ``results`` (a folder search stops at a results
+        folder), or None when nothing is certified."""
+        return None if self.certify is None else self.results.with_name(f"{self.name}-certify")
 
 
 def _slug(value: float) -> str:
@@ -194,7 +192,6 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
             requests=tuple(requests),
             cost=cost,
             certify=certify_request if certify else None,
-            certified=out / "results" / f"{name}-certify" if certify and certify_request else None,
         )
 
     def main(methods: tuple[str, ...]) -> ScoreRequest:
@@ -238,6 +235,12 @@ def model_specs(cfg: DemoConfig, out: Path) -> list[ModelSpec]:
     return specs
 
 
+def _clipped(indices: str, n_test: int) -> str:
+    """ "first-last" with last clipped to the test set's last index."""
+    first, last = (int(v) for v in indices.split("-"))
+    return f"{first}-{min(last, n_test - 1)}"
+
+
 def grid_key(cfg: DemoConfig, spec: ModelSpec, model_sha: str, n_test: int) -> dict[str, Any]:
     """The key of a results folder's grid, as written to its :data:`GRID_FILE` (JSON-ready).
 
@@ -249,8 +252,7 @@ def grid_key(cfg: DemoConfig, spec: ModelSpec, model_sha: str, n_test: int) -> d
     """
     requests = []
     for r in (req.to_dict() for req in spec.requests):
-        first, last = (int(v) for v in r["indices"].split("-"))
-        r["indices"] = f"{first}-{min(last, n_test - 1)}"
+        r["indices"] = _clipped(r["indices"], n_test)
         requests.append(r)
     return {"model_sha256": model_sha, "seed": cfg.seed, "data": cfg.data, "requests": requests}
 
@@ -258,7 +260,5 @@ def grid_key(cfg: DemoConfig, spec: ModelSpec, model_sha: str, n_test: int) -> d
 def certify_key(cfg: DemoConfig, request: CertifyRequest, model_sha: str, n_test: int) -> dict[str, Any]:
     """The key of a certify folder, as written to its :data:`GRID_FILE` (JSON-ready); a later
     demo with the same key resumes the folder, any other key recomputes it."""
-    r = request.to_dict()
-    first, last = (int(v) for v in r["indices"].split("-"))
-    r["indices"] = f"{first}-{min(last, n_test - 1)}"
+    r = request.to_dict() | {"indices": _clipped(request.indices, n_test)}
     return {"model_sha256": model_sha, "seed": cfg.seed, "data": cfg.data, "certify": r}

@@ -30,6 +30,17 @@ def _written_by_this_version(results: Path) -> bool:
     return all(v == __version__ for v in (config.probust_version, *(h.probust_version for h in config.history)))
 
 
+def _claim(folder: Path, key: dict[str, Any]) -> bool:
+    """Whether ``folder`` holds the work of ``key`` (its :data:`GRID_FILE`), written by this
+    version; if not, ``key`` is written first, so that an interrupted demo resumes the same work."""
+    key_file = folder / GRID_FILE
+    same = key_file.is_file() and json.loads(key_file.read_text()) == key and _written_by_this_version(folder)
+    if not same:
+        folder.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(json.dumps(key, indent=1) + "\n")
+    return same
+
+
 def _certify(
     cfg: DemoConfig, request: CertifyRequest, checkpoint: Path, folder: Path, model_sha: str, n_test: int
 ) -> bool:
@@ -38,11 +49,7 @@ def _certify(
     from probust.run.certify import CertifySettings, run_certify
 
     key = certify_key(cfg, request, model_sha, n_test)
-    key_file = folder / GRID_FILE
-    same = key_file.is_file() and json.loads(key_file.read_text()) == key and _written_by_this_version(folder)
-    if not same:
-        folder.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(json.dumps(key, indent=1) + "\n")
+    same = _claim(folder, key)
     first, last = (int(v) for v in key["certify"]["indices"].split("-"))
     summary = run_certify(
         CertifySettings(
@@ -128,11 +135,7 @@ def run_model(cfg: DemoConfig, spec: ModelSpec, threads: int, say: Callable[[str
     results = spec.results
     model_sha = sha256_file(ckpt)
     grid = grid_key(cfg, spec, model_sha, len(test_ds))
-    grid_file = results / GRID_FILE
-    same = grid_file.is_file() and json.loads(grid_file.read_text()) == grid and _written_by_this_version(results)
-    if not same:  # written first, so that an interrupted demo resumes the same grid
-        results.mkdir(parents=True, exist_ok=True)
-        grid_file.write_text(json.dumps(grid, indent=1) + "\n")
+    same = _claim(results, grid)
     t1 = time.perf_counter()
     for k, req in enumerate(grid["requests"]):
         with warnings.catch_warnings():
