@@ -36,8 +36,6 @@ class TensorDataset(Dataset):
             as 0..255 pixels, served as float32), or None when not read from a file.
     """
 
-    stored_dtype: str | None = None
-
     def __init__(
         self,
         x: Tensor,
@@ -50,6 +48,7 @@ class TensorDataset(Dataset):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         details: dict[str, Any] | None = None,
+        stored_dtype: str | None = None,
     ) -> None:
         if x.ndim < 2 or y.shape != (x.shape[0],):
             raise ValueError(f"x must be [N, ...] and y [N], got {tuple(x.shape)} and {tuple(y.shape)}")
@@ -62,6 +61,7 @@ class TensorDataset(Dataset):
         self.mean = tuple(mean) if mean is not None else (0.0,) * x.shape[1]
         self.std = tuple(std) if std is not None else (1.0,) * x.shape[1]
         self.details = dict(details or {})
+        self.stored_dtype = stored_dtype
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -87,7 +87,7 @@ class TensorDataset(Dataset):
 
     def subset(self, indices: Sequence[int] | Tensor) -> TensorDataset:
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        subset = TensorDataset(
+        return TensorDataset(
             self._x[idx],
             self._y[idx],
             name=self.name,
@@ -97,9 +97,8 @@ class TensorDataset(Dataset):
             mean=self.mean,
             std=self.std,
             details=self.details,
+            stored_dtype=self.stored_dtype,
         )
-        subset.stored_dtype = self.stored_dtype
-        return subset
 
     def __repr__(self) -> str:
         return (
@@ -235,16 +234,15 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
         raise DataFormatError(f"{path}: {x.shape[0]} inputs but {y.shape[0]} labels")
     if x.shape[0] == 0:
         raise DataFormatError(f"{path}: holds no points")
-    dataset = TensorDataset(
+    return TensorDataset(
         torch.from_numpy(x),
         torch.from_numpy(y),
         name=path.name,
         classes=names,
         source=str(path.resolve()),
         details={"format": suffix[1:], "x_key": x_key, "y_key": y_key},
+        stored_dtype=stored,
     )
-    dataset.stored_dtype = stored
-    return dataset
 
 
 def _keys(contents: Any, path: Path, x_key: str, y_key: str) -> tuple[Any, Any]:
