@@ -101,3 +101,23 @@ def test_every_stream_has_its_own_keys():
     index = torch.arange(50)
     keys = torch.stack([_rng.point_keys(0, index, stream) for stream in streams.values()])
     assert keys.flatten().unique().numel() == keys.numel()
+
+
+def test_buffers_kept_between_calls_serve_calls_in_and_out_of_inference_mode():
+    keys = _rng.point_keys(3, torch.arange(4), _rng.STREAM_MC)
+    reference = _rng.normal(keys, 7, 50, 301)
+    with torch.inference_mode():  # the kept buffers and counter tables are made here first
+        _rng._THREAD.__dict__.clear()
+        inside = _rng.normal(keys, 7, 50, 301)
+    outside = _rng.normal(keys, 7, 50, 301)  # and written to here, outside inference mode
+    assert torch.equal(inside, reference) and torch.equal(outside, reference)
+
+
+def test_threads_drawing_at_once_get_the_numbers_of_one_thread():
+    import concurrent.futures
+
+    keys = [_rng.point_keys(seed, torch.arange(3), _rng.STREAM_MC) for seed in range(8)]
+    serial = [_rng.normal(k, 5 * i, 200, 600) for i, k in enumerate(keys)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(lambda ik: _rng.normal(ik[1], 5 * ik[0], 200, 600), enumerate(keys)))
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel, strict=True))

@@ -10,6 +10,7 @@ device, in any chunking, so estimates are reproducible value for value.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import Tensor
@@ -73,13 +74,51 @@ _CHUNK_WORDS = 1 << 17
 _LOW32 = 0xFFFFFFFF
 
 
-def _counters(start: int, n: int, width: int, device: torch.device) -> Tensor:
-    """(counter + 1) * golden for samples [start, start + n) x words [0, width): int64 [n, width]."""
-    counter = (
-        torch.arange(start, start + n, device=device, dtype=torch.int64)[:, None] * width
-        + torch.arange(width, device=device, dtype=torch.int64)[None, :]
-    )
-    return (counter + 1) * _GOLDEN
+def _counters(n: int, width: int, device: torch.device) -> Tensor:
+    """(counter + 1) * golden for samples [0, n) x words [0, width): int64 [n, width].
+
+    Kept per thread for the last few shapes (a call's passes repeat one shape): computing it is
+    a tenth of a cheap model's Monte Carlo pass. Read-only: callers add to it out of place.
+    """
+    cache: dict[tuple[int, int, torch.device], Tensor] = _local_dict("counters")
+    key = (n, width, device)
+    counters = cache.get(key)
+    if counters is None:
+        # Not an inference tensor even when made under inference_mode: kept across calls.
+        with torch.inference_mode(False):
+            counter = (
+                torch.arange(n, device=device, dtype=torch.int64)[:, None] * width
+                + torch.arange(width, device=device, dtype=torch.int64)[None, :]
+            )
+            counters = (counter + 1) * _GOLDEN
+        if n * width <= _CACHED_COUNTER_WORDS:
+            if len(cache) >= _CACHED_COUNTER_SHAPES:
+                cache.clear()
+            cache[key] = counters
+    return counters
+
+
+def _start_offset(start: int, width: int) -> int:
+    """What sample ``start`` adds to every counter of :func:`_counters`, modulo 2**64.
+
+    ``(c + 1) * golden`` for counter ``c = (start + s) * width + w`` is the counter of sample
+    ``s`` plus ``start * width * golden`` (wrapping arithmetic), so one table serves every start.
+    """
+    return _s64(start * width * 0x9E3779B97F4A7C15)
+
+
+_CACHED_COUNTER_WORDS = 1 << 22  # 32 MB per table at most
+_CACHED_COUNTER_SHAPES = 4
+_THREAD = threading.local()
+
+
+def _local_dict(name: str) -> dict:
+    """A dict private to the calling thread (estimators may run in several threads at once)."""
+    found = getattr(_THREAD, name, None)
+    if found is None:
+        found = {}
+        setattr(_THREAD, name, found)
+    return found
 
 
 def _mix_(x: Tensor, tmp: Tensor) -> Tensor:
@@ -114,17 +153,19 @@ def _hashed(keys: Tensor, start: int, n: int, width: int):
     in block, width], identical to ``_mix(keys + (counter + 1) * golden)``; ``scratch`` is an
     int64 buffer of the same shape. Both are reused between blocks: consume them first.
     """
-    ctr = _counters(start, n, width, keys.device)
-    buffers = _Scratch(keys.device)
+    ctr = _counters(n, width, keys.device)
+    shifted = keys + _start_offset(start, width)
+    buffers = _scratch("bits", keys.device)
     for points, samples in _blocks(keys.shape[0], n, width):
         shape = (points.stop - points.start, samples.stop - samples.start, width)
         h, tmp = buffers.get(shape, torch.int64, 2)
-        torch.add(ctr[None, samples], keys[points, None, None], out=h)
+        torch.add(ctr[None, samples], shifted[points, None, None], out=h)
         yield points, samples, _mix_(h, tmp), tmp
 
 
 class _Scratch:
-    """Buffers reused across blocks (allocating per block would fault fresh pages every time)."""
+    """Buffers reused across blocks and calls (allocating per block or per pass would fault
+    fresh pages every time)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -134,9 +175,24 @@ class _Scratch:
         size = math.prod(shape)
         flat = self.flat.get(dtype)
         if flat is None or len(flat) < count or flat[0].numel() < size:
-            flat = [torch.empty(size, dtype=dtype, device=self.device) for _ in range(count)]
+            # Normal tensors even under inference_mode: calls outside it write to them too.
+            with torch.inference_mode(False):
+                flat = [torch.empty(size, dtype=dtype, device=self.device) for _ in range(count)]
             self.flat[dtype] = flat
         return [buffer[:size].view(shape) for buffer in flat[:count]]
+
+
+def _scratch(purpose: str, device: torch.device) -> _Scratch:
+    """The calling thread's buffers for one purpose on one device, kept between calls.
+
+    Two purposes, "bits" (the hash's words) and "floats" (their conversion), because a block's
+    hash buffers are still in use while its floats are made.
+    """
+    store: dict[tuple[str, torch.device], _Scratch] = _local_dict("scratch")
+    found = store.get((purpose, device))
+    if found is None:
+        found = store[(purpose, device)] = _Scratch(device)
+    return found
 
 
 def _bits(keys: Tensor, start: int, n: int, width: int) -> Tensor:
@@ -147,12 +203,28 @@ def _bits(keys: Tensor, start: int, n: int, width: int) -> Tensor:
     return out
 
 
-def _unit(bits: Tensor, out: Tensor) -> Tensor:
-    """(bits + 0.5) * 2**-32 for 32-bit integers held in int64: a uniform in (0, 1), in ``out``'s dtype."""
-    out.copy_(bits)
-    out += 0.5
-    out *= 2.0**-32
+def _unit(bits: Tensor, out: Tensor, scale: float = 2.0**-32) -> Tensor:
+    """(bits + 0.5) * scale for 32-bit integers held in int64, in ``out``'s dtype.
+
+    With the default scale a uniform in (0, 1). ``scale`` may fold a later multiplication by c
+    in: ``scale = c * 2**-32`` gives the same floats as multiplying by 2**-32 and then by c,
+    because scaling by a power of two is exact (c must be representable in ``out``'s dtype).
+    """
+    if out.dtype == torch.float32:
+        # One pass: int64 + python float computes in float32 (round the integer, then add 0.5
+        # with rounding), exactly what copying into float32 and adding 0.5 does.
+        torch.add(bits, 0.5, out=out)
+    else:  # float64 and others: such an add would compute in float32, so convert first
+        out.copy_(bits)
+        out += 0.5
+    out *= scale
     return out
+
+
+# 2 pi as a float32, times 2**-32 (exact): Box-Muller's angle in one multiplication.
+_ANGLE_SCALE = {
+    dtype: float(torch.tensor(2.0 * math.pi, dtype=dtype)) * 2.0**-32 for dtype in (torch.float32, torch.float64)
+}
 
 
 def uniform(keys: Tensor, start: int, n: int, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -160,7 +232,7 @@ def uniform(keys: Tensor, start: int, n: int, dim: int, dtype: torch.dtype = tor
     pairs = (dim + 1) // 2
     # Two 32-bit uniforms per 64-bit word, made in float64 (exact), then cast.
     out = torch.empty(keys.shape[0], n, 2 * pairs, dtype=dtype, device=keys.device)
-    floats = _Scratch(keys.device)
+    floats = _scratch("floats", keys.device)
     for points, samples, h, scratch in _hashed(keys, start, n, pairs):
         (unit,) = floats.get(h.shape, torch.float64, 1)
         block = out[points, samples]
@@ -179,14 +251,17 @@ def normal(keys: Tensor, start: int, n: int, dim: int, dtype: torch.dtype = torc
     """
     pairs = (dim + 1) // 2
     out = torch.empty(keys.shape[0], n, 2 * pairs, dtype=dtype, device=keys.device)
-    floats = _Scratch(keys.device)
+    floats = _scratch("floats", keys.device)
     for points, samples, h, scratch in _hashed(keys, start, n, pairs):
         radius, angle = floats.get(h.shape, dtype, 2)
         torch.bitwise_right_shift(h, 32, out=scratch)
         scratch &= _LOW32
         _unit(scratch, radius).log_().mul_(-2.0).sqrt_()
         torch.bitwise_and(h, _LOW32, out=scratch)
-        _unit(scratch, angle).mul_(2.0 * math.pi)
+        if dtype in _ANGLE_SCALE:
+            _unit(scratch, angle, _ANGLE_SCALE[dtype])
+        else:
+            _unit(scratch, angle).mul_(2.0 * math.pi)
         block = out[points, samples]
         torch.cos(angle, out=block[..., :pairs]).mul_(radius)
         torch.sin(angle, out=block[..., pairs:]).mul_(radius)

@@ -121,10 +121,12 @@ class Gaussian(Noise):
         if self._chol is not None:  # set with cov
             z = z @ self._chol.to(z.device).T
         z = z.view(keys.shape[0], n, *shape)
+        # In place: z is this call's own tensor, and a second [B, n, *shape] buffer costs a
+        # cheap model's Monte Carlo pass as much as its forward pass.
         if self.std is not None:
-            return z * self.std.to(z.device)
+            return z.mul_(self.std.to(z.device))
         if self.sigma is not None:
-            return z * self.sigma
+            return z.mul_(self.sigma)
         return z
 
     def quadratic_form(self, u: Tensor) -> Tensor:
