@@ -165,3 +165,29 @@ def test_measured_pass_costs_are_kept_per_model(monkeypatch):
     second = costs.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
     assert measured > 0 and len(calls) == measured and first == second
     assert first.forward > 0 and first.pull > 0 and 0 < first.jvp < float("inf")
+
+
+@pytest.mark.parametrize(("jvp_in_pulls", "sketched"), [(2.5, True), (3.2, False)])
+def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_best_route(
+    monkeypatch, jvp_in_pulls, sketched
+):
+    # 400 inputs and 500 classes with no linear head: the direct route (499 pullbacks) is the
+    # only exact one, and a flat random map defeats the spectral screening (it keeps all). The
+    # sketch (32 probes) then runs where its probes and the spectral ones together cost at most
+    # SCREENING_SHARE of 499: 8 + 32 * 2.5 = 88 <= 99.8 (though 80 is over RHO alone); 8 + 32 *
+    # 3.2 = 110 is not. resnet50 at 224 x 224 sits in the first case (8 + 107 of 999).
+    import torch._dynamo  # noqa: F401 - forward mode's start-up paid, as in a process that used it
+
+    fixed = costs.UnitCosts(forward=1e-3, pull=1e-3, jvp=1e-3 * jvp_in_pulls)
+    monkeypatch.setattr(costs, "unit_costs", lambda *a, **k: fixed)
+    monkeypatch.setattr(routes, "unit_costs", lambda *a, **k: fixed)
+    model = Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())
+    x = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
+    calls = []
+    original = routes._sketch
+    monkeypatch.setattr(routes, "_sketch", lambda *a, **k: calls.append(1) or original(*a, **k))
+    r = probust.Taylor(model, 0.05, jacobian="loop")(x)
+    assert bool(calls) == sketched
+    assert routes.SPECTRAL_PROBES + pruning.PROBES * 2.5 <= routes.SCREENING_SHARE * 499 < pruning.PROBES * 3.2 + 8
+    full = probust.Taylor(model, 0.05, prune="off", jacobian="loop")(x)
+    assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()

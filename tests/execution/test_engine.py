@@ -171,3 +171,19 @@ def test_the_linearisation_of_monte_carlo_variants_runs_by_the_outer_execution()
     )
     assert outer.linear.execution == Execution(batch_size=5, memory_budget="1GB", jacobian="loop", class_chunk_size=2)
     assert outer.execution.batch_size is None  # the noisy copies' rows stay measured
+
+
+def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
+    from probust.execution import engine
+    from probust.execution.budget import row_cost
+    from probust.execution.tuning import JacobianPlan
+
+    model = build("cnn", num_classes=10).eval()
+    x = torch.rand(4, 1, 28, 28)
+    one_row = JacobianPlan("loop", 1, None, False)
+    assert Execution().forward_mode_rows(model, x, one_row) == engine.FORWARD_MODE_ROWS
+    wide = JacobianPlan("loop", 64, None, False)
+    assert Execution().forward_mode_rows(model, x, wide) == 64  # never fewer than the reverse-mode plan's
+    assert Execution(batch_size=3).forward_mode_rows(model, x, one_row) == 3  # the user's bound holds
+    three_rows = 3 * 2 * row_cost(model, x).inference
+    assert Execution(memory_budget=three_rows).forward_mode_rows(model, x, one_row) == 3  # as many as fit

@@ -230,7 +230,7 @@ class Linearised(Estimator):
         # are weighed against reverse mode by the model's measured pass costs.
         wants_costs = (
             self.route in ("forward", "sketch")
-            or (self.route == "auto" and prune and classes - 1 >= pruning.PROBES / routes.RHO)
+            or (self.route == "auto" and prune and classes - 1 >= pruning.PROBES / routes.SCREENING_SHARE)
             or (self.route == "auto" and inputs < classes - 1)
         )
         if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or wants_costs):
@@ -259,6 +259,7 @@ class Linearised(Estimator):
             prune=prune,
             costs=costs,
             route=self.route,
+            probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
         )
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
