@@ -121,3 +121,25 @@ def test_threads_drawing_at_once_get_the_numbers_of_one_thread():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         parallel = list(pool.map(lambda ik: _rng.normal(ik[1], 5 * ik[0], 200, 600), enumerate(keys)))
     assert all(torch.equal(a, b) for a, b in zip(serial, parallel, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_is_bitwise_the_step_by_step_box_muller_of_the_bits(dtype):
+    # The fused conversions (int64 + 0.5 in one pass, 2 pi * 2**-32 in one multiplication) must
+    # give exactly the floats of converting, adding 0.5, scaling by 2**-32 and then by 2 pi.
+    keys = _rng.point_keys(11, torch.arange(3), _rng.STREAM_MC)
+    pairs = 300
+    h = _rng._bits(keys, 40, 70, pairs)
+    high, low = (h >> 32) & 0xFFFFFFFF, h & 0xFFFFFFFF
+
+    def unit(bits):
+        out = torch.empty(bits.shape, dtype=dtype)
+        out.copy_(bits)
+        out += 0.5
+        out *= 2.0**-32
+        return out
+
+    radius = unit(high).log_().mul_(-2.0).sqrt_()
+    angle = unit(low).mul_(2.0 * math.pi)
+    expected = torch.cat([torch.cos(angle) * radius, torch.sin(angle) * radius], dim=-1)
+    assert torch.equal(_rng.normal(keys, 40, 70, 2 * pairs, dtype=dtype), expected)
