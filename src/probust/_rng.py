@@ -107,8 +107,10 @@ def _start_offset(start: int, width: int) -> int:
     return _s64(start * width * 0x9E3779B97F4A7C15)
 
 
-_CACHED_COUNTER_WORDS = 1 << 22  # 32 MB per table at most
-_CACHED_COUNTER_SHAPES = 4
+# What the kept tables may hold per thread: 2 tables of at most 16 MB (a pass of 500
+# rows of 784 coordinates needs 1.6 MB; larger ones are recomputed per call, as before).
+_CACHED_COUNTER_WORDS = 1 << 21
+_CACHED_COUNTER_SHAPES = 2
 _THREAD = threading.local()
 
 
