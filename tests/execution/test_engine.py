@@ -187,3 +187,19 @@ def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
     assert Execution(batch_size=3).forward_mode_rows(model, x, one_row) == 3  # the user's bound holds
     three_rows = 3 * 2 * row_cost(model, x).inference
     assert Execution(memory_budget=three_rows).forward_mode_rows(model, x, one_row) == 3  # as many as fit
+
+
+def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
+    # A forward-mode plan's rows are sized for a tangent per input coordinate (often 1): the
+    # routes' pullbacks (and the points linearised together) would then go one point at a time.
+    from probust.execution import engine
+    from probust.execution.tuning import JacobianPlan
+
+    model = linear_model(784, 1000, seed=0)
+    x = torch.rand(4, 784)
+    forward = JacobianPlan("forward", 1, 600, False)
+    assert Execution().pull_rows(model, x, forward) == engine.DEFAULT_JACOBIAN_ROWS
+    user_rows = JacobianPlan("forward", 2, 600, False)  # what batch_size=2 makes the plan
+    assert Execution(batch_size=2).pull_rows(model, x, user_rows) == 2  # the user's bound holds
+    loop = JacobianPlan("loop", 5, None, False)
+    assert Execution().pull_rows(model, x, loop) == 5  # a reverse-mode plan's own rows

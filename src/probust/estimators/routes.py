@@ -87,6 +87,8 @@ class Context:
         costs: the model's :class:`UnitCosts`, or None where no route choice needs them.
         route: one of :data:`ROUTE_CHOICES`: "auto", or the route forced on every point.
         probe_rows: rows per forward-mode pass of the sketch (0: the plan's rows).
+        pull_rows: rows per pass of pullbacks, and so the points linearised together (0: the
+            plan's rows).
     """
 
     model: nn.Module
@@ -99,6 +101,7 @@ class Context:
     costs: UnitCosts | None
     route: str = "auto"
     probe_rows: int = 0
+    pull_rows: int = 0
 
 
 class Routed(NamedTuple):
@@ -150,7 +153,7 @@ def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tens
         indices: int64 [P], the points' data-set indices (probes' random streams).
     """
     points, n = copies.shape[:2]
-    per_pass = max(1, ctx.plan.rows // n)
+    per_pass = max(1, (ctx.pull_rows or ctx.plan.rows) // n)
     parts = [
         _linearise_group(
             ctx,
@@ -190,7 +193,8 @@ class _Rows:
         self.points, self.n = copies.shape[:2]
         self.rows = copies.reshape(self.points * self.n, *copies.shape[2:])
         self.row_point = torch.arange(self.points, device=copies.device).repeat_interleave(self.n)
-        self.blocks = [slice(i, i + ctx.plan.rows) for i in range(0, len(self.rows), ctx.plan.rows)]
+        rows = ctx.pull_rows or ctx.plan.rows
+        self.blocks = [slice(i, i + rows) for i in range(0, len(self.rows), rows)]
         self._kept: Pullback | None = None
         if len(self.blocks) == 1:
             self._kept = self._pullback(self.blocks[0])

@@ -33,9 +33,11 @@ from probust.errors import OptionError, Setting
 from probust.execution import costs as _costs
 from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
+    DEFAULT_JACOBIAN_ROWS,
     JACOBIANS,
     ForwardPlan,
     JacobianPlan,
+    jacobian_row_bytes,
     plan_forward,
     plan_jacobian,
     weights_in_format,
@@ -221,6 +223,17 @@ class Execution:
             return self.batch_size
         fits = rows_within(self.budget(x), 2 * row_cost(model, x).inference, what="a forward-mode pass")
         return max(plan.rows, min(FORWARD_MODE_ROWS, fits))
+
+    def pull_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
+        """Rows per pass of reverse-mode pullbacks (the routes' screenings and exact gradients):
+        the plan's rows; for a forward-mode plan, whose rows are sized for a tangent per input
+        coordinate, the rows a reverse-mode pass of the default size holds within the budget."""
+        if plan.strategy != "forward" or self.batch_size is not None:
+            return plan.rows
+        cost = row_cost(model, x)
+        per_row = jacobian_row_bytes(cost, "loop", cost.classes, None)
+        fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
+        return max(plan.rows, min(DEFAULT_JACOBIAN_ROWS, fits))
 
     def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
         """Points linearised together: their margin gradients (about four [C, *S] copies: the

@@ -48,7 +48,7 @@ PLANNING_SHARE = 0.1
 _MAX_FORWARD_ROWS = 4096
 _MAX_JACOBIAN_ROWS = 256
 _FIRST_FORWARD_ROWS = 64  # the forward ladder's first (and default) rows per pass
-_DEFAULT_JACOBIAN_ROWS = 32
+DEFAULT_JACOBIAN_ROWS = 32
 _TRIAL_ROWS = 4  # rows of a timed Jacobian pass
 _CALIBRATION_CLASSES = 2  # class (or tangent) subset timed; cost is linear in it
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
@@ -374,7 +374,7 @@ def plan_jacobian(
         return JacobianPlan(name, min(rows_wanted, cap), chunk, False)
 
     if len(strategies) == 1 and len(formats) == 1:
-        base = fitted(strategies[0], rows if rows is not None else min(total_rows, _DEFAULT_JACOBIAN_ROWS))
+        base = fitted(strategies[0], rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS))
         return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
     key = (
         "jacobian",
@@ -435,7 +435,7 @@ def _measure_jacobian(
     margins = min(classes - 1, _CALIBRATION_CLASSES)
     trial_rows = rows if rows is not None else min(_TRIAL_ROWS, total_rows)
     candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
-    default_rows = rows if rows is not None else min(total_rows, _DEFAULT_JACOBIAN_ROWS)
+    default_rows = rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS)
 
     def planned(strategy: str, channels_last: bool, rows_wanted: int) -> JacobianPlan:
         base = fitted(strategy, rows_wanted)
