@@ -103,6 +103,16 @@ class Context:
     probe_rows: int = 0
     pull_rows: int = 0
 
+    @property
+    def rows_per_pull(self) -> int:
+        """Rows per pass of pullbacks: :attr:`pull_rows`, or the plan's."""
+        return self.pull_rows or self.plan.rows
+
+    @property
+    def rows_per_probe(self) -> int:
+        """Rows per forward-mode pass of the sketch: :attr:`probe_rows`, or the plan's."""
+        return self.probe_rows or self.plan.rows
+
 
 class Routed(NamedTuple):
     """The linearisation of a chunk of points by :func:`linearise`.
@@ -153,7 +163,7 @@ def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tens
         indices: int64 [P], the points' data-set indices (probes' random streams).
     """
     points, n = copies.shape[:2]
-    per_pass = max(1, (ctx.pull_rows or ctx.plan.rows) // n)
+    per_pass = max(1, ctx.rows_per_pull // n)
     parts = [
         _linearise_group(
             ctx,
@@ -193,7 +203,7 @@ class _Rows:
         self.points, self.n = copies.shape[:2]
         self.rows = copies.reshape(self.points * self.n, *copies.shape[2:])
         self.row_point = torch.arange(self.points, device=copies.device).repeat_interleave(self.n)
-        rows = ctx.pull_rows or ctx.plan.rows
+        rows = ctx.rows_per_pull
         self.blocks = [slice(i, i + rows) for i in range(0, len(self.rows), rows)]
         self._kept: Pullback | None = None
         if len(self.blocks) == 1:
@@ -553,7 +563,7 @@ def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, c: Te
     """The forward-mode sketch's lower bounds on z [P', C] (:func:`pruning.sketch_z_lower`)."""
     keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
     probes = ctx.noise.sample(keys, 0, pruning.PROBES, copies.shape[2:]).to(copies.device)
-    rows = ctx.probe_rows or ctx.plan.rows
+    rows = ctx.rows_per_probe
     _, derivatives = margin_sketch(
         ctx.model,
         copies,
