@@ -85,10 +85,11 @@ class Context:
         prune: whether boundaries may be dropped (mvn-cdf under Gaussian noise); otherwise every
             boundary's gradient is computed, by the cheapest exact route.
         costs: the model's :class:`UnitCosts`, or None where no route choice needs them.
+        probe_rows: rows per forward-mode pass of the sketch
+            (:meth:`probust.execution.Execution.forward_mode_rows`).
+        pull_rows: rows per pass of pullbacks, and so the points linearised together
+            (:meth:`probust.execution.Execution.pull_rows`).
         route: one of :data:`ROUTE_CHOICES`: "auto", or the route forced on every point.
-        probe_rows: rows per forward-mode pass of the sketch (0: the plan's rows).
-        pull_rows: rows per pass of pullbacks, and so the points linearised together (0: the
-            plan's rows).
     """
 
     model: nn.Module
@@ -99,19 +100,9 @@ class Context:
     seed: int
     prune: bool
     costs: UnitCosts | None
+    probe_rows: int
+    pull_rows: int
     route: str = "auto"
-    probe_rows: int = 0
-    pull_rows: int = 0
-
-    @property
-    def rows_per_pull(self) -> int:
-        """Rows per pass of pullbacks: :attr:`pull_rows`, or the plan's."""
-        return self.pull_rows or self.plan.rows
-
-    @property
-    def rows_per_probe(self) -> int:
-        """Rows per forward-mode pass of the sketch: :attr:`probe_rows`, or the plan's."""
-        return self.probe_rows or self.plan.rows
 
 
 class Routed(NamedTuple):
@@ -163,7 +154,7 @@ def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tens
         indices: int64 [P], the points' data-set indices (probes' random streams).
     """
     points, n = copies.shape[:2]
-    per_pass = max(1, ctx.rows_per_pull // n)
+    per_pass = max(1, ctx.pull_rows // n)
     parts = [
         _linearise_group(
             ctx,
@@ -203,7 +194,7 @@ class _Rows:
         self.points, self.n = copies.shape[:2]
         self.rows = copies.reshape(self.points * self.n, *copies.shape[2:])
         self.row_point = torch.arange(self.points, device=copies.device).repeat_interleave(self.n)
-        rows = ctx.rows_per_pull
+        rows = ctx.pull_rows
         self.blocks = [slice(i, i + rows) for i in range(0, len(self.rows), rows)]
         self._kept: Pullback | None = None
         if len(self.blocks) == 1:
@@ -563,7 +554,7 @@ def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, c: Te
     """The forward-mode sketch's lower bounds on z [P', C] (:func:`pruning.sketch_z_lower`)."""
     keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
     probes = ctx.noise.sample(keys, 0, pruning.PROBES, copies.shape[2:]).to(copies.device)
-    rows = ctx.rows_per_probe
+    rows = ctx.probe_rows
     _, derivatives = margin_sketch(
         ctx.model,
         copies,
