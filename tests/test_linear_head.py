@@ -147,6 +147,27 @@ def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
         torch.testing.assert_close(variance, direct, rtol=1e-5, atol=1e-9)  # direct: u in float32
 
 
+def test_boundary_norms_bound_the_exact_ones_tightly_and_per_point():
+    torch.manual_seed(3)
+    head = nn.Linear(300, 50)
+    with torch.no_grad():
+        head.weight[7] = head.weight[2] + 1e-6  # a nearly equal pair: the Gram form cancels
+        head.weight[9] *= 1e3  # rows of very different norms
+    target = torch.tensor([2, 7, 9, 2, 0])
+    weight = head.weight.detach().double()
+    exact = (weight[target][:, None] - weight[None]).square().sum(2)  # float32 differences are exact in float64
+    got = linear_head.boundary_norms_squared(head, target)
+    assert got.dtype == torch.float64 and got.shape == (5, 50)
+    assert bool((got >= exact).all())
+    assert bool((got[torch.arange(5), target] == 0).all())
+    scale = weight.square().sum(1)
+    assert bool(((got - exact) <= 1e-11 * (scale[target][:, None] + scale[None])).all())
+    # A point's row depends only on its target and the head, not on the batch.
+    for i in range(5):
+        assert torch.equal(linear_head.boundary_norms_squared(head, target[i : i + 1])[0], got[i])
+    assert torch.equal(linear_head.boundary_norms_squared(head, target[:0]), got[:0])
+
+
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
 def test_estimators_take_the_head_path_and_agree_with_every_direct_gradient(make):
     model, x = _deep(classes=40, width=12), _inputs(8)

@@ -21,6 +21,8 @@ layer only if the model returns that layer's output object unchanged and calls i
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor, nn
 
@@ -73,6 +75,46 @@ def boundary_weights(head: nn.Linear, target: Tensor, classes: Tensor | None = N
     weight = head.weight.detach()
     rows = weight[None].expand(len(target), -1, -1) if classes is None else weight[classes]
     return weight[target][:, None] - rows
+
+
+def boundary_norms_squared(head: nn.Linear, target: Tensor) -> Tensor:
+    """float64 [B, C]: ||W_t - W_i||^2 for every class i (0 at the target), never below the exact value.
+
+    From the rows' Gram entries ||W_t||^2 + ||W_i||^2 - 2 W_t . W_i in float64, one class row of
+    dot products per distinct target: O(C d) per class present instead of the [B, C, d]
+    differences. The float32 weights' products are exact in float64; the sums' rounding (at most
+    d * 2^-53 of ||W_t||^2 + ||W_i||^2 each) is added, so the value bounds the norm from above
+    (the screenings need an upper bound on each boundary's variance). A point's values depend only
+    on its target and the head (one matrix-vector product of a fixed shape per target, BLAS like
+    the head's own forward pass).
+    """
+    weight, norms = _float64_rows(head)
+    classes, which = torch.unique(target, return_inverse=True)
+    dots = torch.stack([torch.mv(weight, weight[k]) for k in classes.tolist()]) if len(classes) else norms[:0, None]
+    total = norms[classes][:, None] + norms[None]
+    slack = total * (4 * weight.shape[1] * 2.0**-53)
+    out = (total - 2 * dots).clamp_min(0.0) + slack
+    out.scatter_(1, classes[:, None], 0.0)
+    return out[which]
+
+
+_ROWS: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int, torch.device, torch.dtype], Tensor, Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _float64_rows(head: nn.Linear) -> tuple[Tensor, Tensor]:
+    """The head's weight in float64 [C, d] and its rows' squared norms [C], kept between calls
+    until the weight changes (its version counter moves on every in-place update)."""
+    weight = head.weight.detach()
+    key = (weight._version, weight.data_ptr(), weight.device, weight.dtype)
+    held = _ROWS.get(head)
+    if held is not None and held[0] == key:
+        return held[1], held[2]
+    w64 = weight.to(torch.float64)
+    norms = w64.square().sum(1)
+    _ROWS[head] = (key, w64, norms)
+    return w64, norms
 
 
 def margin_normals(weights: Tensor, jacobian: Tensor) -> Tensor:

@@ -98,3 +98,23 @@ def test_one_boundary_gives_phi_of_z_and_its_complement_with_relative_accuracy(z
     fail, rel = maps.mvn_fail_probability(std, rtol=1e-3, seed=0)
     assert fail.item() == pytest.approx(special.ndtr(-z), rel=1e-10)
     assert (rel >= 0).all()
+
+
+def test_stacked_problems_of_different_widths_give_each_problem_its_own_bits():
+    # The pruned routes standardise each width group apart and integrate them in one call.
+    noise = Gaussian(0.4)
+    parts = []
+    for seed, (points, classes) in enumerate([(3, 4), (2, 9), (4, 6)]):
+        c, u, target = _linearisation(points, classes, d=12, seed=seed)
+        parts.append(maps.standardise(c * 0.3, u, target, noise))
+    stacked = maps.stack(parts)
+    assert stacked.z.shape == (9, 9) and stacked.corr.shape == (9, 8, 8)
+    p, err = maps.mvn_probability(stacked, tol=1e-5, seed=3)
+    first = 0
+    for part in parts:
+        alone_p, alone_err = maps.mvn_probability(part, tol=1e-5, seed=3)
+        rows = slice(first, first + len(alone_p))
+        first += len(alone_p)
+        assert torch.equal(p[rows], alone_p) and torch.equal(err[rows], alone_err)
+        assert bool((stacked.z[rows, part.z.shape[1] :] == math.inf).all())
+    assert maps.stack(parts[:1]) is parts[0]

@@ -260,7 +260,7 @@ class Linearised(Estimator):
             costs=costs,
             route=self.route,
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
-            pull_rows=self.execution.pull_rows(self.model, x, plan),
+            pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
         )
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
@@ -273,12 +273,26 @@ class Linearised(Estimator):
             part = self._from_linearisation(routed.target, routed.margin, routed.normal)
             part.route = routed.route
             return part
-        parts, order = [], []
+        # Each width group is standardised apart (its covariance's matrix product has a shape
+        # that depends on the point alone), then one mvn-cdf call takes them all: its values do
+        # not depend on the batch nor on +inf padding, and its fixed cost is paid once per chunk.
+        groups, order = [], []
         for index, group in pruning.by_width(routed.kept, routed.target):
-            width = group.classes.shape[1]
-            normal = _pad_or_cut(routed.normal[index], width)
-            parts.append(self._from_kept(routed.target[index], routed.margin[index], normal, group))
+            normal = _pad_or_cut(routed.normal[index], group.classes.shape[1])
+            groups.append(
+                (group, normal, self._standardise_kept(routed.target[index], routed.margin[index], normal, group))
+            )
             order.append(index)
+        p, err = maps.mvn_probability(
+            maps.stack([std for _, _, std in groups]), tol=self.tol - routed.kept.reserved, seed=self.seed
+        )
+        parts, first = [], 0
+        for (group, normal, std), index in zip(groups, order):
+            here = slice(first, first + len(index))
+            first += len(index)
+            parts.append(
+                self._from_kept(routed.target[index], routed.margin[index], normal, group, std, p[here], err[here])
+            )
         estimate = _in_order(parts, order)
         estimate.route = routed.route
         return estimate
@@ -338,15 +352,19 @@ class Linearised(Estimator):
         """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""
         return x[:, None]
 
-    def _from_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> Estimate:
-        """Like :meth:`_from_linearisation`, on the reduced problem of the kept boundaries."""
+    def _standardise_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> maps.Standardised:
+        """The reduced problem of the kept boundaries: column 0 is the target; padding columns
+        get a positive margin and a zero gradient (z = +inf)."""
         points = c.shape[0]
         pad = kept.classes == target[:, None]
-        # Column 0 is the target; padding columns get a positive margin and a zero gradient (z = +inf).
         reduced_c = torch.cat([c.new_zeros(points, 1), torch.where(pad, 1.0, c.gather(1, kept.classes))], dim=1)
         reduced_u = torch.cat([torch.zeros_like(u[:, :1]), u], dim=1)
-        std = maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
-        p, err = maps.mvn_probability(std, tol=self.tol - kept.reserved, seed=self.seed)
+        return maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
+
+    def _from_kept(
+        self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned, std: maps.Standardised, p: Tensor, err: Tensor
+    ) -> Estimate:
+        """Like :meth:`_from_linearisation`, from the reduced problem's probability p and error."""
         z = kept.z_lower.scatter(1, kept.classes, std.z[:, 1:])
         norms = u.flatten(2).norm(dim=2)
         # Padding scatters its zero norm onto the target, where it belongs.

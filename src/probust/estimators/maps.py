@@ -64,6 +64,30 @@ def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Stan
     return Standardised(z=z, z_others=z_others, corr=corr)
 
 
+def stack(parts: list[Standardised]) -> Standardised:
+    """The problems of several :class:`Standardised` of different widths as one, padded with
+    z = +inf and uncorrelated unit variables (boundaries that cannot be crossed: the mvn-cdf drops
+    them, and a problem's value does not depend on them)."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(part.z.shape[1] for part in parts)
+
+    def pad(z: Tensor, to: int) -> Tensor:
+        return torch.cat([z, z.new_full((z.shape[0], to - z.shape[1]), torch.inf)], dim=1)
+
+    corrs = []
+    for part in parts:
+        b, k = part.corr.shape[:2]
+        corr = torch.eye(width - 1, dtype=part.corr.dtype, device=part.corr.device).repeat(b, 1, 1)
+        corr[:, :k, :k] = part.corr
+        corrs.append(corr)
+    return Standardised(
+        z=torch.cat([pad(part.z, width) for part in parts]),
+        z_others=torch.cat([pad(part.z_others, width - 1) for part in parts]),
+        corr=torch.cat(corrs),
+    )
+
+
 def mv_sigmoid(z_others: Tensor) -> Tensor:
     """1 / (1 + sum_i exp(-z_i)) over the last dimension, computed stably: float64 [...]."""
     return torch.sigmoid(-torch.logsumexp(-z_others.to(torch.float64), dim=-1))

@@ -543,7 +543,7 @@ def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Ten
     pulled = rows.average(rows.pull(probes[rows.row_point].transpose(0, 1)))  # [P, m, *S]
     energy = ctx.noise.quadratic_form(pulled).diagonal(dim1=1, dim2=2).sum(1)
     if ctx.head is not None:
-        scale = linear_head.boundary_weights(ctx.head, target).double().square().sum(2)
+        scale = linear_head.boundary_norms_squared(ctx.head, target)
     else:
         scale = torch.full_like(c, 2.0, dtype=torch.float64)
     _, share = pruning.shares(ctx.tol)

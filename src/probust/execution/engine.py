@@ -224,16 +224,18 @@ class Execution:
         fits = rows_within(self.budget(x), 2 * row_cost(model, x).inference, what="a forward-mode pass")
         return max(plan.rows, min(FORWARD_MODE_ROWS, fits))
 
-    def pull_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
+    def pull_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan, copies: int = 1) -> int:
         """Rows per pass of reverse-mode pullbacks (the routes' screenings and exact gradients):
         the plan's rows; for a forward-mode plan, whose rows are sized for a tangent per input
-        coordinate, the rows a reverse-mode pass of the default size holds within the budget."""
+        coordinate, the rows of :data:`DEFAULT_JACOBIAN_ROWS` points of ``copies`` rows each (MMSE's
+        noisy copies) that a reverse-mode pass holds within the budget. The points of a pass
+        share its screening and its pull width, so the default bounds points, not rows."""
         if plan.strategy != "forward" or self.batch_size is not None:
             return plan.rows
         cost = row_cost(model, x)
         per_row = jacobian_row_bytes(cost, "loop", cost.classes, None)
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
-        return max(plan.rows, min(DEFAULT_JACOBIAN_ROWS, fits))
+        return max(plan.rows, min(DEFAULT_JACOBIAN_ROWS * copies, fits))
 
     def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
         """Points linearised together: their margin gradients (about four [C, *S] copies: the
