@@ -205,3 +205,16 @@ def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
     assert Execution(batch_size=2).pull_rows(model, x, user_rows) == 2  # the user's bound holds
     loop = JacobianPlan("loop", 5, None, False)
     assert Execution().pull_rows(model, x, loop) == 5  # a reverse-mode plan's own rows
+
+
+def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
+    from probust.execution.budget import row_cost
+    from probust.execution.tuning import JacobianPlan
+
+    model = linear_model(784, 1000, seed=0)
+    x = torch.rand(4, 784)
+    per_row = row_cost(model, x).backward
+    plan = JacobianPlan("loop", 2, None, False)  # sized for every class's gradient: 2 rows
+    assert Execution(memory_budget=2 * 7 * per_row).graph_rows(model, x, plan) == 7
+    assert Execution(memory_budget=2 * per_row).graph_rows(model, x, plan) == 2  # never below the plan's
+    assert Execution(batch_size=3).graph_rows(model, x, plan) == 3  # the user's bound holds

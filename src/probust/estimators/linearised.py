@@ -261,6 +261,7 @@ class Linearised(Estimator):
             route=self.route,
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
+            graph_rows=self.execution.graph_rows(self.model, x, plan),
         )
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:

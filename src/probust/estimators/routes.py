@@ -89,6 +89,9 @@ class Context:
             (:meth:`probust.execution.Execution.forward_mode_rows`).
         pull_rows: rows per pass of pullbacks, and so the points linearised together
             (:meth:`probust.execution.Execution.pull_rows`).
+        graph_rows: rows whose forward graph fits the budget: a group of points (at least one
+            point's copies) within it runs one forward pass for all its pulls
+            (:meth:`probust.execution.Execution.graph_rows`).
         route: one of :data:`ROUTE_CHOICES`: "auto", or the route forced on every point.
     """
 
@@ -102,6 +105,7 @@ class Context:
     costs: UnitCosts | None
     probe_rows: int
     pull_rows: int
+    graph_rows: int
     route: str = "auto"
 
 
@@ -194,7 +198,9 @@ class _Rows:
         self.points, self.n = copies.shape[:2]
         self.rows = copies.reshape(self.points * self.n, *copies.shape[2:])
         self.row_point = torch.arange(self.points, device=copies.device).repeat_interleave(self.n)
-        rows = ctx.pull_rows
+        # MMSE's copies of a point may outnumber the pull rows, which are sized for the widest
+        # pull: where their graph fits, one forward pass serves every pull (no pass per block).
+        rows = max(ctx.pull_rows, ctx.graph_rows)
         self.blocks = [slice(i, i + rows) for i in range(0, len(self.rows), rows)]
         self._kept: Pullback | None = None
         if len(self.blocks) == 1:

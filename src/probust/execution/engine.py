@@ -237,6 +237,15 @@ class Execution:
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
         return max(plan.rows, min(DEFAULT_JACOBIAN_ROWS * copies, fits))
 
+    def graph_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
+        """Rows whose forward graph a pass of pullbacks may keep for all its pulls: the user's
+        ``batch_size``; else the rows whose activations and one backward pass through them fit half
+        the budget (at least the plan's rows). Pulls of a few cotangents need no more."""
+        if self.batch_size is not None:
+            return self.batch_size
+        fits = rows_within(self.budget(x) // 2, row_cost(model, x).backward, what="a pass of pullbacks")
+        return max(plan.rows, fits)
+
     def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
         """Points linearised together: their margin gradients (about four [C, *S] copies: the
         gradients and a float64 copy for the covariance), their ``copies`` noisy inputs each and
