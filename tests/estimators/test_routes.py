@@ -167,6 +167,28 @@ def test_measured_pass_costs_are_kept_per_model(monkeypatch):
     assert first.forward > 0 and first.pull > 0 and 0 < first.jvp < float("inf")
 
 
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch, strategy):
+    # vmap pads every pull to VMAP_STEP cotangents: timing two would charge the padding to them.
+    from probust.execution.tuning import JacobianPlan
+    from probust.pullback import VMAP_STEP
+
+    asked = []
+    original = costs.Pullback
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def pull(self, cotangents):
+            asked.append(cotangents.shape[0])
+            return super().pull(cotangents)
+
+    monkeypatch.setattr(costs, "Pullback", Recording)
+    model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
+    plan = JacobianPlan(strategy, 4, None, False)
+    measured = costs.unit_costs(model, None, torch.randn(3, 6), plan, work=10.0)
+    assert asked and set(asked) == {VMAP_STEP if strategy == "vmap" else 2}
+    assert 0 < measured.forward < float("inf") and 0 < measured.pull < float("inf")
+
+
 @pytest.mark.parametrize(("jvp_in_pulls", "sketched"), [(2.5, True), (3.2, False)])
 def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_best_route(
     monkeypatch, jvp_in_pulls, sketched

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from probust.execution import plan_cache
 from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, sync, to_format, torch_func_startup
-from probust.pullback import Pullback, features_and_logits
+from probust.pullback import VMAP_STEP, Pullback, features_and_logits
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ def unit_costs(
     if not math.isnan(costs.jvp):
         return costs
     spent = time.perf_counter() - started
-    if not forward_mode and spent + torch_func_startup() + 4 * costs.forward > PLANNING_SHARE * work * costs.pull:
+    # Timing forward mode: two probes of two rows, about as long as a forward pass and two pulls per row, twice.
+    timing = 4 * (costs.forward + 2 * costs.pull)
+    if not forward_mode and spent + torch_func_startup() + timing > PLANNING_SHARE * work * costs.pull:
         return replace(costs, jvp=math.inf)
     costs = replace(costs, jvp=_jvp_cost(model, head, rows))
     plan_cache.store(model, cache_key, costs)
@@ -82,16 +84,20 @@ _SETTLED_SECONDS = 0.5
 def _reverse_costs(model: nn.Module, head: nn.Linear | None, rows: Tensor, plan: JacobianPlan) -> UnitCosts:
     """Forward and pullback seconds per row on two ``rows`` (``jvp`` NaN: not measured)."""
     strategy = plan.strategy if plan.strategy in ("loop", "vmap") else "loop"
+    # vmap pulls VMAP_STEP cotangents at a time whatever fewer are asked for: time a full step,
+    # or the padding would be counted as the cost of the two cotangents asked for (4x at 8).
+    count = VMAP_STEP if strategy == "vmap" else 2
     forward = pull = math.inf
     for _ in range(2):
         start = time.perf_counter()
         pb = Pullback(model, rows, head, strategy=strategy)
         sync(rows.device)
         middle = time.perf_counter()
-        pb.pull(torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=rows.device))
+        pb.pull(torch.ones(count, *pb.features.shape, dtype=pb.features.dtype, device=rows.device))
         sync(rows.device)
-        forward, pull = (time.perf_counter() - start) / 2, (time.perf_counter() - middle) / 4
-        if time.perf_counter() - start >= _SETTLED_SECONDS:
+        end = time.perf_counter()
+        forward, pull = (middle - start) / 2, (end - middle) / (2 * count)
+        if end - start >= _SETTLED_SECONDS:
             break  # a first pass this long is the model's work, not its set-up: no second one
     return UnitCosts(forward=forward, pull=pull, jvp=math.nan)
 
