@@ -3,6 +3,8 @@ directly, the spectral screening's bound against simulation, and the cost rules.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from scipy.stats import chi2
@@ -185,8 +187,26 @@ def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch,
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     plan = JacobianPlan(strategy, 4, None, False)
     measured = costs.unit_costs(model, None, torch.randn(3, 6), plan, work=10.0)
-    assert asked and set(asked) == {VMAP_STEP if strategy == "vmap" else 2}
+    if strategy == "vmap":  # a full step, then the loop's own pulls to compare with
+        assert asked[0] == VMAP_STEP and set(asked) == {VMAP_STEP, 2}
+        assert 0 < measured.loop_pull < float("inf")
+    else:
+        assert set(asked) == {2} and measured.loop_pull == measured.pull
     assert 0 < measured.forward < float("inf") and 0 < measured.pull < float("inf")
+
+
+def test_the_routes_pull_with_vmap_only_where_it_pays_for_its_padding():
+    from probust.execution.tuning import JacobianPlan
+
+    vmap, loop = JacobianPlan("vmap", 4, None, False), JacobianPlan("loop", 4, None, False)
+    tie = costs.UnitCosts(forward=1.0, pull=0.12, jvp=math.inf, loop_pull=0.12)  # ViT on this CPU
+    cheap = costs.UnitCosts(forward=1.0, pull=0.05, jvp=math.inf, loop_pull=0.12)
+    assert routes.pull_strategy(vmap, tie) == "loop" and tie.route_pull == 0.12
+    assert routes.pull_strategy(vmap, cheap) == "vmap" and cheap.route_pull == 0.05
+    assert routes.pull_strategy(vmap, None) == "vmap"  # nothing measured: the plan's strategy
+    assert routes.pull_strategy(loop, cheap) == "loop"
+    # A forward-mode probe is counted in the pulls the routes really run.
+    assert costs.UnitCosts(forward=1.0, pull=0.05, jvp=0.24, loop_pull=0.06).jvp_in_pulls == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize(("jvp_in_pulls", "sketched"), [(2.5, True), (3.2, False)])
@@ -200,7 +220,7 @@ def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_be
     # 3.2 = 110 is not. resnet50 at 224 x 224 sits in the first case (8 + 107 of 999).
     import torch._dynamo  # noqa: F401 - forward mode's start-up paid, as in a process that used it
 
-    fixed = costs.UnitCosts(forward=1e-3, pull=1e-3, jvp=1e-3 * jvp_in_pulls)
+    fixed = costs.UnitCosts(forward=1e-3, pull=1e-3, jvp=1e-3 * jvp_in_pulls, loop_pull=1e-3)
     monkeypatch.setattr(costs, "unit_costs", lambda *a, **k: fixed)
     monkeypatch.setattr(routes, "unit_costs", lambda *a, **k: fixed)
     model = Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())

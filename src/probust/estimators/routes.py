@@ -128,6 +128,16 @@ class Routed(NamedTuple):
     route: Tensor
 
 
+def pull_strategy(plan: JacobianPlan, costs: UnitCosts | None) -> str:
+    """How the routes pull: the plan's vmap where the measured costs show it pays
+    (:attr:`UnitCosts.vmap_pays`) or were not measured, else one backward pass per cotangent
+    ("loop"). A property of the model and plan, never of a point's group, so a point's bits do
+    not depend on its batch."""
+    if plan.strategy != "vmap":
+        return "loop"
+    return "vmap" if costs is None or costs.vmap_pays else "loop"
+
+
 def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
     """Whether the spectral screening runs: its probes cost at most RHO of the cheapest exact route
     available to every point (a property of the model and the class count, not of the points)."""
@@ -216,7 +226,7 @@ class _Rows:
             self.logits = torch.cat([g for _, g in outs])
 
     def _pullback(self, block: slice) -> Pullback:
-        strategy = "vmap" if self.ctx.plan.strategy == "vmap" else "loop"
+        strategy = pull_strategy(self.ctx.plan, self.ctx.costs)
         rows = to_format(self.rows[block], self.ctx.plan.channels_last)
         return Pullback(self.ctx.model, rows, self.ctx.head, strategy=strategy)
 

@@ -18,6 +18,10 @@ from probust.execution import plan_cache
 from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, sync, to_format, torch_func_startup
 from probust.pullback import VMAP_STEP, Pullback, features_and_logits
 
+#: vmap pads every pull to VMAP_STEP cotangents, and the routes' pulls are narrow (8 probes, then a
+#: few candidates: 9 run as 16): they take vmap only where it is this much cheaper per cotangent.
+VMAP_PAYS = 2 / 3
+
 
 @dataclass(frozen=True)
 class UnitCosts:
@@ -28,16 +32,32 @@ class UnitCosts:
         pull: one pullback (backward pass) of one cotangent.
         jvp: one forward-mode Jacobian-vector product; inf where forward mode cannot run (or was not
             timed: a call too small to pay for it); NaN only inside the cache (not timed yet).
+        loop_pull: one pullback of one cotangent by its own backward pass (the "loop"), where the
+            plan pulls with vmap (``pull`` is then one cotangent's share of a vmapped step); equal
+            to ``pull`` for other plans. (A cache entry of an earlier release, without it, is
+            measured again.)
     """
 
     forward: float
     pull: float
     jvp: float
+    loop_pull: float
+
+    @property
+    def vmap_pays(self) -> bool:
+        """Whether the routes pull with vmap (where the plan does): one cotangent's share of a
+        vmapped step costs at most :data:`VMAP_PAYS` of a pull by its own backward pass."""
+        return self.pull <= VMAP_PAYS * self.loop_pull
+
+    @property
+    def route_pull(self) -> float:
+        """Seconds per row of one of the routes' pulls, by the strategy they take."""
+        return self.pull if self.vmap_pays else self.loop_pull
 
     @property
     def jvp_in_pulls(self) -> float:
-        """A forward-mode probe's cost in pullbacks."""
-        return self.jvp / max(self.pull, 1e-12)
+        """A forward-mode probe's cost in the routes' pullbacks."""
+        return self.jvp / max(self.route_pull, 1e-12)
 
 
 def unit_costs(
@@ -67,8 +87,8 @@ def unit_costs(
         return costs
     spent = time.perf_counter() - started
     # Timing forward mode: two probes of two rows, about as long as a forward pass and two pulls per row, twice.
-    timing = 4 * (costs.forward + 2 * costs.pull)
-    if not forward_mode and spent + torch_func_startup() + timing > PLANNING_SHARE * work * costs.pull:
+    timing = 4 * (costs.forward + 2 * costs.route_pull)
+    if not forward_mode and spent + torch_func_startup() + timing > PLANNING_SHARE * work * costs.route_pull:
         return replace(costs, jvp=math.inf)
     costs = replace(costs, jvp=_jvp_cost(model, head, rows))
     plan_cache.store(model, cache_key, costs)
@@ -99,7 +119,25 @@ def _reverse_costs(model: nn.Module, head: nn.Linear | None, rows: Tensor, plan:
         forward, pull = (middle - start) / 2, (end - middle) / (2 * count)
         if end - start >= _SETTLED_SECONDS:
             break  # a first pass this long is the model's work, not its set-up: no second one
-    return UnitCosts(forward=forward, pull=pull, jvp=math.nan)
+    loop_pull = pull
+    if strategy == "vmap":
+        loop_pull = _loop_pull_cost(model, head, rows)
+    return UnitCosts(forward=forward, pull=pull, jvp=math.nan, loop_pull=loop_pull)
+
+
+def _loop_pull_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> float:
+    """Seconds per row of one pullback by its own backward pass (two cotangents on ``rows``)."""
+    pull = math.inf
+    pb = Pullback(model, rows, head, strategy="loop")
+    cotangents = torch.ones(2, *pb.features.shape, dtype=pb.features.dtype, device=rows.device)
+    for _ in range(2):
+        start = time.perf_counter()
+        pb.pull(cotangents)
+        sync(rows.device)
+        pull = (time.perf_counter() - start) / 4
+        if 4 * pull >= _SETTLED_SECONDS:
+            break  # as in _reverse_costs
+    return pull
 
 
 def _jvp_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> float:
