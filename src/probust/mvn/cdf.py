@@ -11,7 +11,9 @@ deterministic bounds from the one- and two-dimensional marginals (:mod:`probust.
 where they pin p to within the tolerance their midpoint is the estimate, with a guaranteed
 error; otherwise Genz's transform (:mod:`probust.mvn.genz`) integrated by adaptive randomised
 QMC (:mod:`probust.mvn.qmc`), which may not stop while its estimate contradicts the bounds and
-is finally clipped to them. docs/mvn.md derives each step.
+is finally clipped to them. Nearly determined variables that can still fail (nearly singular
+correlations) are split off into a difference of orthant probabilities first, whose thin
+failure regions plain QMC points would miss. docs/mvn.md derives each step.
 
 The QMC points and their randomisation depend only on ``seed``, never on the batch, and only
 elementwise arithmetic and sums in a fixed order touch a point's numbers (no BLAS), so a point's
@@ -71,9 +73,12 @@ def mvn_cdf(
         errors over 8 independent randomisations, plus the bound on what dropped coordinates
         can cost), also where ``max_samples`` stopped the point; ~0 (<= 1e-14) where at most 2
         dimensions are left; a guaranteed bound where the deterministic bounds of
-        :mod:`probust.mvn.bounds` pinned the point (no sampling), and never above their width. Over many independent problems, at most 1% of points (up to
-        binomial noise) have |estimate - truth| above it: tests/mvn/test_cdf_tolerance.py checks
-        this against exact references at k = 3 to 99, and docs/mvn.md gives the measured shares.
+        :mod:`probust.mvn.bounds` pinned the point (no sampling), and never above their width; at
+        least ``tol`` (less what dropped coordinates take of it) where nearly determined
+        variables were split off (docs/mvn.md, "Nearly singular correlations"). Over many
+        independent problems, at most 1% of points (up to binomial noise) have
+        |estimate - truth| above it: tests/mvn/test_cdf_tolerance.py checks this against exact
+        references at k = 3 to 99, and docs/mvn.md gives the measured shares.
 
     Raises:
         ValueError: NaN, wrong or mismatched shapes, a non-symmetric or clearly non-PSD ``cov``

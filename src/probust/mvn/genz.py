@@ -132,16 +132,22 @@ class Factor:
     y if c_j > 0 (fold_upper) and a lower bound otherwise.
 
     Fields (all [G, K] but lts [G, K, K]) plus const [G] (indicator factors of determined
-    variables that depend on nothing) and steps [G] (a problem's effective dimension).
+    variables that depend on nothing), steps [G] (a problem's effective dimension) and cond_sd
+    [G, K] (no autograd): each variable's conditional sd at its step, in the input's order, in
+    correlation units (+inf for determined variables and padding).
     """
 
-    def __init__(self, bs, lts, offset, fold_step, fold_upper, const, steps) -> None:
+    def __init__(self, bs, lts, offset, fold_step, fold_upper, const, steps, cond_sd) -> None:
         self.bs, self.lts, self.offset = bs, lts, offset
         self.fold_step, self.fold_upper = fold_step, fold_upper
-        self.const, self.steps = const, steps
+        self.const, self.steps, self.cond_sd = const, steps, cond_sd
 
     def tensors(self, idx: Tensor) -> FactorTensors:
         return cast(FactorTensors, tuple(getattr(self, name)[idx] for name in _FIELDS))
+
+    def select(self, idx: Tensor) -> Factor:
+        """The problems ``idx`` alone (every field indexed along its first dim)."""
+        return Factor(*self.tensors(idx), self.const[idx], self.steps[idx], self.cond_sd[idx])
 
 
 def factorise(z: Tensor, corr: Tensor, pad: Tensor) -> Factor:
@@ -169,6 +175,8 @@ def factorise(z: Tensor, corr: Tensor, pad: Tensor) -> Factor:
         fold_step = torch.where(det, last, -1)
         folds = fold_step >= 0
         steps = (~padded).sum(-1)
+        sd_steps = torch.where(random, chol.diagonal(dim1=1, dim2=2), torch.inf)
+        cond_sd = torch.empty_like(sd_steps).scatter_(1, perm, sd_steps)
     if corr.requires_grad:
         pc = perm[:, :, None].expand(g, kk, kk)
         mat = corr.gather(1, pc).gather(2, perm[:, None, :].expand(g, kk, kk))
@@ -183,7 +191,7 @@ def factorise(z: Tensor, corr: Tensor, pad: Tensor) -> Factor:
     with torch.no_grad():
         const = torch.where(det & ~folds & (b < 0), 0.0, 1.0).prod(-1)
         fold_upper = folds & (coef > 0)
-    return Factor(bs, lts, offset, fold_step, fold_upper, const, steps)
+    return Factor(bs, lts, offset, fold_step, fold_upper, const, steps, cond_sd)
 
 
 _P_TAIL = 1e-6  # below this, erfinv(2p - 1) loses relative accuracy in p: use ndtri instead

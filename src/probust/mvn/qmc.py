@@ -7,8 +7,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from probust.mvn.genz import FactorTensors, block_sums, factorise
-from probust.mvn.numerics import tree_sum
+from probust.mvn.bounds import orthant_bounds
+from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
+from probust.mvn.numerics import ndtr, tree_sum
 from probust.mvn.sobol import sobol_points
 
 __all__ = ["qmc_cdf"]
@@ -22,6 +23,8 @@ _SLAB_DOUBLES = 1 << 20  # ... so it shrinks (by halves, to 1 << 13) to keep tho
 _MIN_STOP = 2 * _FIRST_STAGE  # points per replicate before any problem may stop (see qmc_cdf)
 _GUARD = 2.0**-1.5  # a stage's error may not fall below this share of the previous one's (qmc_cdf)
 _MIN_FOLDED = 1024  # points per replicate before a problem with folded constraints may stop
+_SHARP_SD = 0.1  # conditional sd (correlation units) at or below which a variable is nearly determined
+_SPLIT_SHARE = 0.05  # ... and split off where its constraint fails with more than this share of target
 
 
 def _slab(kk: int) -> int:
@@ -97,17 +100,108 @@ def qmc_cdf(
     the next stage would pass max_samples. No problem stops before _MIN_STOP points per
     replicate, nor before _MIN_FOLDED when its covariance is singular with folded constraints,
     and a stage's error may not fall below 2^-1.5 of the previous stage's (docs/mvn.md says why).
+
+    A nearly determined variable (conditional sd at its step <= _SHARP_SD) whose constraint
+    can fail with probability Phi(-z_j) > _SPLIT_SHARE x target is split off (docs/mvn.md,
+    "Nearly singular correlations"): P(A and B_1 ... B_n) = P(A) - sum_r P(A, B_1 ... B_{r-1},
+    not B_r), with the split variable a term negates taken first; a negated term is integrated to
+    min(Phi(-z_j), target / (n + 1)) and P(A) to the rest of the target; the problem's error is then at least its target, since the terms' own nearly
+    determined variables can hide a little of their integrands too. A sharp variable too unlikely
+    to fail for a split adds Phi(-z_j) to the error instead.
     """
     g, kk = z.shape
     if pad is None:
         pad = torch.zeros(g, kk, dtype=torch.bool, device=z.device)
     fac = factorise(z, corr, pad)
     needs_grad = torch.is_grad_enabled() and (z.requires_grad or corr.requires_grad)
+    with torch.no_grad():
+        sharp = (fac.cond_sd <= _SHARP_SD) & ~pad
+        tails = torch.where(sharp, ndtr(-z.detach()), 0.0)
+        split = tails > _SPLIT_SHARE * target.detach()[:, None]
+        unseen = tree_sum(torch.where(split, 0.0, tails), -1)
+        owners = split.any(-1)
+    if not bool(owners.any()):
+        est, err = _integrate(fac, target, max_samples, seed, bounds, needs_grad)
+        return est, err + unseen
+    plain, split_rows = (~owners).nonzero().flatten(), owners.nonzero().flatten()
+    est = torch.zeros(g, dtype=torch.float64, device=z.device)
+    err = unseen.clone()
+    if len(plain):
+        sub_bounds = None if bounds is None else (bounds[0][plain], bounds[1][plain])
+        e, r = _integrate(fac.select(plain), target[plain], max_samples, seed, sub_bounds, needs_grad)
+        est, err = est.index_put((plain,), e), err.index_put((plain,), r, accumulate=True)
+    zt, ct, pt, owner, negated = _split_terms(z[split_rows], corr[split_rows], pad[split_rows], split[split_rows])
+    owner = split_rows[owner]
+    sign = torch.where(negated >= 0, -1.0, 1.0).to(torch.float64)
+    with torch.no_grad():
+        term_bounds = orthant_bounds(zt.detach(), ct.detach(), pt)
+        # A negated term is at most its variable's tail: it gets that much of the target (at
+        # most an equal share) and P(A) the rest, which is what decides the sampling.
+        n_terms = torch.zeros(g, dtype=torch.float64, device=z.device).index_add(0, owner, torch.ones_like(sign))
+        share = target.detach()[owner] / n_terms[owner]
+        small = torch.minimum(tails[owner, negated.clamp_min(0)], share)
+        small = torch.where(negated >= 0, small, 0.0)
+        used = torch.zeros(g, dtype=torch.float64, device=z.device).index_add(0, owner, small)
+        term_target = torch.where(negated >= 0, small, target.detach()[owner] - used[owner])
+    e, r = _integrate(factorise(zt, ct, pt), term_target, max_samples, seed, term_bounds, needs_grad)
+    est = est.index_add(0, owner, sign * e)
+    err = err.index_add(0, owner, r)
+    # The terms have nearly determined variables of their own, whose rare regions their spread
+    # cannot see either (docs/mvn.md): a split problem claims no less than its target.
+    floor = torch.zeros_like(err).index_fill(0, split_rows, 1.0) * target.detach()
+    return est, torch.maximum(err, floor)
+
+
+def _split_terms(z: Tensor, corr: Tensor, pad: Tensor, split: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The terms of P(A and B_1 ... B_n) = P(A) - sum_r P(A, B_1 ... B_{r-1}, not B_r).
+
+    Args:
+        z: [H, K], corr: [H, K, K], pad: [H, K] problems; split: [H, K] bool, the variables
+            B_1 ... B_n to split off (in index order; n >= 1 per problem).
+
+    Returns:
+        z', corr', pad' of every term (a dropped variable becomes padding, a negated one has its
+        bound and correlations' signs flipped), the problem each term belongs to and the variable
+        it negates (long; -1 for P(A), which enters the sum with sign +1, the others with -1):
+        problem h's n + 1 terms.
+    """
+    h, kk = z.shape
+    rank = split.long().cumsum(-1) - 1
+    n = split.sum(-1)
+    eye = torch.eye(kk, dtype=torch.bool, device=z.device)
+    zs, cs, ps, owners, negated = [], [], [], [], []
+    for r in range(int(n.max()) + 1):
+        rows = (n >= r).nonzero().flatten()
+        drop = split[rows] & (rank[rows] >= r)
+        flip = split[rows] & (rank[rows] == r - 1)
+        unit = torch.where(flip, -1.0, 1.0).to(z.dtype)
+        dropped = pad[rows] | drop
+        pair = dropped[:, :, None] | dropped[:, None, :]
+        c = corr[rows] * unit[:, :, None] * unit[:, None, :]
+        zs.append(torch.where(dropped, 0.0, z[rows] * unit))
+        cs.append(torch.where(pair, eye.to(z.dtype), c))
+        ps.append(dropped)
+        owners.append(rows)
+        negated.append(torch.where(flip.any(-1), flip.long().argmax(-1), -1))
+    return torch.cat(zs), torch.cat(cs), torch.cat(ps), torch.cat(owners), torch.cat(negated)
+
+
+def _integrate(
+    fac: Factor,
+    target: Tensor,
+    max_samples: int,
+    seed: int,
+    bounds: tuple[Tensor, Tensor] | None,
+    needs_grad: bool,
+) -> tuple[Tensor, Tensor]:
+    """The staged QMC of :func:`qmc_cdf` for factored problems: (estimate [G], error [G])."""
+    g, kk = fac.bs.shape
+    device = fac.bs.device
     reps = _REPLICATES
-    sums = torch.zeros(g, reps, dtype=torch.float64, device=z.device)
-    count = torch.zeros(g, dtype=torch.float64, device=z.device)
-    err = torch.full((g,), torch.inf, dtype=torch.float64, device=z.device)
-    active = torch.arange(g, device=z.device)
+    sums = torch.zeros(g, reps, dtype=torch.float64, device=device)
+    count = torch.zeros(g, dtype=torch.float64, device=device)
+    err = torch.full((g,), torch.inf, dtype=torch.float64, device=device)
+    active = torch.arange(g, device=device)
     per_rep_cap = max(max_samples // reps, 2)
     folded = (fac.fold_step >= 0).any(-1)
     slab = _slab(kk)
@@ -117,10 +211,10 @@ def qmc_cdf(
         # Blocks run as many steps as their largest problem needs: group similar sizes. (Which
         # problems share a block does not change any problem's value.)
         active = active[torch.argsort(fac.steps[active], stable=True)]
-        new = torch.zeros(len(active), reps, dtype=torch.float64, device=z.device)
+        new = torch.zeros(len(active), reps, dtype=torch.float64, device=device)
         for lo in range(start, stop, _SAMPLE_CHUNK):
             hi = min(lo + _SAMPLE_CHUNK, stop)
-            w = sobol_points(seed, reps, lo, hi, max(kk - 1, 1)).to(z.device)
+            w = sobol_points(seed, reps, lo, hi, max(kk - 1, 1)).to(device)
             n_pts = max(1, slab // (reps * (hi - lo)))
             parts = []
             for c0 in range(0, len(active), n_pts):
