@@ -105,9 +105,10 @@ def qmc_cdf(
     can fail with probability Phi(-z_j) > _SPLIT_SHARE x target is split off (docs/mvn.md,
     "Nearly singular correlations"): P(A and B_1 ... B_n) = P(A) - sum_r P(A, B_1 ... B_{r-1},
     not B_r), with the split variable a term negates taken first; a negated term is integrated to
-    min(Phi(-z_j), target / (n + 1)) and P(A) to the rest of the target; the problem's error is then at least its target, since the terms' own nearly
-    determined variables can hide a little of their integrands too. A sharp variable too unlikely
-    to fail for a split adds Phi(-z_j) to the error instead.
+    min(Phi(-z_j), target / (n + 1)) and P(A) to the rest of the target. The problem's error is
+    then at least its target, since the terms' own nearly determined variables can hide a little
+    of their integrands too. A sharp variable too unlikely to fail for a split adds Phi(-z_j) to
+    the error instead.
     """
     g, kk = z.shape
     if pad is None:
@@ -148,8 +149,7 @@ def qmc_cdf(
     err = err.index_add(0, owner, r)
     # The terms have nearly determined variables of their own, whose rare regions their spread
     # cannot see either (docs/mvn.md): a split problem claims no less than its target.
-    floor = torch.zeros_like(err).index_fill(0, split_rows, 1.0) * target.detach()
-    return est, torch.maximum(err, floor)
+    return est, torch.maximum(err, torch.where(owners, target.detach(), 0.0))
 
 
 def _split_terms(z: Tensor, corr: Tensor, pad: Tensor, split: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -168,7 +168,7 @@ def _split_terms(z: Tensor, corr: Tensor, pad: Tensor, split: Tensor) -> tuple[T
     h, kk = z.shape
     rank = split.long().cumsum(-1) - 1
     n = split.sum(-1)
-    eye = torch.eye(kk, dtype=torch.bool, device=z.device)
+    eye = torch.eye(kk, dtype=z.dtype, device=z.device)
     zs, cs, ps, owners, negated = [], [], [], [], []
     for r in range(int(n.max()) + 1):
         rows = (n >= r).nonzero().flatten()
@@ -179,7 +179,7 @@ def _split_terms(z: Tensor, corr: Tensor, pad: Tensor, split: Tensor) -> tuple[T
         pair = dropped[:, :, None] | dropped[:, None, :]
         c = corr[rows] * unit[:, :, None] * unit[:, None, :]
         zs.append(torch.where(dropped, 0.0, z[rows] * unit))
-        cs.append(torch.where(pair, eye.to(z.dtype), c))
+        cs.append(torch.where(pair, eye, c))
         ps.append(dropped)
         owners.append(rows)
         negated.append(torch.where(flip.any(-1), flip.long().argmax(-1), -1))
