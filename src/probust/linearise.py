@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from probust._autograd import pull_back
 from probust._checks import check_target
 from probust.pullback import TraceFallbackWarning
 
@@ -58,9 +59,7 @@ def _pull_loop(
         cotangents = cotangents_of(logits.detach())
         last = cotangents.shape[0] - 1
         grads = [
-            torch.autograd.grad(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[
-                0
-            ]
+            pull_back(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
             for k, cotangent in enumerate(cotangents)
         ]
     return logits, torch.stack(grads, dim=1)

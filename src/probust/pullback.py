@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from probust._autograd import pull_back
+
 #: Cotangents per vmapped pullback: a fixed width, so that every vmapped pass has the same
 #: shape whatever the other rows of its block need (BLAS rounding depends on shapes).
 VMAP_STEP = 8
@@ -129,9 +131,7 @@ class Pullback:
                 ]
             grads = torch.cat(parts)[:count]
         else:
-            grads = torch.stack(
-                [torch.autograd.grad(self._graph, self._x, c, retain_graph=True)[0] for c in cotangents]
-            )
+            grads = torch.stack([pull_back(self._graph, self._x, c, retain_graph=True)[0] for c in cotangents])
         return grads.detach().transpose(0, 1)
 
 

@@ -7,6 +7,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from probust._autograd import pull_back
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
 from probust.mvn.numerics import ndtr, tree_sum
@@ -64,7 +65,7 @@ class _Recomputed(torch.autograd.Function):
         with torch.enable_grad():
             out = block_sums(*cast(FactorTensors, tuple(inputs)), w, ctx.n_steps)
         wanted = [x for x, need in zip(inputs, ctx.needs_input_grad[2:]) if need]
-        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        grads = iter(pull_back(out, wanted, grad, allow_unused=True))
         return (None, None, *(next(grads) if need else None for need in ctx.needs_input_grad[2:]))
 
 
