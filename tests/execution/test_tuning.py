@@ -200,6 +200,31 @@ def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatc
     assert again == plan and len(timed) == 2  # kept: nothing timed again
 
 
+@pytest.mark.parametrize(("vmap_share", "chosen"), [(0.8, "loop"), (0.5, "vmap")])
+def test_on_a_cpu_vmap_is_chosen_only_where_it_wins_the_trial_clearly(monkeypatch, vmap_share, chosen):
+    # The trial (4 rows, 2 margins) flatters vmap on a CPU: ResNet18's vmap / loop was 1.0 there
+    # and 1.8 at the plan's 32 rows. A 20% win on the trial keeps the loop; a 2x win takes vmap.
+    model, x = _mlp(12, 10, seed=0), torch.randn(8, 12)
+    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
+    strategies: list[str] = []
+
+    def fake(run, device):
+        run()
+        return {"loop": 1e-5, "vmap": vmap_share * 1e-5}[strategies[-1]]
+
+    monkeypatch.setattr(_tuning, "_seconds", fake)
+    plan = _tuning.plan_jacobian(
+        model,
+        x,
+        10,
+        budget=2**30,
+        total_rows=10_000,
+        run=lambda plan, rows, k: strategies.append(plan.strategy),
+        passes=9,
+    )
+    assert sorted(set(strategies)) == ["loop", "vmap"] and plan.strategy == chosen
+
+
 def test_forward_mode_is_timed_only_where_its_start_up_fits_the_allowance(monkeypatch):
     model, x = _mlp(4, 10, seed=0), torch.randn(8, 4)  # 4 inputs < 10 classes: forward mode is a candidate
     monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 2.5)  # as in a process that never used it
