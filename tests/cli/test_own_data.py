@@ -391,3 +391,17 @@ def test_a_hugging_face_datasets_folder_is_refused_with_what_to_do(tmp_path, cap
     args = ["--data", str(tmp_path / "hfdata"), "--model", str(model), "--sigma", "0.1", "--out", str(tmp_path / "r")]
     assert estimate(*args) == 2
     one_line_error(capsys, "a Hugging Face datasets folder (save_to_disk) is not read", "to_parquet")
+
+
+def test_integer_inputs_are_refused_as_probust_certify_refuses_them(tmp_path, capsys):
+    # sigma is in the units of the tensors the model receives: pixels stored as 0..255 would take
+    # sigma in pixel steps, silently, where the model was trained on [0, 1].
+    model = models.save_checkpoint(tmp_path / "m.pt", models.build("mlp", 3, (1, 4, 4)), {})
+    x = np.random.default_rng(0).integers(0, 256, size=(6, 1, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "pixels.npz", x=x, y=np.arange(6) % 3)
+    args = ["--model", str(model), "--sigma", "0.1", "--methods", "softmax", "--out", str(tmp_path / "r")]
+    assert estimate("--data", str(tmp_path / "pixels.npz"), *args) == 2
+    one_line_error(capsys, "--data: ", "stored as uint8 in", "pixels.npz, not floating point", "[0, 1]")
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # refused before any work
+    np.savez(tmp_path / "scaled.npz", x=(x / 255).astype(np.float32), y=np.arange(6) % 3)
+    assert estimate("--data", str(tmp_path / "scaled.npz"), *args) == 0

@@ -37,7 +37,7 @@ from probust.run.errors import ConfigError
 from probust.run.files import Layout
 from probust.run.indices import consecutive_runs, index_ranges
 from probust.run.methods import make_task_estimator
-from probust.run.prepare import Grid, prepare_folder
+from probust.run.prepare import Grid, prepare_folder, refuse_integer_inputs
 from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.settings import (
     ComputeOptions,
@@ -420,19 +420,7 @@ def prepare_certify(settings: CertifySettings, *, argv: Sequence[str] | None = N
     s = settings
 
     def grid(ds: Any, selected: np.ndarray) -> Grid:
-        # A Dataset's own items, or the dtype a tensor file stored (the runner would cast either to
-        # float32 in their integer units).
-        x = torch.as_tensor(ds[int(selected[0])][0]) if len(selected) else None
-        stored = getattr(ds, "stored_dtype", None)
-        integer = stored is not None and np.dtype(stored).kind in "biu"
-        if x is not None and (integer or not x.is_floating_point()):
-            where = f"stored as {stored} in {getattr(ds, 'source', None) or 'the file'}" if integer else f"{x.dtype}"
-            raise ConfigError(
-                f"the inputs are {where}, not floating point: the noise N(0, sigma^2 I) is added to the tensors "
-                "the model receives and the radius is measured in their units (integer steps, e.g. 0..255); "
-                "give float inputs (e.g. images scaled to [0, 1])",
-                field="data",
-            )
+        refuse_integer_inputs(ds, selected, "the radius is measured in their units")
         return Grid(
             tasks=[_SigmaTask(sigma) for sigma in s.sigmas],
             request={"sigmas": list(s.sigmas), "n_points": int(len(selected)), "indices": index_ranges(selected)},
