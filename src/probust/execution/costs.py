@@ -15,12 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from probust.execution import plan_cache
-from probust.execution.tuning import PLANNING_SHARE, JacobianPlan, sync, to_format, torch_func_startup
+from probust.execution.tuning import PLANNING_SHARE, VMAP_PAYS, JacobianPlan, sync, to_format, torch_func_startup
 from probust.pullback import VMAP_STEP, Pullback, features_and_logits
 
-#: vmap pads every pull to VMAP_STEP cotangents, and the routes' pulls are narrow (8 probes, then a
-#: few candidates: 9 run as 16): they take vmap only where it is this much cheaper per cotangent.
-VMAP_PAYS = 2 / 3
+# vmap pads every pull to VMAP_STEP cotangents, and the routes' pulls are narrow (8 probes, then a
+# few candidates: 9 run as 16): they take vmap only where it is VMAP_PAYS cheaper per cotangent.
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
 # 2: entries of earlier versions are measured again: their pass costs may hold torch's first-call
 # import of its symbolic shapes (0.85 s, probust._autograd) timed into a small model's first
-# pullback, and a CPU plan may have taken vmap on a trial it won by noise (tuning.CPU_VMAP_PAYS).
+# pullback, and a CPU plan may have taken vmap on a trial it won by noise (tuning.VMAP_PAYS).
 _VERSION = 2
 
 _MEMORY: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()

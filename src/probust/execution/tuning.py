@@ -52,9 +52,10 @@ DEFAULT_JACOBIAN_ROWS = 32
 _TRIAL_ROWS = 4  # rows of a timed Jacobian pass
 _CALIBRATION_CLASSES = 2  # class (or tangent) subset timed; cost is linear in it
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
-#: On a CPU, vmap is chosen only where its trial costs at most this share of the loop's
-#: (:func:`_measure_jacobian`); the routes' pulls weigh vmap the same way (:mod:`probust.execution.costs`).
-CPU_VMAP_PAYS = 2 / 3
+#: vmap is taken only where it costs at most this share of the loop per cotangent, wherever what
+#: was timed flatters it: on a CPU, the Jacobian trial (:func:`_measure_jacobian`), and the
+#: routes' narrow pulls, which vmap pads to VMAP_STEP cotangents (:mod:`probust.execution.costs`).
+VMAP_PAYS = 2 / 3
 #: What torch.func's first call in a process costs (vjp, vmap and jvp alike, torch 2.14): it
 #: imports torch._dynamo, about 1.6 s on this project's 2-core CPU (2.5 s was measured with
 #: forward mode's first jvp, which builds more); plain autograd does not.
@@ -430,7 +431,7 @@ def _measure_jacobian(
     allowance (all or none: a plan measured in one call but not the next would change the float
     rounding between calls); then, on a GPU, the winner's rows doubled while that pays.
 
-    On a CPU vmap must beat the loop by :data:`CPU_VMAP_PAYS` on the trial: there its cost per
+    On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: there its cost per
     cotangent grows with the width it batches (rows x cotangents) while the loop's falls as its
     rows grow, so a trial of 4 rows and 2 margins flatters it. torchvision's ResNet18 at
     3 x 32 x 32, 9 margins: vmap / loop 1.0 on the trial, 1.8 at the plan's 32 rows, and MMSE
@@ -492,7 +493,7 @@ def _measure_jacobian(
             continue
         cost = per_row(plan, seconds)
         if plan.strategy == "vmap" and x.device.type != "cuda":
-            cost /= CPU_VMAP_PAYS  # the trial flatters vmap on a CPU (below)
+            cost /= VMAP_PAYS  # the trial flatters vmap on a CPU (see the docstring)
         if best is None or cost < best[0]:
             best = (cost, plan)
     if best is None:
