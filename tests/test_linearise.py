@@ -124,7 +124,7 @@ def test_margin_jacobian_refuses_a_target_out_of_range():
         margin_jacobian(_model(), _inputs(), torch.tensor([0, 1, 2, CLASSES]))
 
 
-@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
 def test_differentiable_margin_jacobian_keeps_the_graph_to_the_parameters(strategy):
     model, x = _model(), _inputs()
     _, t, u = margin_jacobian(model, x, strategy=strategy, differentiable=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from probust import _forward_mode as forward_mode
 from probust.execution import plan_cache
 from probust.execution.tuning import PLANNING_SHARE, VMAP_PAYS, JacobianPlan, sync, to_format, torch_func_startup
 from probust.pullback import VMAP_STEP, Pullback, features_and_logits
@@ -89,7 +90,7 @@ def unit_costs(
     timing = 4 * (costs.forward + 2 * costs.route_pull)
     if not forward_mode and spent + torch_func_startup() + timing > PLANNING_SHARE * work * costs.route_pull:
         return replace(costs, jvp=math.inf)
-    costs = replace(costs, jvp=_jvp_cost(model, head, rows))
+    costs = replace(costs, jvp=_jvp_cost(model, head, rows, costs.forward))
     plan_cache.store(model, cache_key, costs)
     return costs
 
@@ -139,19 +140,27 @@ def _loop_pull_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> f
     return pull
 
 
-def _jvp_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor) -> float:
-    """Seconds per row of one forward-mode probe on ``rows`` (inf where forward mode cannot run)."""
+def _jvp_cost(model: nn.Module, head: nn.Linear | None, rows: Tensor, forward: float) -> float:
+    """Seconds per row of one forward-mode probe on ``rows`` (inf where forward mode cannot run).
+
+    Two probes of the rows in one pass, as the routes run them (``forward_mode.jvps``: the model's
+    own pass runs once for all of a pass's probes): the pass's time less one forward pass
+    (``forward`` seconds per row), at most half of it, per probe and row.
+    """
     jvp = math.inf
     import torch._dynamo  # noqa: F401 - torch.func's one-time import (seconds), not a probe's cost
 
+    probes = 2
+    tangents = torch.cat([torch.ones_like(rows)] * probes).view(probes, *rows.shape)
     try:
         for _ in range(2):
             with torch.no_grad():
                 start = time.perf_counter()
-                torch.func.jvp(features_and_logits(model, head), (rows,), (torch.ones_like(rows),))
+                forward_mode.jvps(features_and_logits(model, head), rows, tangents)
                 sync(rows.device)
-                jvp = (time.perf_counter() - start) / 2
-            if 2 * jvp >= _SETTLED_SECONDS:
+                elapsed = time.perf_counter() - start
+            jvp = max(elapsed - forward * len(rows), elapsed / 2) / (probes * len(rows))
+            if elapsed >= _SETTLED_SECONDS:
                 break  # as in _reverse_costs
     except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         jvp = math.inf
