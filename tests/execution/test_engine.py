@@ -205,6 +205,8 @@ def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
     assert Execution(batch_size=2).pull_rows(model, x, user_rows) == 2  # the user's bound holds
     loop = JacobianPlan("loop", 5, None, False)
     assert Execution().pull_rows(model, x, loop) == 5  # a reverse-mode plan's own rows
+    assert Execution().pull_rows(model, x, loop, copies=5) == 25  # ... as points of MMSE's copies
+    assert Execution(batch_size=5).pull_rows(model, x, loop, copies=5) == 5
 
 
 def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():

@@ -226,16 +226,21 @@ class Execution:
 
     def pull_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan, copies: int = 1) -> int:
         """Rows per pass of reverse-mode pullbacks (the routes' screenings and exact gradients):
-        the plan's rows; for a forward-mode plan, whose rows are sized for a tangent per input
-        coordinate, the rows of :data:`DEFAULT_JACOBIAN_ROWS` points of ``copies`` rows each (MMSE's
-        noisy copies) that a reverse-mode pass holds within the budget. The points of a pass
-        share its screening and its pull width, so the default bounds points, not rows."""
-        if plan.strategy != "forward" or self.batch_size is not None:
+        the user's ``batch_size``; else the rows of as many points of ``copies`` rows each (MMSE's
+        noisy copies) as the plan has rows, :data:`DEFAULT_JACOBIAN_ROWS` points for a
+        forward-mode plan (whose rows are sized for a tangent per input coordinate), as far as a
+        reverse-mode pass holds them within the budget (at least the plan's rows). The points of
+        a pass share its screening and its pull width, so the default bounds points, not rows:
+        counting rows, 32 rows held 6 points of 5 copies and MMSE screened 16 points in 3 groups."""
+        if self.batch_size is not None:
+            return plan.rows
+        points = DEFAULT_JACOBIAN_ROWS if plan.strategy == "forward" else plan.rows
+        if points * copies <= plan.rows:
             return plan.rows
         cost = row_cost(model, x)
         per_row = jacobian_row_bytes(cost, "loop", cost.classes, None)
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
-        return max(plan.rows, min(DEFAULT_JACOBIAN_ROWS * copies, fits))
+        return max(plan.rows, min(points * copies, fits))
 
     def graph_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
         """Rows whose forward graph a pass of pullbacks may keep for all its pulls: the user's
