@@ -34,6 +34,9 @@ sigma: per model, head and method, set by bisection so that the 10-class model's
 - with ``--first-use``: the 1,000-class auto call in a fresh process with an empty plan cache (what
   a user sees first), against its steady state.
 
+Plans are measured within the run (a temporary plan cache, unless ``PROBUST_CACHE_DIR`` is set), so
+a row does not depend on the plans earlier runs stored.
+
 Run (minutes to hours on 2 cores: the references compute every boundary's gradient):
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_imagenet.py [--models resnet18 ...] [--heads trained random]
@@ -315,7 +318,12 @@ def main() -> None:
         _child(args.child, args.vit_layers)
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {_cpu()}", flush=True)
-    rows, ok = run(args)
+    # Plans measured in this run only: a plan stored on disk by an earlier run (another route,
+    # another commit) would make the rows depend on what ran before (docs/performance.md, "MMSE's
+    # groups under a reverse-mode plan"). PROBUST_CACHE_DIR set by the caller is kept.
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ.setdefault("PROBUST_CACHE_DIR", cache)
+        rows, ok = run(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
