@@ -4,8 +4,8 @@ torch's forward-mode rules for convolution, linear layers and batch norm differe
 respect to every input, and under ``torch.func.jvp`` a module's weights enter with zero tangents:
 a convolution then runs three convolutions (the output, the input's tangent and the zero weight's)
 and an eval-mode batch norm recomputes its normalised input for the zero weight's term. On
-torchvision's ResNet50 at 224 x 224 that is 40% of a forward-mode pass (0.231 -> 0.140 s per row,
-8 rows, this project's CPU; docs/performance.md, "Forward mode"). :func:`jvp` is
+torchvision's ResNet50 at 224 x 224 that is a third of a forward-mode pass (0.233 -> 0.151 s per
+row at 8 rows, this project's CPU; docs/performance.md, "Forward mode"). :func:`jvp` is
 ``torch.func.jvp`` with those three rules replaced by ones that skip tangents that are absent, and
 gives the same bits: the skipped terms are exact zeros (a sum with them changes nothing but the
 sign of a zero), and the rules that remain are torch's own operations in torch's own order
@@ -191,13 +191,13 @@ class _BatchNormEval(torch.autograd.Function):
         bias_t: Tensor | None,
         _: None,
     ) -> Tensor | None:
+        if mean_t is not None or var_t is not None:
+            raise RuntimeError("batch_norm is not differentiable wrt running_mean and running_var (as in torch)")
         x, mean, var, weight = ctx.saved_tensors
         if not ctx.has_weight:
             weight = None
         shape = (-1, *([1] * (x.dim() - 2)))
         invstd = (1 / torch.sqrt(var + ctx.eps)).view(shape)
-        if mean_t is not None or var_t is not None:
-            raise RuntimeError("batch_norm is not differentiable wrt running_mean and running_var (as in torch)")
         normalised_t = None if x_t is None else x_t * invstd
         if normalised_t is not None and weight is not None:
             normalised_t = normalised_t * weight.view(shape)

@@ -402,7 +402,7 @@ def margin_sketch(
                     tangent = to_rows(tangent)
                 # vmap batches the k probes' tangents and not the rows' forward pass, which runs
                 # once instead of once per probe: the same bits as k stacked copies of the rows,
-                # 1.2-2.7x faster (docs/performance.md, "Forward mode").
+                # 1.2-2.7x faster on passes over a few milliseconds (docs/performance.md, "Forward mode").
                 output, output_t = forward_mode.jvps(model, primal, tangent.view(k, n, *shape))
                 out = output_t.view(k, n, -1).transpose(0, 1)  # [n, k, C]
                 if start == 0:
