@@ -318,12 +318,7 @@ def main() -> None:
         _child(args.child, args.vit_layers)
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {_cpu()}", flush=True)
-    # Plans measured in this run only: a plan stored on disk by an earlier run (another route,
-    # another commit) would make the rows depend on what ran before (docs/performance.md, "MMSE's
-    # groups under a reverse-mode plan"). PROBUST_CACHE_DIR set by the caller is kept.
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ.setdefault("PROBUST_CACHE_DIR", cache)
-        rows, ok = run(args)
+    rows, ok = run(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -337,4 +332,7 @@ def _cpu() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from _plan_cache import plans_of_this_run  # a sibling module of this script
+
+    with plans_of_this_run():
+        main()
