@@ -297,4 +297,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _plan_cache import plans_of_this_run  # a sibling module of this script
+
+    with plans_of_this_run():
+        sys.exit(main())

@@ -188,4 +188,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _plan_cache import plans_of_this_run  # a sibling module of this script
+
+    with plans_of_this_run():
+        main()
