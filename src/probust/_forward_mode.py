@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["jvp", "jvps"]
 
-_CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3, torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+_CONVS = frozenset({F.conv1d, F.conv2d, F.conv3d})  # torch.convNd themselves (the same builtins)
 _CONV_NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_DEFAULTS = (None, 1, 0, 1, 1)  # bias, stride, padding, dilation, groups
 _BN_NAMES = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
@@ -84,8 +84,7 @@ class _LeanTangents(TorchFunctionMode):
         if func in _CONVS and len(args) >= 2 and set(kwargs) <= set(_CONV_NAMES[2:]):
             x, weight, bias, stride, padding, dilation, groups = _arguments(args, kwargs, _CONV_NAMES, _CONV_DEFAULTS)
             if not isinstance(padding, str):
-                conv = (F.conv1d, F.conv2d, F.conv3d)[_CONVS[func] - 1]
-                return _Conv.apply(x, weight, bias, (conv, stride, padding, dilation, groups))
+                return _Conv.apply(x, weight, bias, (func, stride, padding, dilation, groups))
         elif func is F.linear and len(args) >= 2 and set(kwargs) <= {"bias"}:
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             return _Linear.apply(args[0], args[1], bias)
