@@ -37,20 +37,34 @@ from probust.training import RobustLoss
 __version__ = "0.3.0"
 
 
-def __getattr__(name: str):
-    # run_estimate pulls in pandas and pyarrow (the 'run' extra): import it only when asked for.
-    if name == "run_estimate":
-        from probust._extras import missing_extra
+#: What ``import probust`` gives on first use only, as (module, attribute or None for the module
+#: itself, the extra it needs): each pulls in an extra's packages (pandas, torchmetrics, ...).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "run_estimate": ("probust.run", "run_estimate"),
+    "score": ("probust.run.score", "score"),
+    "run": ("probust.run", None),
+    "metrics": ("probust.metrics", None),
+    "plots": ("probust.plots", None),
+}
 
-        try:
-            from probust.run import run_estimate
-        except ModuleNotFoundError as exc:
-            error = missing_extra(exc, "probust.run_estimate")
-            if error is None:
-                raise
-            raise error from exc
-        return run_estimate
-    raise AttributeError(f"module 'probust' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'probust' has no attribute {name!r}")
+    import importlib
+
+    from probust._extras import missing_extra
+
+    module_name, attribute = _LAZY[name]
+    feature = f"probust.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        error = missing_extra(exc, feature)
+        if error is None:
+            raise
+        raise error from exc
+    return module if attribute is None else getattr(module, attribute)
 
 
 __all__ = [
@@ -81,4 +95,5 @@ __all__ = [
     "predict",
     "radius_estimate",
     "run_estimate",
+    "score",
 ]

@@ -21,6 +21,8 @@ EXTRAS: dict[str, str] = {
     "report": "the experiments' figures and the HTML report (`probust report`, `probust demo`)",
     "data": "the built-in data sets, image folders and the resnet18 architecture",
     "hf": "Hugging Face image classifiers (--model hf:NAME, the vit architecture)",
+    "metrics": "the torchmetrics metric for validation loops (probust.metrics.AverageCaseRobustness)",
+    "lightning": "the Lightning callback that logs it (probust.metrics.RobustnessCallback)",
     "all": "every extra",
 }
 
@@ -34,6 +36,8 @@ MODULE_EXTRAS: dict[str, str] = {
     "sklearn": "data",
     "PIL": "data",
     "transformers": "hf",
+    "torchmetrics": "metrics",
+    "lightning": "lightning",
 }
 
 
