@@ -6,8 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from probust.errors import OptionError
 
 
 @dataclass
@@ -97,3 +100,82 @@ class Estimate:
         values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         moved: dict[str, Any] = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in values.items()}
         return Estimate(**moved)
+
+    def to_pandas(self, index_offset: int = 0, *, per_class: bool = False) -> Any:
+        """The estimate as a pandas DataFrame, one row per point (needs the ``run`` extra).
+
+        Columns: ``index`` (int64, ``index_offset + row``: the data-set index the estimator
+        derived each point's random stream from, when called with the same ``index_offset``),
+        then every field that is set, under its own name and dtype: the per-point tensors
+        [B] (``p``, ``target``, ``stderr``, ...) and the scalars repeated on every row
+        (``method``). Two fields are renamed to the runner's table's names, whose meaning they
+        have there: ``n_samples`` (evaluations spent on the point) is ``n_drawn``, and
+        ``confidence`` (the interval's level) is ``ci_level`` (the table's ``confidence`` is the
+        softmax probability of the clean prediction). Fields left None have no column.
+
+        Args:
+            index_offset: the index of row 0 in the data set (as given to the estimator).
+            per_class: also the per-class fields [B, C] (``margin``, ``grad_norm``, ``z``), each
+                as one column whose cells are numpy arrays [C] (``np.stack(df.z)`` gives
+                [B, C] back); left out by default: C may be large and they are diagnostics.
+
+        Returns:
+            A DataFrame with a fresh RangeIndex.
+        """
+        return rows_frame(self, index_offset, matrices=per_class, renamed=_TABLE_NAMES, feature="Estimate.to_pandas")
+
+
+#: Fields of :class:`Estimate` whose column in :meth:`Estimate.to_pandas` has the runner's
+#: table's name for the same quantity (and frees ``confidence`` for the table's meaning).
+_TABLE_NAMES = {"n_samples": "n_drawn", "confidence": "ci_level"}
+
+
+def rows_frame(
+    result: Any,
+    index_offset: int = 0,
+    *,
+    matrices: bool = False,
+    renamed: dict[str, str] | None = None,
+    feature: str = "to_pandas",
+) -> Any:
+    """A dataclass of per-point tensors (an :class:`Estimate`, a certification) as a pandas
+    DataFrame, one row per point; generic over its fields, so a field added later gets its
+    column without a change here.
+
+    Args:
+        result: a dataclass whose tensor fields have the batch as dim 0 ([B] or [B, k]).
+        index_offset: the first row's ``index`` (its index in the data set).
+        matrices: keep the [B, k] fields, as one column of numpy arrays [k] each.
+        renamed: field name -> column name.
+        feature: what asks, named in the error when pandas is missing.
+
+    Returns:
+        DataFrame with ``index`` (int64) first, then one column per set field in field order;
+        tensors as numpy arrays of their dtype, other values repeated on every row.
+    """
+    from probust._extras import import_extra
+
+    pd = import_extra("pandas", feature=feature)
+    if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
+        raise OptionError(f"must be an int >= 0, got {index_offset!r}", field="index_offset")
+    names = renamed or {}
+    rows = len(result)
+    columns: dict[str, Any] = {"index": np.arange(index_offset, index_offset + rows, dtype=np.int64)}
+    for f in fields(result):
+        value = getattr(result, f.name)
+        if value is None:
+            continue
+        name = names.get(f.name, f.name)
+        if isinstance(value, Tensor):
+            array = value.detach().cpu().numpy()
+            if array.ndim == 1:
+                columns[name] = array
+            elif matrices:
+                # Cells holding arrays: one row per point whatever the number of classes.
+                cells = np.empty(rows, dtype=object)
+                for row, item in enumerate(array.reshape(rows, -1)):
+                    cells[row] = item
+                columns[name] = cells
+        else:
+            columns[name] = [value] * rows
+    return pd.DataFrame(columns)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from probust.errors import OptionError
+from probust.estimators.result import rows_frame
 
 ABSTAIN = -1  #: ``prediction`` where the procedure abstains
 
@@ -162,6 +163,25 @@ class CertifyResult(_Rows):
             correct = self.correct(labels)
             return (self.certified & correct[:, None]).double().mean(0).cpu()
         return certified_accuracy(self.prediction, self.radius, labels, radii)
+
+    def to_pandas(self, index_offset: int = 0) -> Any:
+        """The result as a pandas DataFrame, one row per point (needs the ``run`` extra).
+
+        Columns: ``index`` (int64, ``index_offset + row``: the data-set index the draws were
+        derived from, when certified with the same ``index_offset``), ``prediction``,
+        ``radius``, ``p_lower``, ``selected``, ``hits``, ``n_drawn``, ``seconds`` (as the
+        attributes), ``sigma`` and ``alpha`` repeated on every row, ``abstained`` (bool), and,
+        with ``radii``, ``certified``: each cell a bool array [len(radii)], in the order of
+        ``radii`` (also in ``df.attrs["radii"]``; ``np.stack(df.certified)`` gives [B, R]).
+
+        Args:
+            index_offset: the index of row 0 in the data set (as given to CERTIFY).
+        """
+        frame = rows_frame(self, index_offset, matrices=True, feature="CertifyResult.to_pandas")
+        frame = frame.drop(columns="radii", errors="ignore")
+        frame.insert(frame.columns.get_loc("prediction") + 1, "abstained", self.abstained.cpu().numpy())
+        frame.attrs["radii"] = None if self.radii is None else list(self.radii)
+        return frame
 
 
 @dataclass
