@@ -4,7 +4,9 @@
     summary = probust.run.execute(probust.run.prepare(settings))
     df = probust.run.read_results("results/")
 
-or all at once: ``df = probust.run_estimate(...)``. Modules: :mod:`~probust.run.settings` (the
+or all at once: ``df = probust.run_estimate(...)``; in memory, without a folder (a Dataset, a
+DataLoader or tensors in, the same rows out): ``df = probust.score(model, data, sigma=0.1)``
+(:mod:`~probust.run.score`). Modules: :mod:`~probust.run.settings` (the
 arguments and their checks), :mod:`~probust.run.indices`, :mod:`~probust.run.sources` (data,
 model, hashes), :mod:`~probust.run.folder` (claiming, resuming, extending a folder),
 :mod:`~probust.run.work_units`, :mod:`~probust.run.methods` (what each method needs),
@@ -22,9 +24,10 @@ from probust.run.methods import ADAPTIVE_METHODS, DEFAULT_METHODS, LINEARISED_MC
 from probust.run.prepare import prepare, run_estimate
 from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.results_config import ResultsConfig, is_results_folder, read_results_config
+from probust.run.score import score
 from probust.run.settings import MMSE_SAMPLINGS, TARGETS, RunSettings
 from probust.run.sources import hash_state_dict
-from probust.run.store import FORMAT, FORMAT_VERSION, ResultStore, read_config, read_results
+from probust.run.store import FORMAT, FORMAT_VERSION, MemoryStore, ResultStore, read_config, read_results
 from probust.run.work_units import execute
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "CertifySettings",
     "ConfigError",
     "ConfigMismatchError",
+    "MemoryStore",
     "ResultStore",
     "ResultsConfig",
     "PreparedRun",
@@ -59,4 +63,5 @@ __all__ = [
     "read_results_config",
     "run_certify",
     "run_estimate",
+    "score",
 ]

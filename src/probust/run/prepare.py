@@ -26,24 +26,28 @@ import torch
 from torch import nn
 
 from probust.run import distributed
+from probust.run.distributed import World
 from probust.run.errors import ConfigError, agree
 from probust.run.files import ESTIMATE, Layout
 from probust.run.folder import claim_folder, new_config, request, start_history
 from probust.run.methods import DEFAULT_METHODS, tasks
 from probust.run.noise_options import noise_setting
 from probust.run.prepared import PreparedRun
-from probust.run.settings import RunSettings, recorded
+from probust.run.settings import RunSettings, check_keywords, recorded
 from probust.run.sources import (
     batch,
+    class_names,
     data_name,
     data_split,
     device_type,
     input_shape,
     load_data,
     load_model,
+    num_classes,
     resolve_device,
+    single_class_note,
 )
-from probust.run.store import ResultStore, read_results
+from probust.run.store import FORMAT_VERSION, MemoryStore, ResultStore, read_results
 from probust.run.work_units import execute
 
 __all__ = ["Grid", "prepare", "prepare_folder", "run_estimate"]
@@ -70,7 +74,9 @@ class Grid:
     linearisation_samples: int = 5
 
 
-def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> PreparedRun:
+def prepare(
+    settings: RunSettings, *, argv: Sequence[str] | None = None, store: MemoryStore | None = None
+) -> PreparedRun:
     """Load the data and the model, and claim the output folder.
 
     Nothing is computed. Under torchrun this joins the process group; every rank must call it.
@@ -78,6 +84,8 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> Prep
     Args:
         settings: the run (already checked when it was built).
         argv: the command line, recorded in the folder's history (None from Python).
+        store: keep the rows in memory instead of ``settings.out`` (:func:`probust.score`):
+            no folder is claimed, and the run is this process's alone (see :func:`prepare_folder`).
 
     Raises:
         ConfigError: a missing data set, a model that does not fit the data, an output folder
@@ -105,7 +113,7 @@ def prepare(settings: RunSettings, *, argv: Sequence[str] | None = None) -> Prep
             linearisation_samples=s.mmse_samples[0],
         )
 
-    return prepare_folder(settings, ESTIMATE, grid, argv=argv)
+    return prepare_folder(settings, ESTIMATE, grid, argv=argv, store=store)
 
 
 def refuse_integer_inputs(ds: Any, selected: np.ndarray, consequence: str) -> None:
@@ -143,6 +151,7 @@ def prepare_folder(
     grid: Callable[[Any, np.ndarray], Grid],
     *,
     argv: Sequence[str] | None = None,
+    store: MemoryStore | None = None,
 ) -> PreparedRun:
     """:func:`prepare` for any command writing a results folder of ``layout``: join torchrun's
     group, load the data and the model, select the points, claim the folder (every check before
@@ -155,13 +164,18 @@ def prepare_folder(
         grid: ``grid(dataset, selected indices int64 [P]) -> Grid``, called on every rank; may
             raise :class:`~probust.run.ConfigError`.
         argv: the command line, recorded in the folder's history.
+        store: where the rows go instead of the folder ``settings.out``: nothing on disk (no
+            folder claimed, locked or recorded, no data hash), and one process, whatever
+            torchrun's environment says: every rank of a job computes every point itself, so
+            no rank waits for another (the rows are each rank's own).
 
     Raises:
         ConfigError, ConfigMismatchError: as :func:`prepare`.
     """
     s = settings
-    world = distributed.join(device_type(s.device))
-    store = ResultStore(s.out, layout)
+    memory = store is not None
+    world = World() if memory else distributed.join(device_type(s.device))
+    store = store if store is not None else ResultStore(s.out, layout)
     try:
         plan = None
         error: BaseException | None = None
@@ -180,9 +194,14 @@ def prepare_folder(
                     )
                 selected = selected[: s.limit] if s.limit is not None else selected
             module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights, s.model_args)
+            spread = single_class_note(ds, selected, s.limit) if s.selected is None else None
+            notes = notes + ([spread] if spread else [])
             work = grid(ds, selected)
-            config = new_config(ds, s.split, model_info, work.recorded, work.request, dev, world, layout.format)
-            if world.is_main:
+            if memory:
+                config = _memory_config(ds, s.split, model_info, work, layout)
+            else:
+                config = new_config(ds, s.split, model_info, work.recorded, work.request, dev, world, layout.format)
+            if world.is_main and not memory:
                 config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
             plan = PreparedRun(
                 store=store,
@@ -203,7 +222,7 @@ def prepare_folder(
             error = exc
         agree(world, error)
         assert plan is not None
-        if world.is_main:
+        if world.is_main and not memory:
             try:
                 start_history(plan, s.overwrite, argv, s.allow_version_change)
             except ConfigError as exc:
@@ -217,12 +236,36 @@ def prepare_folder(
         raise
 
 
+def _memory_config(ds: Any, split: str, model_info: dict[str, Any], work: Grid, layout: Layout) -> dict[str, Any]:
+    """What a run kept in memory records of itself: ``config.json``'s "format", "run" (without
+    the data's sha256: no folder's identity to check, and hashing would read every point),
+    "requests", "model" and "data"."""
+    return {
+        "format": layout.format,
+        "format_version": FORMAT_VERSION,
+        "run": {
+            "dataset": data_name(ds),
+            "split": data_split(ds, split),
+            "data_size": len(ds),
+            "model_sha256": model_info["sha256"],
+            **work.recorded,
+        },
+        "requests": [work.request],
+        "model": model_info,
+        "data": {
+            "input_shape": list(input_shape(ds)),
+            "num_classes": num_classes(ds),
+            "classes": class_names(ds) or [],
+        },
+    }
+
+
 def run_estimate(
     data: str | Any,
     model: str | os.PathLike | nn.Module,
     sigmas: float | Sequence[float],
     methods: str | Sequence[str] = DEFAULT_METHODS,
-    out: str | os.PathLike = "results",
+    out: str | os.PathLike | None = "results",
     **options: Any,
 ) -> Any:
     """Score a data set with estimators of p_robust at several noise levels, into ``out``.
@@ -246,8 +289,16 @@ def run_estimate(
             version (``allow_version_change``) or results format.
         TiedPredictionError: with ``target="prediction"``, the clean prediction of a point to
             compute is tied between two classes (found before any estimator runs).
-        TypeError: an unknown keyword argument.
+        ConfigError: also an unknown keyword argument (named, with the valid ones), and
+            ``out=None`` (:func:`probust.score` gives the table in memory).
     """
+    check_keywords(options)
+    if out is None:
+        raise ConfigError(
+            "run_estimate writes its rows into a results folder: give one, or use probust.score(model, data, "
+            "sigma, ...) for the table in memory",
+            field="out",
+        )
     sigmas = (sigmas,) if isinstance(sigmas, (int, float)) else sigmas
     settings = RunSettings(data=data, model=model, sigmas=sigmas, methods=methods, out=out, **options)
     plan = prepare(settings)

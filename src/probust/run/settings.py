@@ -17,6 +17,7 @@ error-to-flag map are all derived from these declarations.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +40,7 @@ from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
 from probust.run.methods import DEFAULT_METHODS
 from probust.run.noise_options import DEFAULT_DESCRIPTION, NOISE_KINDS, NOISE_SCALES, check_noise
-from probust.run.sources import device_type
+from probust.run.sources import as_dataset, device_type
 
 __all__ = [
     "GROUPS",
@@ -56,6 +57,7 @@ __all__ = [
     "SeedOptions",
     "SourceOptions",
     "check_declared",
+    "check_keywords",
     "estimator_parameters",
     "model_argument",
     "recorded",
@@ -192,6 +194,8 @@ def _indices(value: Any, name: str) -> tuple[int, ...] | None:
 def _data(data: Any, name: str) -> Any:
     if isinstance(data, (str, os.PathLike)):
         return data
+    # A DataLoader's data set (checked to be read as the loader reads it), tensors as a data set.
+    data = as_dataset(data)
     if not hasattr(data, "__getitem__") or not hasattr(data, "__len__") or isinstance(data, bytes):
         raise ConfigError(
             f"expected a data set name or a Dataset with ds[i] -> (x, label) and len(ds), got {data!r}", field=name
@@ -714,10 +718,66 @@ class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOption
             )
         gaussian = [m for m in self.methods if REGISTRY[m].needs_gaussian]
         check_noise(self.noise, self.noise_std, self.noise_cov, self.noise_scale, gaussian)
+        if self.target == "label" and getattr(self.data, "labelled", True) is False:
+            raise ConfigError(
+                "'label' needs the points' labels and the data came without them: give (x, y), or measure the "
+                "clean prediction with ",
+                Setting("target", "prediction"),
+                field="target",
+            )
 
     def replace(self, **changes: Any) -> RunSettings:
         """A copy with some arguments changed (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+def check_keywords(
+    given: Iterable[str],
+    *,
+    settings: type | None = None,
+    function: str = "run_estimate",
+    others: Iterable[str] = (),
+    without: Iterable[str] = (),
+) -> None:
+    """Refuse keyword arguments that are neither options of ``settings`` (default
+    :class:`RunSettings`) nor ``others`` (or are in ``without``), where the dataclass would raise
+    a bare TypeError.
+
+    The message names the keyword, the closest valid one (difflib) or the option a command-line
+    flag of that name sets (``quiet`` -> ``show_progress=False``), and every valid keyword.
+
+    Raises:
+        ConfigError: ``field`` is the unknown keyword.
+    """
+    cls = RunSettings if settings is None else settings
+    valid = sorted(({f.name for f in dataclasses.fields(cls)} | set(others)) - set(without))
+    unknown = [k for k in given if k not in valid]
+    if not unknown:
+        return
+    name = unknown[0]
+    hint: tuple[Any, ...] = ()
+    flag = _flag_options(cls).get(name)
+    if flag is not None:
+        hint = (" (did you mean ", flag, f", the command line's --{name.replace('_', '-')}?)")
+    else:
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        if close:
+            hint = (" (did you mean ", Setting(close[0]), "?)")
+    raise ConfigError(f"not an argument of {function}", *hint, f"; its arguments: {', '.join(valid)}", field=name)
+
+
+def _flag_options(cls: type) -> dict[str, Setting]:
+    """A command-line flag's words (``quiet`` for ``--quiet``) -> the option it sets from Python,
+    where the two are named differently (``show_progress=False``, ``sigmas``)."""
+    out: dict[str, Setting] = {}
+    for f, o in declared(cls):
+        for flag in (o.flag or "", *o.aliases):
+            word = flag.lstrip("-").replace("-", "_")
+            if not word or word == f.name:
+                continue
+            # A switch whose flag turns the default True off (--quiet, --no-merge).
+            out[word] = Setting(f.name, False) if f.default is True else Setting(f.name)
+    return out
 
 
 def check_declared(settings: Any) -> None:

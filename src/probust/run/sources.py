@@ -15,6 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    TensorDataset,
+    default_collate,
+    default_convert,
+)
 
 from probust._checks import eval_mode
 from probust._io import sha256_file
@@ -26,7 +38,11 @@ from probust.run.errors import ConfigError, first_line
 #: The options of :class:`probust.data.FileOptions`: run settings of the same names.
 
 __all__ = [
+    "NO_LABEL",
+    "TensorPoints",
+    "as_dataset",
     "batch",
+    "class_names",
     "config_value",
     "data_name",
     "data_split",
@@ -36,8 +52,11 @@ __all__ = [
     "input_shape",
     "load_data",
     "load_model",
+    "loader_dataset",
     "num_classes",
+    "point_paths",
     "resolve_device",
+    "single_class_note",
 ]
 
 
@@ -126,6 +145,196 @@ def load_data(data: Any, split: str, root: str | os.PathLike | None, download: b
         raise ConfigError(first_line(exc), field="data") from None
     except ValueError as exc:
         raise ConfigError(*first_parts(exc), field="data") from None
+
+
+class TensorPoints(Dataset):
+    """Tensors as a data set: ``ds[i] -> (x float32 [*S], label int)``, for data given as
+    tensors (``x`` [N, *S], or ``(x, y)``) rather than a data set.
+
+    Attributes:
+        name: "tensors"; ``split`` "all".
+        labelled: whether labels were given; without them every label is -1 (:data:`NO_LABEL`).
+        stored_dtype: the dtype ``x`` was given in when it is not floating point (served as
+            float32 in its units, and refused by the runner, as a file's integer inputs are).
+        source: "the tensor x", for messages.
+    """
+
+    def __init__(self, x: Any, y: Any = None) -> None:
+        x = torch.as_tensor(x)
+        if x.ndim < 2 or x.shape[0] == 0:
+            raise ConfigError(
+                f"expected inputs x [N, ...] with N >= 1, got a tensor of shape {list(x.shape)}", field="data"
+            )
+        self.labelled = y is not None
+        if y is None:
+            y = torch.full((x.shape[0],), NO_LABEL, dtype=torch.int64)
+        else:
+            y = torch.as_tensor(y)
+            if y.shape != (x.shape[0],) or y.is_floating_point() or y.is_complex():
+                raise ConfigError(
+                    f"expected integer labels y [{x.shape[0]}] with x [{', '.join(map(str, x.shape))}], got "
+                    f"{str(y.dtype).removeprefix('torch.')} {list(y.shape)}",
+                    field="data",
+                )
+        self.stored_dtype = None if x.is_floating_point() else str(x.dtype).removeprefix("torch.")
+        self._x, self._y = x.to(torch.float32), y.to(torch.int64)
+        self.name, self.split, self.source = "tensors", "all", "the tensor x"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._x.shape[1:])
+
+    @property
+    def targets(self) -> Tensor:
+        return self._y
+
+    def __len__(self) -> int:
+        return int(self._x.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self._x[index], int(self._y[index])
+
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        """``(x float32 [N, *S], y int64 [N])``."""
+        return self._x, self._y
+
+    def subset(self, indices: Tensor) -> TensorPoints:
+        part = TensorPoints(self._x[indices], self._y[indices])
+        part.labelled, part.stored_dtype = self.labelled, self.stored_dtype
+        return part
+
+
+#: The label of a point whose data came without labels (:class:`TensorPoints`).
+NO_LABEL = -1
+
+
+def as_dataset(data: Any) -> Any:
+    """The map-style data set ``data`` stands for: a DataLoader's (:func:`loader_dataset`);
+    :class:`TensorPoints` for a tensor or array ``x`` [N, ...], a pair ``(x, y)`` or a
+    one-tensor ``torch.utils.data.TensorDataset``; anything else as it is (a data set, a name,
+    a path).
+
+    Raises:
+        ConfigError: (field ``data``) a DataLoader whose points cannot be read one by one as it
+            reads them, or tensors of the wrong shapes.
+    """
+    if isinstance(data, DataLoader):
+        return as_dataset(loader_dataset(data))
+    if isinstance(data, (Tensor, np.ndarray)):
+        return TensorPoints(data)
+    pair = isinstance(data, (tuple, list)) and 1 <= len(data) <= 2
+    if pair and all(isinstance(d, (Tensor, np.ndarray)) for d in data):
+        return TensorPoints(*data)
+    if isinstance(data, TensorDataset) and len(data.tensors) == 1:
+        return TensorPoints(data.tensors[0])
+    return data
+
+
+def loader_dataset(loader: DataLoader) -> Any:
+    """The data set a DataLoader reads, when reading it point by point (``ds[i]`` for every
+    i, in order) gives the points the loader gives.
+
+    Each point's random stream derives from its index in the data set, and the work is cut into
+    blocks of its own size, so the loader's batch size and ``drop_last`` do not matter (every
+    point is scored) and nor does ``num_workers`` (points are read in this process). Refused,
+    with the reason: an ``IterableDataset`` (its points have no index), a shuffled loader or
+    any sampler but the sequential one (the points it picks would not be those scored), and a
+    ``collate_fn`` other than torch's default (what it does to a batch would be bypassed).
+
+    Raises:
+        ConfigError: (field ``data``) naming what to change.
+    """
+    ds = loader.dataset
+    if isinstance(ds, IterableDataset):
+        raise ConfigError(
+            f"the DataLoader reads an IterableDataset ({type(ds).__name__}): its points have no index, from "
+            "which each point's random stream is derived; give a map-style Dataset (ds[i] -> (x, label)) or "
+            "the tensors (x, y)",
+            field="data",
+        )
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler):
+        raise ConfigError(
+            "the DataLoader is shuffled (shuffle=True): its data set is read by index, in order (each "
+            "point's random stream derives from its index), so the rows would not follow the loader's order; "
+            "pass a loader with shuffle=False, or the data set itself (every row carries its point's index)",
+            field="data",
+        )
+    batches = loader.batch_sampler
+    if not isinstance(sampler, SequentialSampler) or (
+        batches is not None and (type(batches) is not BatchSampler or batches.sampler is not sampler)
+    ):
+        picker = type(sampler if not isinstance(sampler, SequentialSampler) else batches).__name__
+        raise ConfigError(
+            f"the DataLoader picks its points with a {picker}: every point of loader.dataset is scored, in "
+            "index order, so its choice would be ignored; choose the points with indices (or a "
+            "torch.utils.data.Subset) and a loader without a sampler",
+            field="data",
+        )
+    if loader.collate_fn not in (default_collate, default_convert):
+        name = getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__)
+        raise ConfigError(
+            f"the DataLoader has its own collate_fn ({name}): points are read from loader.dataset one by "
+            "one (ds[i] -> (x, label)), which would bypass it; do what it does in the data set's transform "
+            "(or in the model), or give the tensors (x, y)",
+            field="data",
+        )
+    return ds
+
+
+def class_names(ds: Any) -> list[str] | None:
+    """The data set's class names, index = label (its ``classes``; a ``Subset``'s data set's),
+    or None when it has none."""
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    classes = getattr(ds, "classes", None)
+    if isinstance(classes, (list, tuple)) and classes:
+        return [str(c) for c in classes]
+    return None
+
+
+def point_paths(ds: Any, indices: np.ndarray) -> list[str] | None:
+    """The file each point ``indices`` (int64 [P]) was read from, or None when the data set does
+    not say: probust's image folders (``files``), torchvision's ``ImageFolder`` and
+    ``DatasetFolder`` (``samples``: (path, class) pairs), and a ``Subset`` of either."""
+    positions = np.asarray(indices, dtype=np.int64)
+    while isinstance(ds, Subset):
+        positions = np.asarray(ds.indices, dtype=np.int64)[positions]
+        ds = ds.dataset
+    files = getattr(ds, "files", None)
+    if files is None and isinstance(getattr(ds, "samples", None), list):
+        files = [sample[0] if isinstance(sample, (tuple, list)) else None for sample in ds.samples]
+    # Only a list of one file per point of this very data set.
+    if not isinstance(files, list) or len(files) != len(ds) or any(f is None for f in files):
+        return None
+    return [str(files[int(i)]) for i in positions]
+
+
+def single_class_note(ds: Any, selected: np.ndarray, limit: int | None) -> str | None:
+    """A warning when ``limit`` cut the data set to its first points and these hold one label
+    while the data set holds several (a data set sorted by class, as an image folder is),
+    saying how to spread them; None otherwise. Reads every label where the data set has
+    ``targets``, else the selected points' items and its number of classes."""
+    if limit is None or limit >= len(ds) or len(selected) < 2:
+        return None
+    targets = getattr(ds, "targets", None)
+    if targets is not None and len(targets) == len(ds):
+        labels = np.asarray(torch.as_tensor(targets), dtype=np.int64)
+        chosen, several = labels[selected], len(np.unique(labels)) > 1
+    else:
+        chosen, several = batch(ds, selected)[1].numpy(), (num_classes(ds) or 0) > 1
+    if not several or len(np.unique(chosen)) > 1 or int(chosen[0]) == NO_LABEL:
+        return None
+    label = int(chosen[0])
+    names = class_names(ds)
+    which = f"class {names[label]!r} (label {label})" if names and 0 <= label < len(names) else f"label {label}"
+    step = len(ds) // limit
+    return (
+        f"limit={limit} scores the first {len(selected)} points of {data_name(ds)}, all of {which}, while it holds "
+        f"several classes (is it sorted by class?); to spread them over the data set select them by index, "
+        f'e.g. every {step}th point with the same limit: indices="0-{len(ds) - 1}:{step}" '
+        f"(--indices 0-{len(ds) - 1}:{step})"
+    )
 
 
 def data_name(ds: Any) -> str:
