@@ -271,3 +271,18 @@ def test_no_warning_where_the_first_points_hold_several_labels():
         warnings.simplefilter("error")
         df = probust.score(tiny_model(), tiny_data(), 0.1, "softmax", limit=5, **SMALL)
     assert df.label.nunique() > 1
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
+def test_score_gives_the_rows_of_the_command_line(tmp_path):
+    from probust.cli import main
+
+    x, y = tiny_data().tensors()
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
+    torch.jit.save(torch.jit.trace(tiny_model().eval(), x[:2]), tmp_path / "m.pt")
+    data, model = str(tmp_path / "d.npz"), str(tmp_path / "m.pt")
+    flags = ["--mc-samples", "200", "--mmse-samples", "3", "--batch-size", "6", "--device", "cpu", "--quiet"]
+    command = ["estimate", "--data", data, "--model", model, "--sigma", "0.3", "--methods", *METHODS]
+    assert main([*command, *flags, "--out", str(tmp_path / "r")]) == 0
+    df = probust.score(model, data, 0.3, METHODS, **SMALL)
+    assert_same_rows(df, probust.run.read_results(tmp_path / "r"))
