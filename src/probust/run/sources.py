@@ -332,7 +332,7 @@ def single_class_note(ds: Any, selected: np.ndarray, limit: int | None) -> str |
     return (
         f"limit={limit} scores the first {len(selected)} points of {data_name(ds)}, all of {which}, while it holds "
         f"several classes (is it sorted by class?); to spread them over the data set select them by index, "
-        f'e.g. every {step}th point with the same limit: indices="0-{len(ds) - 1}:{step}" '
+        f'e.g. one point in every {step}, with the same limit: indices="0-{len(ds) - 1}:{step}" '
         f"(--indices 0-{len(ds) - 1}:{step})"
     )
 
