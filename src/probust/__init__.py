@@ -29,6 +29,7 @@ from probust.estimators import (
     estimate,
     make_estimator,
 )
+from probust.models import Normalize, with_normalization
 from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.smoothing import Certify, CertifyResult, Predict, PredictResult, certify, predict, radius_estimate
@@ -80,6 +81,7 @@ __all__ = [
     "MonteCarloCV",
     "MonteCarloIS",
     "Noise",
+    "Normalize",
     "Predict",
     "PredictResult",
     "RobustLoss",
@@ -96,4 +98,5 @@ __all__ = [
     "radius_estimate",
     "run_estimate",
     "score",
+    "with_normalization",
 ]

@@ -218,6 +218,10 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "off",
         "--noise",
         "uniform",
+        "--mean",
+        "0.5",
+        "--std",
+        "0.25",
     ]
     assert main(["estimate", *args]) == 0
     run = json.loads((in_root / "rec" / "config.json").read_text())["run"]
@@ -234,6 +238,8 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "mc_half_width": 0.2,
         "prune": "off",
         "noise": {"kind": "uniform"},
+        "mean": [0.5],
+        "std": [0.25],
     }
     records = {o.record for _, o in declared(RunSettings) if o.record is not None}
     assert records == set(expected), "a recorded option without a test value"
@@ -312,6 +318,10 @@ def test_recorded_certify_flags_arrive_in_config_json(in_root):
         "mmse",
         "--estimate-copies",
         "2",
+        "--mean",
+        "0.5",
+        "--std",
+        "0.25",
     ]
     assert main(["certify", *args]) == 0
     config = json.loads((in_root / "crec" / "config.json").read_text())
@@ -325,6 +335,8 @@ def test_recorded_certify_flags_arrive_in_config_json(in_root):
         "futility": 0.01,
         "estimate": "mmse",
         "estimate_copies": 2,
+        "mean": [0.5],
+        "std": [0.25],
     }
     records = {o.record for _, o in declared(CertifySettings) if o.record is not None}
     assert records == set(expected), "a recorded option without a test value"

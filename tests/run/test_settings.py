@@ -229,6 +229,11 @@ WRONG_TYPE = [
     ("noise_scale", None),
     ("prune", 3),
     ("prune", None),
+    ("mean", object()),
+    ("mean", True),
+    ("mean", {"r": 0.5}),
+    ("std", "x"),
+    ("std", [True]),
 ]
 
 

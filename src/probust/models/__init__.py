@@ -15,6 +15,13 @@ Models from the user's code: :func:`build_from_factory` (``package.module:functi
 output that is not logits ``[B, C]``. :func:`load_hf_classifier` reads a Hugging Face image
 classifier saved with ``save_pretrained`` (``pip install probust[hf]``), offline.
 
+Models that expect normalised inputs (timm, torchvision, Hugging Face): :class:`Normalize`
+(``probust.Normalize(mean, std)``) puts the normalisation inside the model, so that sigma stays in
+pixel units, and :func:`with_normalization` puts it in front of a model from where the statistics
+are written (a timm model's ``pretrained_cfg``, torchvision weights, a Hugging Face processor)::
+
+    model = probust.with_normalization(timm.create_model("resnet18"))  # (x - mean) / std inside
+
 Example:
     >>> model = probust.models.build("cnn", num_classes=10, input_shape=(1, 28, 28))
     >>> probust.models.save_checkpoint("m.pt", model, {"dataset": "fashion-mnist"})
@@ -31,8 +38,8 @@ from probust.models._checkpoint import (
     sidecar_path,
 )
 from probust.models._factory import build_from_factory, is_factory, load_weights, output_problem
-from probust.models._hf import HF_PREFIX, HFImageClassifier, load_hf_classifier
-from probust.models._layers import Normalize
+from probust.models._hf import HF_PREFIX, HFImageClassifier, hf_normalization, load_hf_classifier
+from probust.models._layers import Normalize, StatisticsError, with_normalization
 from probust.models._mlp import MLP
 from probust.models._model_files import ExportedModel, load_model
 from probust.models._registry import ARCHS, FLAT_ARCHS, build, check_arch, spec_of
@@ -52,11 +59,13 @@ __all__ = [
     "Normalize",
     "ResNet18",
     "SmallCNN",
+    "StatisticsError",
     "build",
     "build_from_factory",
     "check_arch",
     "check_compatible",
     "cnn_padding",
+    "hf_normalization",
     "is_factory",
     "load_weights",
     "output_problem",
@@ -67,4 +76,5 @@ __all__ = [
     "save_checkpoint",
     "sidecar_path",
     "spec_of",
+    "with_normalization",
 ]

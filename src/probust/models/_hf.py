@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from probust._io import first_line
+from probust.errors import OptionError
 from probust.models._checkpoint import CheckpointError
+from probust.models._stats_sources import PROCESSOR_FILE, hf_stats
 
 #: The prefix that marks a Hugging Face folder as ``--model``.
 HF_PREFIX = "hf:"
@@ -27,6 +30,10 @@ class HFImageClassifier(nn.Module):
     The processor's normalisation (``image_mean``, ``image_std`` of ``preprocessor_config.json``,
     when ``do_normalize`` is not false) is applied inside, so inputs and noise stay in [0, 1] pixel
     units; images are not resized (give the data the model's size, e.g. with ``--image-size``).
+
+    Args:
+        model: a ``transformers`` image classifier (``model(pixel_values=x).logits``).
+        mean, std: the per-channel statistics applied first; None: none (inputs as given).
     """
 
     def __init__(self, model: nn.Module, mean: list[float] | None = None, std: list[float] | None = None) -> None:
@@ -45,9 +52,41 @@ class HFImageClassifier(nn.Module):
         return self.model(pixel_values=x).logits
 
 
-def load_hf_classifier(folder: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+def hf_normalization(folder: str | os.PathLike) -> tuple[list[float] | None, list[float] | None, str | None]:
+    """How a Hugging Face folder normalises its inputs: ``(mean, std, problem)``.
+
+    ``mean`` and ``std`` are its processor's ``image_mean`` and ``image_std`` (None and None where
+    there is none, or where ``do_normalize`` is false: the model then takes [0, 1] pixels as they
+    are). ``problem`` says, where the folder does not tell, that the model will run on
+    unnormalised [0, 1] inputs and how to give it the statistics; None where the folder tells.
+    """
+    path = Path(folder)
+    processor = path / PROCESSOR_FILE
+    consequence = (
+        "the model runs on unnormalised [0, 1] inputs, so sigma is in those units but the model may expect "
+        "normalised ones; give its statistics (--mean/--std on the command line; in Python mean= and std=, or "
+        "probust.with_normalization(model, mean=..., std=...)), or save its image processor into the folder "
+        "(processor.save_pretrained)"
+    )
+    if not processor.is_file():
+        return None, None, f"{path} has no {PROCESSOR_FILE}: {consequence}"
+    try:
+        stats = hf_stats(json.loads(processor.read_text()), "processor")
+    except (OptionError, ValueError) as exc:  # a processor without statistics, or a broken file
+        reason = exc.reason if isinstance(exc, OptionError) else first_line(exc)
+        return None, None, f"{processor}: {reason}: {consequence}"
+    return (None, None, None) if stats is None else (*stats, None)
+
+
+def load_hf_classifier(folder: str | os.PathLike, *, warn: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     """The image classifier saved in ``folder`` (``save_pretrained``), in eval mode, and its meta
-    (``format``, ``model_type``, ``labels`` from the config's ``id2label``).
+    (``format``, ``model_type``, ``labels`` from the config's ``id2label``, ``normalize``: whether
+    its processor's statistics are applied inside).
+
+    The model takes ``[B, C, H, W]`` pixels in [0, 1]; the folder's ``preprocessor_config.json``
+    gives the normalisation applied inside (see :class:`HFImageClassifier`). A folder without one
+    (or whose processor normalises without saying with what) runs the model on unnormalised
+    inputs: a ``UserWarning`` says so (see :func:`hf_normalization`), unless ``warn`` is false.
 
     Raises:
         CheckpointError: ``transformers`` is missing, or the folder holds no image classifier.
@@ -74,12 +113,9 @@ def load_hf_classifier(folder: str | os.PathLike) -> tuple[nn.Module, dict[str, 
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    mean = std = None
-    processor = path / "preprocessor_config.json"
-    if processor.is_file():
-        settings = json.loads(processor.read_text())
-        if settings.get("do_normalize", True) and "image_mean" in settings and "image_std" in settings:
-            mean, std = [float(v) for v in settings["image_mean"]], [float(v) for v in settings["image_std"]]
+    mean, std, problem = hf_normalization(path)
+    if problem is not None and warn:
+        warnings.warn(problem, UserWarning, stacklevel=2)
     config = model.config
     meta = {
         "format": "huggingface",

@@ -15,7 +15,8 @@ sigma, ``certify_sigma<S>.tsv`` in the authors' column format (:func:`tsv_name`)
 Each point's draws depend only on (seed, its index in the data set): ``index_offset`` is the
 data-set index, so the table does not depend on the batch size, resumption or the number of ranks.
 The noise is added to the tensors the model receives (pixel space for a model with its
-normalisation inside); radii are L2 distances in those units.
+normalisation inside, or given as ``mean`` / ``std``: ``--mean`` / ``--std``); radii are L2
+distances in those units.
 """
 
 from __future__ import annotations

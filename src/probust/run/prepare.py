@@ -193,7 +193,9 @@ def prepare_folder(
                         field="indices",
                     )
                 selected = selected[: s.limit] if s.limit is not None else selected
-            module, model_info, notes = load_model(s.model, dev, ds, s.allow_pickle, s.weights, s.model_args)
+            module, model_info, notes = load_model(
+                s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std
+            )
             spread = single_class_note(ds, selected, s.limit) if s.selected is None else None
             notes = notes + ([spread] if spread else [])
             work = grid(ds, selected)

@@ -301,6 +301,36 @@ def _array(value: Any, name: str) -> Any:
     return value
 
 
+def _statistics(positive: bool) -> Any:
+    """A normalisation statistic (``mean``, ``std``): None, or finite numbers (``std``: positive)
+    as a tuple of floats, one per channel or one for all."""
+
+    def check(value: Any, name: str) -> tuple[float, ...] | None:
+        if value is None:
+            return None
+        items = _items(value, name, "a number")
+        if not items:
+            raise ConfigError("give one value per channel, or one for all", field=name)
+        out = []
+        for item in items:
+            v = _number(item, name)
+            if not np.isfinite(v) or (positive and v <= 0):
+                raise ConfigError(f"must be {'positive' if positive else 'finite'} numbers, got {item}", field=name)
+            out.append(v)
+        return tuple(out)
+
+    return check
+
+
+def _check_normalization(settings: Any) -> None:
+    """``mean`` and ``std`` have the same length, or one of them has one value."""
+    mean, std = getattr(settings, "mean", None), getattr(settings, "std", None)
+    if mean is not None and std is not None and len(mean) != len(std) and 1 not in (len(mean), len(std)):
+        raise ConfigError(
+            f"has {len(std)} values and ", Setting("mean"), f" {len(mean)}: give one per channel to both", field="std"
+        )
+
+
 def _named(methods: Iterable[str]) -> str:
     return ", ".join(methods)
 
@@ -365,6 +395,29 @@ class SourceOptions:
         False,
         help="accept model files that run code when loaded (torch.save(model))",
         check=_bool,
+    )
+    mean: Sequence[float] | None = option(
+        None,
+        help="the per-channel means of the normalisation the model expects (e.g. ImageNet's 0.485 0.456 0.406, "
+        "a timm model's pretrained_cfg): the model is scored on (x - mean) / std, so the data and sigma stay "
+        "in pixel units; one value per channel, or one for all. Recorded in config.json",
+        default_help="0",
+        metavar="M",
+        many=True,
+        check=_statistics(False),
+        record="mean",
+        implied=None,
+    )
+    std: Sequence[float] | None = option(
+        None,
+        help="the per-channel standard deviations of that normalisation (e.g. ImageNet's 0.229 0.224 0.225); "
+        "positive. Recorded in config.json",
+        default_help="1",
+        metavar="S",
+        many=True,
+        check=_statistics(True),
+        record="std",
+        implied=None,
     )
     sigmas: Sequence[float] = option(
         help="noise standard deviations per input coordinate, in the units of x (pixel units, [0, 1] scale for images)",
@@ -800,6 +853,7 @@ def check_declared(settings: Any) -> None:
         raise ConfigError(f"expected train or test, got {settings.split!r}", field="split")
     if settings.overwrite and settings.extend:
         raise ConfigError(Setting("overwrite", True), " and ", Setting("extend", True), " exclude each other")
+    _check_normalization(settings)
 
 
 def recorded(settings: Any, noise_description: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "config_value",
     "data_name",
     "data_split",
+    "data_units_note",
     "device_type",
     "hash_data",
     "hash_state_dict",
@@ -411,13 +412,22 @@ def load_model(
     allow_pickle: bool,
     weights: str | os.PathLike | None = None,
     model_args: Mapping[str, Any] | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """The model on ``device``, a JSON description (with its sha256), and warnings.
 
     ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
     saved with ``save_pretrained``), or ``package.module:function`` (a factory called with the
-    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded."""
+    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded.
+    With ``mean`` or ``std`` (per-channel statistics; one value or one per channel of the data)
+    the model is fed ``(x - mean) / std`` (:class:`probust.Normalize` in front of it; the
+    description and its sha256 stay the model's own). The warnings include
+    :func:`data_units_note`'s and a Hugging Face folder's that does not say how to normalise."""
     shape, classes, notes = input_shape(ds), num_classes(ds), []
+    normalizing = mean is not None or std is not None
+    if normalizing:
+        _check_statistics_fit(mean, std, shape)
     from probust import data as pdata
     from probust import models as pmodels
 
@@ -428,9 +438,21 @@ def load_model(
         raise ConfigError("apply to a model given as package.module:function only", field="weights")
     if isinstance(model, str) and model.startswith(pmodels.HF_PREFIX):
         try:
-            module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :])
+            module, meta = pmodels.load_hf_classifier(model[len(pmodels.HF_PREFIX) :], warn=False)
         except pmodels.CheckpointError as exc:
             raise ConfigError(*first_parts(exc), field="model") from None
+        hf_mean, hf_std, problem = pmodels.hf_normalization(model[len(pmodels.HF_PREFIX) :])
+        if normalizing and hf_mean is not None:
+            raise ConfigError(
+                f"the folder's image processor normalises the inputs already (mean {hf_mean}, std {hf_std}): drop ",
+                Setting("mean"),
+                " and ",
+                Setting("std"),
+                " (they would normalise them twice)",
+                field="mean" if mean is not None else "std",
+            )
+        if problem is not None and not normalizing:
+            notes.append(problem)
         info: dict[str, Any] = {
             "source": f"{pmodels.HF_PREFIX}{Path(model[len(pmodels.HF_PREFIX) :]).resolve()}",
             "class": f"{type(module.model).__module__}.{type(module.model).__qualname__}",
@@ -500,8 +522,70 @@ def load_model(
         raise ConfigError(
             f"must be a path to a model file or a torch.nn.Module, got {type(model).__name__}", field="model"
         )
+    if normalizing:
+        module = pmodels.Normalize(mean, std).to(device).wrap(module)
     _probe(module, ds, device, shape, classes)
+    note = data_units_note(ds, normalizing)
+    if note is not None:
+        notes.append(note)
     return module, info, notes
+
+
+def _check_statistics_fit(mean: Sequence[float] | None, std: Sequence[float] | None, shape: tuple[int, ...]) -> None:
+    """Raise :class:`~probust.run.ConfigError` (on ``mean`` or ``std``) unless each has one value,
+    or one per channel of inputs of ``shape`` ([C, ...]: C = shape[0])."""
+    for name, values in (("mean", mean), ("std", std)):
+        if values is None or len(values) == 1:
+            continue
+        if not shape:
+            raise ConfigError(f"the inputs are single numbers: give one value, not {len(values)}", field=name)
+        if len(values) != shape[0]:
+            raise ConfigError(
+                f"has {len(values)} values, the inputs {list(shape)} have {shape[0]} channels (dimension 0 of a "
+                "point): give one value per channel, or one for all",
+                field=name,
+            )
+
+
+#: The inputs a data set's first points may span and still read as [0, 1] pixels.
+PIXEL_RANGE = (-0.5, 1.5)
+
+
+def data_units_note(ds: Any, normalizing: bool = False, points: int = 8) -> str | None:
+    """A warning when a data set's images are visibly not [0, 1] pixels, else None.
+
+    The noise is added to the tensors the model receives, so sigma is in their units. A data
+    set whose transform normalises (``transforms.Normalize``) gives values around 0 with unit
+    spread, and sigma is then in normalised units (std pixel units each) without a word. Only
+    image-shaped points ([C, H, W]) are looked at: tables and flat inputs have units of their own.
+    The rule, on the first ``points`` points: any value below -0.5 or above 1.5 (:data:`PIXEL_RANGE`;
+    ImageNet's normalisation maps [0, 1] to about [-2.1, 2.6], a mean of 0.5 and std of 0.5 to [-1, 1]).
+
+    Args:
+        ds: the data set (``ds[i] -> (x, label)``).
+        normalizing: whether the run normalises the inputs again (``mean`` / ``std`` given).
+        points: how many of the first points are read.
+    """
+    x, _ = batch(ds, np.arange(min(points, len(ds)), dtype=np.int64))
+    if x.ndim != 4 or not x.numel():
+        return None
+    lo, hi = float(x.min()), float(x.max())
+    if PIXEL_RANGE[0] <= lo and hi <= PIXEL_RANGE[1]:
+        return None
+    seen = f"the inputs range from {lo:.3g} to {hi:.3g} over the first {x.shape[0]} points, not [0, 1]"
+    if lo >= 0:  # e.g. 0..255 as floats
+        return (
+            f"{seen}: sigma is measured in those units (e.g. steps of 0..255); to have it in [0, 1] pixel units, "
+            "scale the images to [0, 1] (e.g. transforms.ToTensor)"
+        )
+    again = " and mean/std normalise them once more, so the model sees them normalised twice" if normalizing else ""
+    return (
+        f"{seen}: they look normalised (e.g. by a transforms.Normalize in the Dataset's transform){again}, so "
+        "sigma is measured in those normalised units (one unit there is std in pixel units, e.g. 0.229 for "
+        "ImageNet's red channel); to keep sigma in [0, 1] pixel units, drop the normalisation from the data and "
+        "give it to the model: --mean/--std on the command line, mean= and std= in Python, or "
+        "probust.with_normalization(model, mean=..., std=...)"
+    )
 
 
 def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ...], classes: int | None) -> None:
