@@ -38,6 +38,7 @@ STREAM_CERTIFY_SELECT = 5
 STREAM_CERTIFY_ESTIMATE = 6
 STREAM_PREDICT = 7
 STREAM_SCREEN = 9  # reverse-mode probes of the spectral screening (estimators/routes.py)
+STREAM_TRUST = 10  # the fresh draws Taylor checks its linearisation on (estimators/trust.py)
 
 
 def _shift_right(x: Tensor, bits: int) -> Tensor:

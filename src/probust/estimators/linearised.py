@@ -14,11 +14,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from probust import _rng
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
 from probust._progress import progress
 from probust.errors import OptionError, Part, Setting
-from probust.estimators import maps, pruning, routes
-from probust.estimators.base import Estimator
+from probust.estimators import maps, pruning, routes, trust
+from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution.budget import row_cost
 from probust.execution.tuning import JacobianPlan, to_format, weights_in_format
@@ -103,9 +104,15 @@ class Linearised(Estimator):
         fail_rtol: float = 1e-2,
         prune: str | bool | None = "auto",
         route: str = "auto",
+        check_draws: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(model, **kwargs)
+        if check_draws is not None and (
+            isinstance(check_draws, bool) or not isinstance(check_draws, int) or check_draws < 0
+        ):
+            raise OptionError(f"must be None or an int >= 0, got {check_draws!r}", field="check_draws")
+        self.check_draws = check_draws
         self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
         check_choice(cdf, CDFS, "cdf")
@@ -201,11 +208,57 @@ class Linearised(Estimator):
                     linearisation = self.linearise(x[rows], chunk_target, indices[rows])
                     _check_finite(linearisation, indices[rows])
                     part = self._from_linearisation(*linearisation)
+                    _, margin, normal = linearisation
+                    classes = torch.arange(margin.shape[1], device=margin.device).expand_as(margin)
+                    self._check(part, x[rows], indices[rows], [(slice(None), classes, margin, normal)])
                 else:
                     part = self._routed(ctx, x[rows], chunk_target, indices[rows])
                 parts.append(part)
                 bar.update(rows.stop - rows.start)
-        return Estimate.cat(parts)
+        estimate = Estimate.cat(parts)
+        # One warning per call, after every chunk: stacklevel 3 from here is the caller of __call__.
+        trust.warn_untrusted(estimate, noise_words(self.noise), self._instead, stacklevel=3)
+        return estimate
+
+    #: What the trust warning suggests instead of this method.
+    _instead = "use method 'mc' there, or a smaller sigma"
+
+    def _check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
+        """The draws the linearisation is checked on, [B, m, *S], or None (``check_draws=0``):
+        ``check_draws`` fresh draws of the points' own stream (:data:`probust._rng.STREAM_TRUST`;
+        None: :data:`probust.estimators.trust.TAYLOR_CHECK_DRAWS`)."""
+        draws = trust.TAYLOR_CHECK_DRAWS if self.check_draws is None else self.check_draws
+        if draws == 0:
+            return None
+        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_TRUST)
+        return self.noise.sample(keys, 0, draws, x.shape[1:])
+
+    def _check(
+        self, part: Estimate, x: Tensor, indices: Tensor, groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]]
+    ) -> None:
+        """Set ``part.agreement`` and ``part.agreement_draws``: the model's verdict against the
+        linearisation's on the check draws (:mod:`probust.estimators.trust`); a diagnostic only,
+        computed without autograd, that changes no other field.
+
+        Args:
+            part: the chunk's estimate (points in the order of ``x``).
+            x: [B, *S].
+            indices: int64 [B], the points' indices in the data set.
+            groups: (points, classes [n, K], margin [n, C], normal [n, K, *S]) per group of
+                points: the boundaries each point's linearisation kept, the class of each
+                (its target on padding), the margins of every class and the kept normals.
+        """
+        eps = self._check_eps(x, indices)
+        if eps is None:
+            return
+        with torch.no_grad():
+            model_verdict = trust.model_survives(self.model, x, eps, part.target, self.execution.clean_rows)
+            linear_verdict = torch.empty_like(model_verdict)
+            for points, classes, margin, normal in groups:
+                active = classes != part.target[points, None]
+                linear_verdict[points] = trust.linear_survives(margin.gather(1, classes), normal, eps[points], active)
+        part.agreement = trust.agreement(model_verdict, linear_verdict)
+        part.agreement_draws = torch.full_like(part.target, eps.shape[1])
 
     def route_context(self, x: Tensor) -> routes.Context | None:
         """How the margin gradients of points like ``x`` are computed: None where every margin's
@@ -273,6 +326,8 @@ class Linearised(Estimator):
         if routed.kept is None:
             part = self._from_linearisation(routed.target, routed.margin, routed.normal)
             part.route = routed.route
+            classes = torch.arange(routed.margin.shape[1], device=x.device).expand_as(routed.margin)
+            self._check(part, x, indices, [(slice(None), classes, routed.margin, routed.normal)])
             return part
         # Each width group is standardised apart (its covariance's matrix product has a shape
         # that depends on the point alone), then one mvn-cdf call takes them all: its values do
@@ -296,6 +351,13 @@ class Linearised(Estimator):
             )
         estimate = _in_order(parts, order)
         estimate.route = routed.route
+        # Each point's kept boundaries at its group's width (a shape that depends on the point alone).
+        self._check(
+            estimate,
+            x,
+            indices,
+            [(index, group.classes, routed.margin[index], normal) for (group, normal, _), index in zip(groups, order)],
+        )
         return estimate
 
     def _target(self, x: Tensor, target: Tensor | None) -> Tensor | None:

@@ -32,6 +32,11 @@ class MMSE(Linearised):
             (the average stays unbiased) while the linear part of the model cancels exactly:
             MMSE is exact for linear models at any N >= 2. "iid": independent draws, as in
             the paper. Non-Gaussian noise always uses independent draws.
+        check_draws: the noise draws on which the model's verdict is compared with the
+            linearisation's (``r.agreement``, :mod:`probust.estimators.trust`). None (default):
+            the N noisy copies themselves (their linearised margins are free; the model's verdict
+            costs one forward pass without autograd per copy); an int m > 0: m fresh draws of
+            their own stream instead; 0: no check (``r.agreement`` is None). p does not depend on it.
     """
 
     base_method = "mmse"
@@ -88,6 +93,13 @@ class MMSE(Linearised):
                 "the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
             )
         return Linearisation(target, c, u)
+
+    _instead = "use method 'mc' there, a smaller sigma, or more noisy copies (n_samples)"
+
+    def _check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
+        if self.check_draws is None:  # the copies the linearisation averaged over
+            return self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
+        return super()._check_eps(x, indices)
 
     def _target(self, x: Tensor, target: Tensor | None) -> Tensor:
         return check_target(target, self._clean_logits(x))  # the copies' predictions may differ

@@ -47,6 +47,14 @@ class Estimate:
         route: int64 [B], Taylor and MMSE: how each point's margin gradients were computed, an
             index into :data:`probust.estimators.routes.ROUTE_NAMES` ("direct", "head",
             "forward", "candidates"); None on the paths that compute every gradient directly.
+        agreement: float64 [B], Taylor and MMSE: the fraction of checked noise draws eps on
+            which the model's verdict (argmax f(x + eps) = target) and the linearisation's
+            (every kept c_i + u_i . eps > 0) agree. 1 - agreement estimates a bound on the
+            linearisation's error, |p_robust - p| <= P(verdicts differ) (+ ``cdf_error``): near
+            1, trust p; low, the linearisation does not describe the model at this noise
+            (:mod:`probust.estimators.trust`). None where nothing was checked (``check_draws=0``).
+        agreement_draws: int64 [B], the draws ``agreement`` counts: MMSE's own N noisy copies,
+            or Taylor's ``check_draws`` fresh draws.
     """
 
     p: Tensor
@@ -68,6 +76,8 @@ class Estimate:
     cv_beta: Tensor | None = None
     boundaries_kept: Tensor | None = None
     route: Tensor | None = None
+    agreement: Tensor | None = None
+    agreement_draws: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.p)

@@ -54,6 +54,14 @@ class Taylor(Linearised):
             gradients of only the boundaries still within reach. "direct", "head", "forward",
             "spectral" and "sketch" force one route on every point (to compare them).
             ``r.route`` records each point's.
+        check_draws: fresh noise draws per point on which the model's verdict (argmax
+            f(x + eps) = t) is compared with the linearisation's (every c_i + u_i . eps > 0):
+            ``r.agreement`` is the fraction that agree, and 1 - agreement estimates a bound on
+            the linearisation's error at the point (:mod:`probust.estimators.trust`); a
+            :class:`~probust.estimators.trust.LinearisationWarning` names the points where it is
+            confidently above 10%. None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS`
+            (16: one forward pass without autograd per draw); 0: no check (``r.agreement`` is
+            None). The draws have a stream of their own: p does not depend on it.
     """
 
     base_method = "taylor"

@@ -61,6 +61,8 @@ SCHEMA = pa.schema(
         ("cv_beta", pa.float64()),
         ("n_drawn", pa.float64()),
         ("boundaries_kept", pa.int64()),
+        ("agreement", pa.float64()),
+        ("agreement_draws", pa.int64()),
         ("seconds", pa.float64()),
         ("seed", pa.int64()),
     ]
@@ -77,6 +79,8 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "cv_beta",
     "n_drawn",
     "boundaries_kept",
+    "agreement",
+    "agreement_draws",
 )
 
 

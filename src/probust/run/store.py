@@ -490,11 +490,17 @@ def read_results(path: str | os.PathLike) -> Any:
           ``mmse``: how many of the C - 1 decision boundaries entered the mvn-cdf (fewer where
           the run setting ``prune`` skipped those that cannot matter; the mv-sigmoid methods
           always keep all C - 1).
+        - ``agreement`` (float64, NaN where there is none): ``taylor``, ``mmse`` and their
+          ``_mvs`` variants: the fraction of checked noise draws on which the model's verdict
+          (prediction unchanged) and the linearisation's agree; 1 - agreement estimates a bound
+          on the linearisation's error at the point (``Estimate.agreement``).
+        - ``agreement_draws`` (stored as int64; NaN where there is none): the draws
+          ``agreement`` counts (MMSE's N copies; Taylor's 16 fresh draws by default).
         - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
           its points (data loading and writing excluded).
         - ``seed`` (int64): the seed of the random streams.
 
-        The columns from ``p_fail`` to ``boundaries_kept`` (:data:`OPTIONAL_COLUMNS`) came after the
+        The columns from ``p_fail`` to ``agreement_draws`` (:data:`OPTIONAL_COLUMNS`) came after the
         first results format: files written before them read with nulls there.
 
     Raises:

@@ -1,0 +1,165 @@
+"""Can a Taylor or MMSE estimate be trusted? The model's verdict against the linearisation's.
+
+Taylor and MMSE replace the margins g_i(x + eps) by a linearisation c_i + u_i . eps and report
+p_lin = P[all_i c_i + u_i . eps > 0] (the mvn-cdf, up to ``cdf_error``). On a noise draw eps the
+*model* survives when argmax f(x + eps) = t and the *linearisation* survives when every kept
+boundary has c_i + u_i . eps > 0. Whatever the model,
+
+    |p_true - p_lin| = |P(model survives) - P(linearisation survives)| <= P(verdicts differ),
+
+so the fraction of draws on which the two verdicts differ, ``1 - agreement``, estimates a bound
+on the linearisation's error at that point: near 0, p is what the model does; large, the
+linearisation does not describe the model at this noise level (the mvn-cdf's value may still be
+right by luck, when the disagreements cancel).
+
+The draws: MMSE checks its own N noisy copies (their linearised margins cost nothing more; the
+model's verdict on them costs one forward pass without autograd per copy, against the 1 forward
+and up to C - 1 backward passes per copy of the linearisation). Taylor checks
+:data:`TAYLOR_CHECK_DRAWS` fresh draws of its own stream (:data:`probust._rng.STREAM_TRUST`), so
+no other number changes. Pruned boundaries (``prune``) are not checked: the probability that
+any of them is crossed is bounded by their part of ``cdf_error``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from probust._checks import finite_rows
+from probust._stats import upper_rate
+from probust.estimators.result import Estimate
+from probust.linearise import plan_blocks
+
+__all__ = [
+    "TAYLOR_CHECK_DRAWS",
+    "TRUST_CONFIDENCE",
+    "TRUST_LEVEL",
+    "LinearisationWarning",
+    "agreement",
+    "disagreement_lower",
+    "linear_survives",
+    "model_survives",
+    "untrusted",
+    "warn_untrusted",
+]
+
+#: Fresh noise draws Taylor checks per point by default (``check_draws``): about a tenth of the
+#: cost of Taylor on a 10-class CNN, and enough to flag a point whose verdicts differ on a
+#: third of the draws (benchmarks/bench_trust.py; docs/estimators.md, "Can I trust this estimate?").
+TAYLOR_CHECK_DRAWS = 16
+#: A point is flagged when its verdicts differ on more than this fraction of draws: its p may
+#: then be off by more than 0.1, the size of error the benchmark counts as large.
+TRUST_LEVEL = 0.1
+#: ... at this confidence (a one-sided Clopper-Pearson bound), so that a well-linearised point
+#: (verdicts differing on at most ``TRUST_LEVEL`` of draws) is flagged with probability <= 5%.
+TRUST_CONFIDENCE = 0.95
+
+
+class LinearisationWarning(UserWarning):
+    """A Taylor or MMSE linearisation disagrees with the model on many noise draws at some points
+    (:func:`untrusted`): their p may be far from the model's p_robust."""
+
+
+def linear_survives(margin: Tensor, normal: Tensor, eps: Tensor, active: Tensor) -> Tensor:
+    """The linearisation's verdict on each draw: every active boundary has c_i + u_i . eps > 0.
+
+    Args:
+        margin: [B, K], the boundaries' c_i.
+        normal: [B, K, *S], their u_i.
+        eps: [B, m, *S], the draws (units of x).
+        active: bool [B, K], the boundaries that count (False at the target and on padding).
+
+    Returns:
+        bool [B, m].
+    """
+    dtype = torch.promote_types(normal.dtype, torch.float32)  # a bf16 dot product would round verdicts
+    out = torch.empty(eps.shape[:2], dtype=torch.bool, device=eps.device)
+    # One product per point: its shape, and so its rounding, depends on the point alone.
+    for b in range(eps.shape[0]):
+        u = normal[b].detach().flatten(1).to(dtype)  # [K, D]
+        values = margin[b].detach().to(dtype)[:, None] + u @ eps[b].flatten(1).to(dtype).T  # [K, m]
+        out[b] = ((values > 0) | ~active[b, :, None]).all(dim=0)
+    return out
+
+
+def model_survives(model: nn.Module, x: Tensor, eps: Tensor, target: Tensor, rows: int) -> Tensor:
+    """The model's verdict on each draw: argmax f(x + eps) = t with finite logits (as Monte Carlo).
+
+    Args:
+        model: in eval mode.
+        x: [B, *S].
+        eps: [B, m, *S].
+        target: int64 [B].
+        rows: rows per forward pass.
+
+    Returns:
+        bool [B, m].
+    """
+    points, draws = eps.shape[:2]
+    shape = x.shape[1:]
+    out = torch.zeros(points, draws, dtype=torch.bool, device=x.device)
+    for block, first, count in plan_blocks(points, draws, rows):
+        noisy = (x[block, None] + eps[block, first : first + count].to(x.dtype)).reshape(-1, *shape)
+        with torch.no_grad():
+            logits = model(noisy)
+        survived = (logits.argmax(dim=1).view(-1, count) == target[block, None]) & finite_rows(logits, count)
+        out[block, first : first + count] = survived
+    return out
+
+
+def agreement(model_verdict: Tensor, linear_verdict: Tensor) -> Tensor:
+    """The fraction of draws on which the two verdicts are the same: float64 [B]."""
+    return (model_verdict == linear_verdict).double().mean(dim=1)
+
+
+def disagreement_lower(agreement: Tensor, draws: Tensor, confidence: float = TRUST_CONFIDENCE) -> Tensor:
+    """A one-sided lower confidence bound on each point's disagreement rate P(verdicts differ).
+
+    Args:
+        agreement: float64 [B], the fraction of agreeing draws.
+        draws: int64 [B], the draws checked (>= 1).
+        confidence: e.g. 0.95: the rate is at least the bound with this probability.
+
+    Returns:
+        float64 [B] in [0, 1].
+    """
+    agreeing = torch.round(agreement * draws)
+    return 1.0 - upper_rate(agreeing, draws, confidence)
+
+
+def untrusted(estimate: Estimate, level: float = TRUST_LEVEL, confidence: float = TRUST_CONFIDENCE) -> Tensor:
+    """The points whose linearisation disagrees with the model on more than ``level`` of the
+    noise draws, at ``confidence`` (their p may be off by up to that rate): bool [B]; all False
+    where the estimate was not checked (``check_draws=0``, or a method without a linearisation)."""
+    if estimate.agreement is None or estimate.agreement_draws is None:
+        return torch.zeros(len(estimate), dtype=torch.bool, device=estimate.p.device)
+    checked = estimate.agreement_draws > 0
+    lower = disagreement_lower(estimate.agreement, estimate.agreement_draws.clamp(min=1), confidence)
+    return checked & (lower > level)
+
+
+def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: int = 2) -> None:
+    """One :class:`LinearisationWarning` for the whole estimate, naming how many of its points
+    :func:`untrusted` flags; nothing where it flags none.
+
+    Args:
+        estimate: the call's estimate.
+        noise: the noise in words (e.g. ``gaussian sigma=2.0``).
+        suggestion: what to do instead, in words.
+        stacklevel: as :func:`warnings.warn`'s, counted from the caller.
+    """
+    flagged = untrusted(estimate)
+    count = int(flagged.sum())
+    if count == 0:
+        return
+    lowest = float(estimate.agreement[flagged].min()) if estimate.agreement is not None else float("nan")
+    warnings.warn(
+        f"{estimate.method}: at {count} of {len(estimate)} points the linearisation disagrees with the model "
+        f"on more than {TRUST_LEVEL:.0%} of the checked noise draws ({TRUST_CONFIDENCE:.0%} confidence; "
+        f"lowest agreement {lowest:.2f}) under noise {noise}: their p may be off by up to 1 - agreement "
+        f"(r.agreement, and probust.estimators.trust.untrusted(r) names them); {suggestion}",
+        LinearisationWarning,
+        stacklevel=stacklevel + 1,
+    )
