@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
+from probust._io import first_line
+from probust._model_output import (
+    CONTRACT,
+    LogitsOf,
+    ModelCallError,
+    is_low_precision,
+    logits_model,
+    logits_reading,
+    parameter_dtype,
+)
 from probust.errors import OptionError
 from probust.estimators.result import Estimate
 from probust.execution.engine import Execution
@@ -36,7 +47,19 @@ class PointwiseMethod:
     (returns an :class:`Estimate`) and the randomized-smoothing procedures of :mod:`probust.smoothing`.
 
     Args:
-        model: maps float inputs [B, *S] to logits [B, C] (C >= 2).
+        model: an ``nn.Module`` (or callable) mapping float inputs [B, *S] to logits [B, C]
+            (C >= 2), to a Hugging Face ``ModelOutput`` (or any Mapping) with ``"logits"``, whose
+            ``.logits`` are used, or to a tuple or list whose first item is the logits [B, C]
+            (e.g. ``(logits, features)``). Anything else is refused before any work, with one
+            :class:`~probust._model_output.ModelOutputError` (a ValueError, ``field="model"``)
+            saying what to do: another dict or tuple, a tensor of another shape, a single logit,
+            or probabilities (rows of non-negative values summing to 1: remove the final softmax).
+            The same contract holds for ``probust estimate`` and ``probust certify``. A model
+            whose weights are bfloat16 or float16 runs in its own dtype: inputs and noise are
+            added in float32 and cast to the model's dtype at its input, its logits come back as
+            float32, and the CDF arithmetic stays in float64. A model that raises on the first
+            rows of ``x`` gives a :class:`~probust._model_output.ModelCallError` (``field="x"``)
+            naming how x's shape was read (e.g. a single image without its batch dimension).
         batch_size: the most rows (clean or noisy copies) in one pass through the model.
             None (default): measured on the first call, the fastest that fits
             ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
@@ -60,6 +83,7 @@ class PointwiseMethod:
     """
 
     method: str = ""
+    model: nn.Module
 
     def __init__(
         self,
@@ -73,7 +97,7 @@ class PointwiseMethod:
         execution: Execution | None = None,
     ):
         if not callable(model):
-            raise TypeError(f"model must be a torch.nn.Module (or callable) mapping [B, ...] to logits, got {model!r}")
+            raise TypeError(f"model must be a torch.nn.Module (or callable) returning {CONTRACT}, got {model!r}")
         self.model = model
         self._execution_given = execution is not None
         self.execution = Execution.compose(
@@ -83,6 +107,9 @@ class PointwiseMethod:
             raise OptionError(f"must be an int, got {seed!r}", field="seed")
         self.seed = seed
         self.show_progress = show_progress
+        # (model, (input shape, dtype, device), what the computation runs): decided by a probe
+        # on the first call for each model and input shape (:meth:`_logits_model`).
+        self._logits_model_for: tuple[nn.Module, tuple, nn.Module] | None = None
 
     def _compose_execution(self, **settings: object) -> None:
         """Add a subclass's own execution keywords (e.g. ``jacobian``) to :attr:`execution`:
@@ -132,14 +159,75 @@ class PointwiseMethod:
         device = model_device(self.model) if isinstance(self.model, nn.Module) else None
         if device is not None and x.device != device:
             x = x.to(device)
-        dtype = _parameter_dtype(self.model)
-        if dtype is not None and x.dtype != dtype:
-            x = x.to(dtype)
+        dtype = parameter_dtype(self.model)
+        # A bfloat16 / float16 model gets float32 inputs (and noise), cast at its input by LogitsOf.
+        working = torch.float32 if is_low_precision(dtype) else dtype
+        if working is not None and x.dtype != working:
+            x = x.to(working)
+        self._logits_model(x, dtype)
         return x, torch.arange(index_offset, index_offset + x.shape[0], device=x.device)
 
-    def _evaluating(self) -> contextlib.AbstractContextManager:
-        """Eval mode for the computation, every submodule's own mode given back afterwards."""
-        return eval_mode(self.model) if isinstance(self.model, nn.Module) else contextlib.nullcontext()
+    def _logits_model(self, x: Tensor, dtype: torch.dtype | None) -> nn.Module:
+        """What the computation runs: :attr:`model` itself when it returns logits [B, C] and
+        computes in float32 or float64 (today's path, untouched), else :class:`LogitsOf` it.
+
+        Decided once per model and input shape by a probe: one forward pass without autograd, in
+        eval mode, on the first (at most) 2 rows of ``x``.
+
+        Raises:
+            ModelCallError: the model raised on those rows (the message names x's shape).
+            ModelOutputError: its output is not one the contract reads as logits.
+        """
+        model = self.model
+        key = (tuple(x.shape[1:]), x.dtype, x.device)
+        found = self._logits_model_for
+        if found is not None and found[0] is model and found[1] == key:
+            return found[2]
+        runner: nn.Module = model
+        if not isinstance(model, LogitsOf):  # already read (the runner's model, an inner estimator's)
+            input_dtype = dtype if is_low_precision(dtype) else None
+            rows = x[:2] if input_dtype is None else x[:2].to(input_dtype)
+            try:
+                with self._eval_mode(model), torch.no_grad():
+                    out = model(rows)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                raise ModelCallError(
+                    f"the model fails on x of shape {list(x.shape)}, read as a batch of {x.shape[0]} inputs of "
+                    f"shape {list(x.shape[1:])} ({type(exc).__name__}: {first_line(exc)}); if x is a single input, "
+                    "pass x.unsqueeze(0)",
+                    field="x",
+                ) from exc
+            runner = logits_model(model, logits_reading(out, rows.shape[0]), dtype)
+        self._logits_model_for = (model, key, runner)
+        return runner
+
+    @staticmethod
+    def _eval_mode(model: object) -> contextlib.AbstractContextManager:
+        return eval_mode(model) if isinstance(model, nn.Module) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Eval mode for the computation, every submodule's own mode given back afterwards; where
+        :meth:`_logits_model` chose a :class:`LogitsOf`, :attr:`model` is that wrapper meanwhile
+        (so every method reads logits the same way), and the user's model again afterwards."""
+        model = self.model
+        found = self._logits_model_for
+        runner = found[2] if found is not None and found[0] is model else model
+        with self._eval_mode(runner):
+            if runner is model:
+                yield
+                return
+            # The methods this one is built on and runs directly (mc_cv's linearisation) too.
+            methods = [self, *(v for v in vars(self).values() if isinstance(v, PointwiseMethod) and v.model is model)]
+            for method in methods:
+                method.model = runner
+            try:
+                yield
+            finally:
+                for method in methods:
+                    method.model = model
 
     def _clean_logits(self, x: Tensor) -> Tensor:
         step = self.execution.clean_rows
@@ -207,12 +295,3 @@ def noise_words(noise: Noise) -> str:
     description = noise.describe()
     kind = str(description.get("noise", type(noise).__name__))
     return " ".join([kind] + [f"{key}={value}" for key, value in description.items() if key != "noise"])
-
-
-def _parameter_dtype(model) -> torch.dtype | None:
-    """The floating dtype the model computes in, so inputs can be cast to it."""
-    if isinstance(model, nn.Module):
-        for parameter in model.parameters():
-            if parameter.is_floating_point():
-                return parameter.dtype
-    return None

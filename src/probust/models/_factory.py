@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust import _model_output
 from probust._io import first_line
 from probust.models._checkpoint import CheckpointError
 
@@ -97,27 +98,8 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 def output_problem(out: Any, batch: int) -> str | None:
-    """What is wrong with a model's output for a batch of ``batch`` inputs, and how to wrap the
-    model; None when it is logits ``[batch, C]``."""
-    wrap = "wrap the model in an nn.Module whose forward returns the logits tensor [batch, classes]"
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        keys = ", ".join(repr(k) for k in list(out.keys())[:6])
-        return f"returns a {type(out).__name__} (keys {keys}), expected logits [batch, classes]; {wrap}, e.g. out['logits']"
-    if isinstance(out, (tuple, list)):
-        kinds = ", ".join(str(list(v.shape)) if isinstance(v, Tensor) else type(v).__name__ for v in list(out)[:4])
-        return f"returns a {type(out).__name__} ({kinds}), expected logits [batch, classes]; {wrap}, e.g. out[0]"
-    if not isinstance(out, Tensor):
-        return f"returns a {type(out).__name__}, expected logits [batch, classes]; {wrap}"
-    if out.ndim != 2 or out.shape[0] != batch:
-        return f"returns {list(out.shape)} for a batch of {batch}, expected logits [batch, classes]"
-    values = out.detach().to(torch.float64)
-    if (
-        values.shape[1] >= 2
-        and bool((values >= 0).all())
-        and bool(torch.allclose(values.sum(1), torch.ones(batch, dtype=torch.float64), atol=1e-5))
-    ):
-        return (
-            "returns probabilities (rows of non-negative values summing to 1), expected logits: remove the final "
-            "softmax, or wrap it as forward(x) = torch.log(model(x).clamp_min(1e-12))"
-        )
-    return None
+    """What is wrong with a model's output for a batch of ``batch`` inputs, and what to do; None
+    when the model contract reads logits ``[batch, C]`` from it: logits, a Hugging Face
+    ``ModelOutput`` (its ``.logits``) or a tuple whose first item is the logits
+    (:func:`probust._model_output.output_problem`, which the estimators apply too)."""
+    return _model_output.output_problem(out, batch)

@@ -31,6 +31,14 @@ from torch.utils.data import (
 from probust._checks import eval_mode
 from probust._io import sha256_file
 from probust._json import jsonable
+from probust._model_output import (
+    ModelOutputError,
+    is_low_precision,
+    logits_model,
+    logits_reading,
+    parameter_dtype,
+    read_logits,
+)
 from probust.errors import Setting, first_parts
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, first_line
@@ -524,7 +532,7 @@ def load_model(
         )
     if normalizing:
         module = pmodels.Normalize(mean, std).to(device).wrap(module)
-    _probe(module, ds, device, shape, classes)
+    module = _probe(module, ds, device, shape, classes)
     note = data_units_note(ds, normalizing)
     if note is not None:
         notes.append(note)
@@ -588,23 +596,28 @@ def data_units_note(ds: Any, normalizing: bool = False, points: int = 8) -> str 
     )
 
 
-def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ...], classes: int | None) -> None:
-    """Run two real points through the model: it must give logits [2, num_classes]."""
+def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ...], classes: int | None) -> nn.Module:
+    """Run two real points through the model: it must give logits [2, num_classes] as the model
+    contract reads them (:mod:`probust._model_output`, as the estimators do). Returns the module
+    the run computes with: ``model``, or a :class:`~probust._model_output.LogitsOf` it where its
+    logits are unwrapped (a ModelOutput, a tuple) or its dtype is bfloat16 / float16."""
     x, _ = batch(ds, np.arange(min(2, len(ds)), dtype=np.int64))
+    dtype = parameter_dtype(model)
     try:
         with eval_mode(model), torch.no_grad():
-            out = model(x.to(device))
+            # A bfloat16 / float16 model gets its inputs in its own dtype (LogitsOf casts them so).
+            out = model(x.to(device, dtype if is_low_precision(dtype) else x.dtype))
     except Exception as exc:
         raise ConfigError(
             f"does not accept inputs of shape {list(shape)} from {data_name(ds)} "
             f"({type(exc).__name__}: {first_line(exc)})",
             field="model",
         ) from None
-    from probust.models import output_problem
-
-    problem = output_problem(out, x.shape[0])
-    if problem is not None:
-        raise ConfigError(f"{problem}", field="model")
-    assert isinstance(out, Tensor)
-    if classes is not None and out.shape[1] != classes:
-        raise ConfigError(f"has {out.shape[1]} classes, the data set {data_name(ds)} has {classes}", field="model")
+    try:
+        reading = logits_reading(out, x.shape[0])
+    except ModelOutputError as exc:
+        raise ConfigError(exc.reason, field="model") from None
+    found = read_logits(out, reading).shape[1]
+    if classes is not None and found != classes:
+        raise ConfigError(f"has {found} classes, the data set {data_name(ds)} has {classes}", field="model")
+    return logits_model(model, reading, dtype)

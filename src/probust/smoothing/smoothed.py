@@ -414,7 +414,8 @@ def certify(
     """Cohen et al.'s CERTIFY for each row of ``x``: ``Certify(model, sigma, ...)(x, index_offset=...)``.
 
     Args:
-        model: maps float inputs [B, *S] to logits [B, C].
+        model: maps float inputs [B, *S] to logits [B, C], a ModelOutput with ``.logits`` or a
+            tuple whose first item is the logits (:class:`probust.estimators.base.PointwiseMethod`).
         x: float inputs [B, *S]; the noise N(0, sigma^2 I) is added to x itself, in the units
             the model receives (pixel space for a model with its normalisation inside).
         sigma: noise standard deviation per input coordinate (isotropic Gaussian only).
