@@ -34,9 +34,9 @@ class _Out(nn.Module):
     def forward(self, x):
         z = self.fc(x)
         if self.kind == "dict":
-            return {"logits": z}
+            return {"scores": z}
         if self.kind == "tuple":
-            return z, x
+            return z.sum(1), z
         return torch.softmax(z, dim=1)
 
 
@@ -283,8 +283,8 @@ def test_bad_data_is_one_line_naming_the_file_and_the_problem(tmp_path, capsys, 
 @pytest.mark.parametrize(
     ("factory", "weights", "parts"),
     [
-        ("as_dict", None, ["--model: returns a dict (keys 'logits')", "wrap the model", "out['logits']"]),
-        ("as_tuple", None, ["--model: returns a tuple ([2, 2], [2, 2])", "e.g. out[0]"]),
+        ("as_dict", None, ["--model: returns a dict (keys 'scores') without 'logits'", "out['scores']"]),
+        ("as_tuple", None, ["--model: returns a tuple ([2], [2, 2]) whose first item is not logits", "e.g. out[1]"]),
         ("as_probabilities", None, ["--model: returns probabilities", "remove the final softmax", "torch.log"]),
         ("not_a_module", None, ["--model: probust_test_nets:not_a_module: not_a_module() returned a int"]),
         ("missing", None, ["--model: probust_test_nets:missing: probust_test_nets has no attribute 'missing'"]),

@@ -54,10 +54,22 @@ def test_weights_load_strictly_into_a_factory_model(tmp_path, monkeypatch):
         models.load_weights(built, tmp_path / "junk.pt")
 
 
-def test_an_output_that_is_not_logits_is_described_with_how_to_wrap_it():
+def test_the_model_contract_reads_logits_a_model_output_and_a_tuple_and_describes_anything_else():
+    from transformers.modeling_outputs import ImageClassifierOutput
+
     logits = torch.tensor([[2.0, -1.0, 0.5], [0.1, 0.2, 0.3]])
     assert models.output_problem(logits, 2) is None
+    assert models.output_problem(ImageClassifierOutput(logits=logits), 2) is None
+    assert models.output_problem({"logits": logits, "aux": 1}, 2) is None
+    assert models.output_problem((logits, 3), 2) is None
     assert models.output_problem(torch.softmax(logits, 1), 2).startswith("returns probabilities")
-    assert "keys 'logits', 'aux'" in models.output_problem({"logits": logits, "aux": 1}, 2)
-    assert "returns a tuple ([2, 3], int)" in models.output_problem((logits, 3), 2)
-    assert models.output_problem(logits[0], 2) == "returns [3] for a batch of 2, expected logits [batch, classes]"
+    assert models.output_problem((torch.softmax(logits, 1), 3), 2).startswith("returns probabilities")
+    scores = models.output_problem({"scores": logits}, 2)
+    assert "returns a dict (keys 'scores') without 'logits'" in scores and "e.g. out['scores']" in scores
+    assert "returns a tuple ([2], [2, 3]) whose first item is not logits" in models.output_problem(
+        (logits[:, 0], logits), 2
+    )
+    assert "e.g. out[1]" in models.output_problem((logits[:, 0], logits), 2)
+    assert models.output_problem(logits[0], 2) == "returns [3] for a batch of 2, expected logits [B, C] = [2, classes]"
+    assert "at least 2 classes" in models.output_problem(logits[:, :1], 2)
+    assert "returns a str" in models.output_problem("logits", 2)
