@@ -49,6 +49,10 @@ def _at_least_one(value: Any, name: str) -> Any:
     return value
 
 
+#: When the measuring experiments (``Experiment.measuring``: runtime, case_study) run.
+MEASURE_CHOICES = ("auto", "on", "off")
+
+
 def _experiments(value: Any, name: str) -> Any:
     if value is None:
         return None
@@ -93,11 +97,22 @@ class ReportSettings:
     case_k: int = option(
         25, help="images per class and end in the case study", metavar="K", parse=int, check=_at_least_one
     )
+    measure: str = option(
+        "auto",
+        help="run the experiments that time the estimators (runtime: Monte Carlo up to n = 10,000) and "
+        "train models (case_study): auto runs them on results of probust-trained models of a built-in data "
+        "set (the paper's setting, e.g. probust demo's) and holds them back on one's own model or data; "
+        "on; off (naming one with --only also runs it)",
+        choices=MEASURE_CHOICES,
+        metavar="WHEN",
+    )
     threads: int | None = option(
         None, help="CPU threads for torch", default_help="torch's choice", metavar="N", parse=int, check=_at_least_one
     )
 
     def __post_init__(self) -> None:
+        if self.measure not in MEASURE_CHOICES:
+            raise OptionError(f"must be one of {', '.join(MEASURE_CHOICES)}, got {self.measure!r}", field="measure")
         for f, o in declared(self):
             if o.check is not None:
                 object.__setattr__(self, f.name, o.check(getattr(self, f.name), f.name))
@@ -131,6 +146,37 @@ class Report:
 
     def output(self, name: str) -> Output | None:
         return next((o for o in self.outputs if o.name == name), None)
+
+
+#: What each measuring experiment costs, for the reason it is held back.
+_COSTS = {
+    "runtime": "it times every estimator at the paper's sample counts (Monte Carlo up to n = 10,000), "
+    "minutes that say nothing about these results",
+    "case_study": "it trains small CNNs on the k = 25 highest- and lowest-p images of each class, and "
+    "needs at least 50 scored points per class to say more than chance",
+}
+
+
+def held_back(results: Results, measure: str = "auto", only: Iterable[str] | None = None) -> dict[str, str]:
+    """The measuring experiments (:attr:`Experiment.measuring <probust.experiments.Experiment.measuring>`)
+    that ``measure`` holds back on ``results``, each with the reason shown in the report.
+
+    Raises:
+        OptionError: ``measure`` is not one of :data:`MEASURE_CHOICES`.
+    """
+    if measure not in MEASURE_CHOICES:
+        raise OptionError(f"must be one of {', '.join(MEASURE_CHOICES)}, got {measure!r}", field="measure")
+    asked = set(only or ())
+    if measure == "on" or (measure == "auto" and results.paper_setting()):
+        return {}
+    if measure == "off":
+        return {e.name: "held back (measure='off')" for e in REGISTRY if e.measuring and e.name not in asked}
+    ask = "ask for it with `probust report --measure on` (Python: build_report(..., measure='on'))"
+    return {
+        e.name: f"held back on one's own model or data: {_COSTS.get(e.name, 'it measures on this machine')}; {ask}"
+        for e in REGISTRY
+        if e.measuring and e.name not in asked
+    }
 
 
 # -- numbers for the summary ----------------------------------------------------------------------
@@ -244,6 +290,39 @@ def _noise_text(noise: dict[str, Any]) -> str:
     return f"{kind}, σ per coordinate"
 
 
+def _folders_text(results: Results) -> str:
+    """ "3 results folder(s)", with the ``probust certify`` ones counted apart."""
+    text = f"{len(results.runs) + len(results.certified)} results folder(s)"
+    return text + (f" ({len(results.certified)} of probust certify)" if results.certified else "")
+
+
+def _certified_row(r: Any, root: Path) -> dict[str, Any]:
+    """A ``probust certify`` folder's configuration (its own "run" settings), as a table row."""
+    config = r.config
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    history = config.get("history") if isinstance(config.get("history"), list) else []
+    argv = [[str(a) for a in h["argv"]] for h in history if isinstance(h, dict) and h.get("argv")]
+    grid = "; ".join(
+        f"{q.get('n_points')} pts, σ {' '.join(f'{s:g}' for s in q.get('sigmas', []))}"
+        for q in config.get("requests") or []
+        if isinstance(q, dict)
+    )
+    keys = ("n0", "n", "alpha", "futility", "radii", "estimate")
+    return {
+        "model": r.label,
+        "results folder": _rel(r.path, root),
+        "data": f"{run.get('dataset')} ({run.get('split')}, {run.get('data_size')} points)",
+        "checkpoint": _rel(Path(r.model_source), root) if r.model_source else "in-memory module",
+        "classes": ", ".join(r.classes[:12]) + (", ..." if len(r.classes) > 12 else ""),
+        "noise": "gaussian, σ per coordinate",
+        "seed": run.get("seed"),
+        "settings": "probust certify: " + ", ".join(f"{k} {run[k]}" for k in keys if run.get(k) is not None),
+        "requests (grid)": grid,
+        "versions": f"probust {config.get('probust_version')}, torch {config.get('torch_version')}, {config.get('device')}",
+        "command": " ".join(argv[-1]) if argv else "",
+    }
+
+
 def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> str:
     rows = []
     for r in results:
@@ -273,7 +352,12 @@ def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> 
                 "command": " ".join(argv[-1]) if argv else "",
             }
         )
-    html_ = _table_html(pd.DataFrame(rows), "Results folders (each a <code>probust estimate</code> run)", max_rows=100)
+    rows += [_certified_row(r, root) for r in results.certified]
+    html_ = _table_html(
+        pd.DataFrame(rows),
+        "Results folders (each a <code>probust estimate</code> or <code>probust certify</code> run)",
+        max_rows=100,
+    )
     if extra:
         html_ += "<h3>How these results were made</h3><pre>" + _esc(json.dumps(extra, indent=2, default=str)) + "</pre>"
     return html_
@@ -352,7 +436,7 @@ def render_html(
 <h1>{_esc(title)}</h1>
 <p class="meta">Average-case robustness p<sub>σ</sub><sup>robust</sup>(x) = P[argmax f(x + ε) = argmax f(x)], ε ~ N(0, σ²I),
 estimated as in Han, Srinivas &amp; Lakkaraju (UAI 2024). Made {now} on {_esc(host)} by probust {__version__}
-from {len(results)} results folder(s) under <code>{_esc(_rel(results.root, root))}</code>.</p>
+from {_folders_text(results)} under <code>{_esc(_rel(results.root, root))}</code>.</p>
 <nav><ol>{toc}<li><a href="#configuration">Configuration</a></li></ol></nav>
 <section id="summary"><h2>Summary</h2>{_summary_html(outputs, results)}</section>
 {"".join(sections)}
@@ -371,6 +455,7 @@ def build_report(
     title: str = "probust report",
     extra: dict[str, Any] | None = None,
     on_done: Callable[[Output], None] | None = None,
+    measure: str = "auto",
 ) -> Report:
     """Run the experiments on the results under ``results_dir`` and write ``report.html``.
 
@@ -385,6 +470,11 @@ def build_report(
         extra: a JSON-serialisable description of how the results were made, shown in the
             configuration section (``probust demo`` passes its settings).
         on_done: called with each experiment's output as it finishes.
+        measure: when the experiments that time the estimators or train models (runtime,
+            case_study) run: "auto" on results of the paper's kind only
+            (:meth:`~probust.experiments.Results.paper_setting`: probust-trained models of a
+            built-in data set, as ``probust demo`` makes), "on", "off". Named in ``only``, one runs
+            whatever this says. Held back, it is listed as not run, with the reason.
 
     Returns:
         The :class:`Report`.
@@ -395,8 +485,9 @@ def build_report(
     results = results_dir if isinstance(results_dir, Results) else experiments.load_results(results_dir)
     out_dir = Path(out) if out is not None else (results.root if results.root.is_dir() else Path("."))
     out_dir.mkdir(parents=True, exist_ok=True)
+    hold = held_back(results, measure, only)
     outputs = experiments.run_all(
-        results, out_dir / EXPERIMENTS_DIR, only=only, skip=skip, options=options, on_done=on_done
+        results, out_dir / EXPERIMENTS_DIR, only=only, skip=skip, options=options, on_done=on_done, hold=hold
     )
     path = out_dir / REPORT_NAME
     text = render_html(outputs, results, path, title=title, extra=extra)

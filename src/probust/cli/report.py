@@ -13,6 +13,11 @@ examples:
   probust report runs/demo                      # every results folder under runs/demo -> runs/demo/report.html
   probust report results/ --skip runtime case_study --out report/
   probust report results/ --only estimation_error class_bias
+  probust report results/ --measure on          # also time the estimators and train the case study's CNNs
+
+On one's own model or data (not a probust-trained model of a built-in data set) the two
+experiments that measure (runtime, case_study) are held back unless --measure on or --only
+names them.
 
 RESULTS_DIR is a folder written by `probust estimate`, or a folder holding several of them
 (one per model). Figures (PNG, SVG) and tables (CSV) go to OUT/experiments/<name>/.
@@ -82,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
             extra = None
     if not args.quiet:
         print(
-            f"probust report: {len(results)} results folder(s) under {args.results_dir}: "
-            + ", ".join(r.label for r in results)
+            f"probust report: {len(results.runs) + len(results.certified)} results folder(s) under "
+            f"{args.results_dir}: " + ", ".join(r.label for r in [*results.runs, *results.certified])
         )
     start = time.perf_counter()
     report = build_report(
@@ -95,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         title=settings.title,
         extra=extra,
         on_done=None if args.quiet else print_output,
+        measure=settings.measure,
     )
     if not args.quiet:
         print(f"report written in {time.perf_counter() - start:.0f} s:")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ def run_all(
     options: dict[str, dict[str, Any]] | None = None,
     on_done: Callable[[Output], None] | None = None,
     keep_going: bool = True,
+    hold: Mapping[str, str] | None = None,
 ) -> list[Output]:
     """Run every registered experiment (or those in ``only``, minus ``skip``) in the registry's order.
 
@@ -115,6 +116,8 @@ def run_all(
         on_done: called with each output as it is finished (progress reporting).
         keep_going: an experiment that fails with an unexpected error is reported as skipped
             (with the error) instead of stopping the others.
+        hold: experiments reported as skipped, for the reason given, without running (the
+            report holds back the measuring experiments on one's own results this way).
     """
     if not isinstance(results, Results):
         results = load_results(results)
@@ -125,6 +128,12 @@ def run_all(
     outputs = []
     for name in names:
         if name in skip:
+            continue
+        if hold and name in hold:
+            output = get(name).skipped(hold[name])
+            outputs.append(output)
+            if on_done is not None:
+                on_done(output)
             continue
         try:
             output = run(name, results, out, **options.get(name, {}))

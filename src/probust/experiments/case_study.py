@@ -123,6 +123,39 @@ def train_and_test(
     }
 
 
+def chance_half_width(n_test: int) -> float:
+    """Half-width of the central 95% of a coin-flip classifier's accuracy on ``n_test`` images
+    (normal approximation of a binomial(n_test, 1/2) over n_test): accuracies within 50% ± this are chance."""
+    return 1.959963984540054 * 0.5 / np.sqrt(max(int(n_test), 1))
+
+
+def too_few(per_class: pd.Series, k: int, summary: pd.DataFrame) -> str | None:
+    """The warning the reading opens with when the pool is smaller than the study asks for
+    (fewer than ``k`` images per class and end), or None.
+
+    Args:
+        per_class: images per end (high or low) for each class.
+        k: the images per class and end asked for.
+        summary: the per-score table (mean_accuracy, n_test).
+    """
+    if int(per_class.min()) >= k:
+        return None
+    n_test = int(summary["n_test"].min())
+    band = chance_half_width(n_test)
+    within = [
+        f"{style.method_html(r.score)} {pct(r.mean_accuracy)}"
+        for r in summary.itertuples()
+        if abs(r.mean_accuracy - 0.5) <= band
+    ]
+    return (
+        f"<b>Too few points for this study: read it as chance.</b> It asks for k = {k} images per class and end "
+        f"(at least {2 * k} scored points per class); the pool holds {int(per_class.min())} per end in its smallest "
+        f"class. Each seed tests {n_test} images, so a classifier that guesses scores 50% ± {pct(band)} (95%)"
+        + (f", and {', '.join(within)} lie within it." if within else ".")
+        + f" Score at least {2 * k} points per class with mmse and softmax at one σ (the paper: k = 25 on CIFAR-10)."
+    )
+
+
 def _plot(table: pd.DataFrame, summary: pd.DataFrame, title: str, stem: Path) -> Path:
     with style.style_context():
         fig, axes = style.new_figure(1, 1, width=5.2, height=3.8)
@@ -241,6 +274,7 @@ class CaseStudy(Experiment):
             else f"{int(per_class.min())}–{int(per_class.max())}"
         )
         title = f"{target.label}: top/bottom {each} per class by score (σ={chosen:g})"
+        warning = too_few(per_class, k, summary)
         fig = _plot(table, summary, title, out / NAME)
         m = summary.set_index("score")
         reading = [
@@ -255,6 +289,8 @@ class CaseStudy(Experiment):
             ),
             f"The two data sets share {len(shared)} of {len(a)} images; of those, {pct(same_side)} are on the same side (high or low).",
         ]
+        if warning:
+            reading.insert(0, warning)
         return self.output(
             out,
             tables={
@@ -273,6 +309,7 @@ class CaseStudy(Experiment):
                 "test_fraction": test_fraction,
                 "pool_points": int(len(points)),
                 "cnn_parameters": int(table["parameters"].iloc[0]),
+                **({"warning": warning} if warning else {}),
             },
         )
 

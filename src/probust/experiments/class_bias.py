@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from probust import plots
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt
@@ -93,44 +94,15 @@ def class_table(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _plot(run: Run, stem: Path) -> Path:
-    w = run.wide(core=True)
-    sigmas = sorted(w["sigma"].unique())
-    classes = sorted(int(c) for c in w["label"].unique())
-    names = run.classes
-    methods = [m for m in METHODS if f"p_{m}" in w]
-    with style.style_context():
-        fig, axes = style.new_figure(
-            len(sigmas), 1, width=max(7.5, 0.75 * len(classes) + 2), height=2.3 * len(sigmas) + 0.8
-        )
-        width = 0.36
-        for row, sigma in enumerate(sigmas):
-            ax = axes[row, 0]
-            g = w[w["sigma"] == sigma]
-            for k, method in enumerate(methods):
-                data = [g.loc[(g["label"] == c), f"p_{method}"].dropna().to_numpy() for c in classes]
-                pos = np.arange(len(classes)) + (k - (len(methods) - 1) / 2) * width
-                keep = [i for i, d in enumerate(data) if d.size]
-                if not keep:
-                    continue
-                style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
-            ax.set_xticks(range(len(classes)))
-            if row == len(sigmas) - 1:
-                ax.set_xticklabels(
-                    [names[c] if c < len(names) else str(c) for c in classes],
-                    rotation=25 if len(classes) > 6 else 0,
-                    ha="right" if len(classes) > 6 else "center",
-                )
-            else:
-                ax.set_xticklabels([])
-            ax.set_ylabel(f"p at σ={sigma:g}")
-            ax.set_ylim(-0.03, 1.03)
-            ax.grid(False, axis="x")
-            if row == 0:
-                ax.legend(loc="lower right", frameon=True, ncol=len(methods))
-                ax.set_title(f"{run.label}: p_robust per class (true label)")
-        axes[-1, 0].set_xlabel("class")
-        fig.tight_layout()
-        return style.save_figure(fig, stem)[0]
+    """The per-class boxes of :func:`probust.plots.class_bias` on the points scored at every sigma."""
+    core = run.table[run.table["index"].isin(run.core_indices)]
+    fig = plots.class_bias(
+        core,
+        methods=[m for m in METHODS if run.has(m)],
+        class_names=run.classes,
+        title=f"{run.label}: p_robust per class (true label)",
+    )
+    return style.save_figure(fig, stem)[0]
 
 
 def _reading(tests: pd.DataFrame) -> list[str]:

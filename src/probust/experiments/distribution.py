@@ -17,6 +17,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
+from probust import plots
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt, pct
@@ -102,26 +103,9 @@ def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
         fig, axes = style.new_figure(nrows, ncols, width=4.6 * ncols + 0.4, height=3.4 * nrows + 0.4)
         for k, run in enumerate(runs):
             ax = axes[k // ncols, k % ncols]
-            w = run.wide(core=True)
-            sigmas = sorted(w["sigma"].unique())
-            methods = [m for m in METHODS if f"p_{m}" in w]
-            width = 0.36
-            for j, method in enumerate(methods):
-                data = [w.loc[w["sigma"] == s, f"p_{method}"].dropna().to_numpy() for s in sigmas]
-                pos = np.arange(len(sigmas)) + (j - (len(methods) - 1) / 2) * width
-                keep = [i for i, d in enumerate(data) if d.size]
-                if not keep:
-                    continue
-                style.method_boxplot(ax, [data[i] for i in keep], pos[keep], width, method)
-            ax.set_xticks(range(len(sigmas)))
-            ax.set_xticklabels([f"{s:g}" for s in sigmas])
-            ax.set_xlabel(style.sigma_label())
-            ax.set_ylabel("p_robust (probability)")
-            ax.set_ylim(-0.03, 1.03)
-            ax.grid(False, axis="x")
+            core = run.table[run.table["index"].isin(run.core_indices)]
             acc = f", acc {pct(run.test_accuracy)}" if run.test_accuracy is not None else ""
-            ax.set_title(f"{run.label}{acc}", fontsize=10)
-            ax.legend(loc="lower left", frameon=True)
+            plots.over_sigma(core, methods=[m for m in METHODS if run.has(m)], title=f"{run.label}{acc}", ax=ax)
         for k in range(len(runs), nrows * ncols):
             axes[k // ncols, k % ncols].set_axis_off()
         fig.tight_layout()

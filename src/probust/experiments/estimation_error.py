@@ -9,7 +9,8 @@ point's Monte Carlo interval, so that a difference smaller than Monte Carlo's ow
 read as an error.
 
 Outputs: ``estimation_error.csv``, one row per (model, sigma, estimator) (see
-:func:`probust.experiments.common.error_table` for the columns); one figure of the standard models.
+:func:`probust.experiments.common.error_table` for the columns); one figure of the standard models,
+and one of the first of them point by point (:func:`probust.plots.against_monte_carlo`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from probust import plots
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import error_table, fmt, pct, sort_by_method
@@ -32,7 +34,9 @@ DESCRIPTION = (
     "For every model and noise level σ, the mean absolute error |p̂ − p<sup>mc</sup>| and mean relative error "
     "|p̂ − p<sup>mc</sup>| / p<sup>mc</sup> of each estimator over the scored points (error bars: ± one standard "
     "error over points). Monte Carlo is the reference; its own mean 95% confidence half-width is the grey band: "
-    "differences inside it are Monte Carlo noise. Relative errors leave out points with p<sup>mc</sup> = 0."
+    "differences inside it are Monte Carlo noise. Relative errors leave out points with p<sup>mc</sup> = 0. "
+    "The second figure shows the first model point by point: each estimate against p<sup>mc</sup> (grey bars: "
+    "Monte Carlo's interval; the dotted diagonal is agreement)."
 )
 
 
@@ -120,6 +124,18 @@ def _plot(table: pd.DataFrame, runs: list[Run], stem: Path) -> Path:
         return style.save_figure(fig, stem)[0]
 
 
+#: The estimators of the point-by-point figure (the others are in the table and the curves).
+POINTS_METHODS = ("taylor", "mmse", "softmax")
+
+
+def _points_figure(run: Run, stem: Path) -> Path:
+    """:func:`probust.plots.against_monte_carlo` for one run, on its points scored at every sigma."""
+    core = run.table[run.table["index"].isin(run.core_indices)]
+    methods = [m for m in POINTS_METHODS if run.has(m)] or None
+    fig = plots.against_monte_carlo(core, methods=methods, title=f"{run.label}: each point against Monte Carlo")
+    return style.save_figure(fig, stem)[0]
+
+
 def _reading(table: pd.DataFrame, runs: list[Run]) -> list[str]:
     out = []
     for run in runs:
@@ -189,11 +205,13 @@ class EstimationError(Experiment):
         else:
             drawn = [r for r in runs if r.is_standard] or runs
         drawn = [r for r in drawn if (table["model"] == r.label).any()]
-        fig = _plot(table, drawn, out / NAME)
+        figures = [_plot(table, drawn, out / NAME)]
+        if drawn:
+            figures.append(_points_figure(drawn[0], out / f"{NAME}_points"))
         return self.output(
             out,
             tables={NAME: table},
-            figures=[fig],
+            figures=figures,
             reading=_reading(table, drawn),
             settings={"models": [r.label for r in drawn]},
         )

@@ -76,8 +76,20 @@ class Run:
 
     @property
     def arch(self) -> str:
-        class_name = self.results_config.model.class_name
-        return str(self.meta.get("arch") or (class_name if class_name is not None else "?").rsplit(".", 1)[-1])
+        """The model's name: the architecture a probust checkpoint records, else the factory
+        function (``torchvision.models:resnet18`` -> "resnet18"), the module's class (a module
+        passed in Python, a Hugging Face model), or the model file's stem ("?" when none is known)."""
+        if self.meta.get("arch"):
+            return str(self.meta["arch"])
+        model = self.results_config.model
+        source = model.source or ""
+        if source.startswith("factory:"):
+            return source.rsplit(":", 1)[-1].rsplit(".", 1)[-1] or "?"
+        if model.class_name:
+            return model.class_name.rsplit(".", 1)[-1]
+        if model.file:
+            return Path(model.file).stem or "?"
+        return "?"
 
     @property
     def grad_reg(self) -> float | None:

@@ -106,6 +106,16 @@ class Results:
 
         return max(candidates, key=key)
 
+    def paper_setting(self) -> bool:
+        """Whether these are results of the paper's kind: every run scores a model trained by
+        probust (its checkpoint records an architecture) on a built-in data set, as ``probust
+        demo`` makes. The experiments that time estimators or train models run on such results by
+        default, not on one's own model or data (see :func:`probust.report.build_report`)."""
+        from probust.data import is_builtin
+
+        runs = [*self.runs, *self.certified]
+        return bool(runs) and all(bool(r.meta.get("arch")) and is_builtin(r.dataset) for r in runs)
+
     def by_label(self, label: str) -> Run:
         for r in self.runs:
             if r.label == label or r.name == label:

@@ -24,6 +24,7 @@ from probust.experiments.common import case_sigma, fmt, pool
 from probust.experiments.datasets import images, load_dataset
 from probust.experiments.run_info import Run
 from probust.experiments.runs import Results
+from probust.plots.images import Cell, image_panel, to_display
 
 NAME = "vulnerable_points"
 TITLE = "8. Vulnerable and canonical points"
@@ -63,80 +64,31 @@ def selection(points: pd.DataFrame, k: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _to_display(img: np.ndarray) -> np.ndarray:
-    """[C, H, W] -> [H, W] (grey) or [H, W, 3], clipped to [0, 1]."""
-    img = np.clip(img, 0, 1)
-    return img[0] if img.shape[0] == 1 else np.transpose(img[:3], (1, 2, 0))
-
-
-def _mosaic(cells: list[list[np.ndarray | None]], gap: int, caption: int) -> np.ndarray:
-    """Images [H, W] or [H, W, 3] laid out in rows and columns on a NaN background, with
-    ``gap`` pixels between columns and ``caption`` pixels below each row for text."""
-    first = next(c for row in cells for c in row if c is not None)
-    h, w = first.shape[:2]
-    extra = first.shape[2:]
-    rows, cols = len(cells), max(len(r) for r in cells)
-    out = np.full((rows * (h + caption), cols * (w + gap) - gap, *extra), np.nan, dtype=np.float32)
-    for i, row in enumerate(cells):
-        for j, img in enumerate(row):
-            if img is not None:
-                out[i * (h + caption) : i * (h + caption) + h, j * (w + gap) : j * (w + gap) + w] = img
-    return out
-
-
 def _grid_figure(
     sel: pd.DataFrame, pics: dict[int, np.ndarray], names: list[str], run: Run, sigma: float, k: int, stem: Path
 ) -> Path:
-    import matplotlib.pyplot as plt
-
+    """Four panels of :func:`probust.plots.images.image_panel` (lowest / highest p^mmse and softmax)."""
     classes = sorted(sel["class"].unique())
-    sample = _to_display(next(iter(pics.values())))
-    h, w = sample.shape[:2]
-    grey = sample.ndim == 2
-    gap, caption = max(1, w // 8), max(3, int(round(h * 0.42)))
-    cmap = plt.get_cmap("gray").with_extremes(bad="white") if grey else None
     with style.style_context():
         fig, axes = style.new_figure(
             1, len(GROUPS), width=len(GROUPS) * k * 0.62 + 1.8, height=len(classes) * 0.66 + 1.1
         )
         for gi, (score, end, label) in enumerate(GROUPS):
-            ax = axes[0, gi]
-            cells, texts = [], []
-            for row, c in enumerate(classes):
+            rows: list[list[Cell | None]] = []
+            for c in classes:
                 picks = sel[(sel["class"] == c) & (sel["score"] == score) & (sel["end"] == end)].sort_values("rank")
-                line: list[np.ndarray | None] = []
+                line: list[Cell | None] = []
                 for j in range(k):
                     if j >= len(picks):
                         line.append(None)
                         continue
                     r = picks.iloc[j]
-                    line.append(_to_display(pics[int(r["index"])]))
                     value = r["p_mmse"] if score == "mmse" else r["softmax"]
                     wrong = int(r["prediction"]) != c
-                    texts.append(
-                        (
-                            j * (w + gap) + w / 2,
-                            row * (h + caption) + h + caption * 0.1,
-                            f"{value:.2f}" + ("*" if wrong else ""),
-                            wrong,
-                        )
-                    )
-                cells.append(line)
-            mosaic = _mosaic(cells, gap, caption)
-            if not grey:
-                mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)
-            ax.imshow(mosaic, cmap=cmap, vmin=0, vmax=1, interpolation="nearest", aspect="equal")
-            for x, y, text, wrong in texts:
-                ax.text(x, y, text, ha="center", va="top", fontsize=6.5, color="#b03030" if wrong else "black")
-            ax.set_xticks([])
-            ax.set_yticks([row * (h + caption) + h / 2 for row in range(len(classes))] if gi == 0 else [])
-            if gi == 0:
-                ax.set_yticklabels([names[c] if c < len(names) else str(c) for c in classes], fontsize=9)
-                ax.tick_params(axis="y", length=0)
-            ax.grid(False)
-            for sp in ax.spines.values():
-                sp.set_visible(False)
-            ax.set_title(style.METHOD_LABELS[score].join(label.split(f"p^{score}")), fontsize=10)
+                    line.append((to_display(pics[int(r["index"])]), f"{value:.2f}" + ("*" if wrong else ""), wrong))
+                rows.append(line)
+            row_labels = [names[c] if c < len(names) else str(c) for c in classes] if gi == 0 else None
+            image_panel(axes[0, gi], rows, row_labels, style.METHOD_LABELS[score].join(label.split(f"p^{score}")))
         fig.suptitle(
             f"{run.label}: per class, the {k} scored images with the lowest / highest p$^{{\\mathrm{{mmse}}}}$ (σ={sigma:g}) "
             f"and softmax probability (caption: the value; red *: misclassified)",
@@ -181,7 +133,13 @@ def _noisy_figure(ds, run: Run, indices: list[int], sigmas: list[float], seed: i
                     )
                     if row == 0:
                         ax.set_title(f"σ={sigma:g}", fontsize=10)
-                ax.imshow(_to_display(shown), cmap="gray" if grey else None, vmin=0, vmax=1, interpolation="nearest")
+                ax.imshow(
+                    to_display(shown, rescale=False),
+                    cmap="gray" if grey else None,
+                    vmin=0,
+                    vmax=1,
+                    interpolation="nearest",
+                )
                 ax.set_xlabel(caption, fontsize=7.5, labelpad=2)
         fig.suptitle(f"Gaussian noise of each σ on {run.dataset} images (pixel values in [0, 1])", fontsize=10)
         fig.tight_layout()
