@@ -175,7 +175,7 @@ def prepare_folder(
     s = settings
     memory = store is not None
     world = World() if memory else distributed.join(device_type(s.device))
-    store = store if store is not None else ResultStore(s.out, layout)
+    results: ResultStore = store if store is not None else ResultStore(s.out, layout)
     try:
         plan = None
         error: BaseException | None = None
@@ -204,9 +204,9 @@ def prepare_folder(
             else:
                 config = new_config(ds, s.split, model_info, work.recorded, work.request, dev, world, layout.format)
             if world.is_main and not memory:
-                config = claim_folder(store, config, s.overwrite, s.extend, s.allow_version_change)
+                config = claim_folder(results, config, s.overwrite, s.extend, s.allow_version_change)
             plan = PreparedRun(
-                store=store,
+                store=results,
                 dataset=ds,
                 model=module,
                 device=dev,
@@ -233,7 +233,7 @@ def prepare_folder(
         agree(world, error)
         return plan
     except BaseException:
-        store.release_lock()
+        results.release_lock()
         world.close()
         raise
 
