@@ -270,6 +270,21 @@ def test_certified_accuracy_equals_certify_on_the_concatenated_points():
     }
 
 
+def test_one_radius_and_one_quantile_are_logged_although_torchmetrics_squeezes_them():
+    # compute() of a one-element state comes back 0-d from torchmetrics: loggable() still names it.
+    model, (x, y) = small_cnn(), data(6)
+    certified = CertifiedAccuracy(model, 0.1, (0.1,), n0=20, n=100)
+    certified.update(x, y)
+    result = probust.certify(model, x, 0.1, n0=20, n=100, radii=(0.1,))
+    logged = certified.loggable()
+    assert set(logged) == {"certified_accuracy/r0.1", "certified_accuracy/abstained"}
+    assert logged["certified_accuracy/r0.1"].item() == pytest.approx(result.certified_accuracy(y).item())
+    robustness = AverageCaseRobustness(model, 0.1, method="taylor", quantiles=(0.5,))
+    robustness.update(x)
+    median = np.quantile(probust.estimate(model, x, 0.1, "taylor").numpy(), 0.5)
+    assert robustness.loggable()["p_robust/q50"].item() == pytest.approx(median, abs=ROUNDING)
+
+
 def test_certified_accuracy_needs_radii():
     with pytest.raises(OptionError) as info:
         CertifiedAccuracy(small_cnn(), 0.1, None)  # type: ignore[arg-type]

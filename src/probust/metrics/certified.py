@@ -133,6 +133,8 @@ class CertifiedAccuracy(PointwiseMetric):
         """:meth:`compute`'s values as scalars named for a logger: ``<prefix>r0.25`` ... per radius
         (:func:`radius_name`), ``<prefix>abstained``."""
         values = self.compute() if values is None else values
-        out = {f"{prefix}{radius_name(r)}": v for r, v in zip(self.radii, values["certified_accuracy"], strict=True)}
+        # torchmetrics squeezes a one-element result to a scalar: one radius gives a 0-d tensor.
+        shares = values["certified_accuracy"].reshape(-1)
+        out = {f"{prefix}{radius_name(r)}": v for r, v in zip(self.radii, shares, strict=True)}
         out[f"{prefix}abstained"] = values["abstained"]
         return out
