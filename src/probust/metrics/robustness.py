@@ -226,7 +226,12 @@ class AverageCaseRobustness(PointwiseMetric):
         """
         values = self.compute() if values is None else values
         out = {f"{prefix}mean": values["mean"]}
-        out.update({f"{prefix}{quantile_name(q)}": v for q, v in zip(self.quantiles, values["quantiles"].reshape(-1), strict=True)})
+        out.update(
+            {
+                f"{prefix}{quantile_name(q)}": v
+                for q, v in zip(self.quantiles, values["quantiles"].reshape(-1), strict=True)
+            }
+        )
         out[f"{prefix}below_{self.threshold:g}"] = values["below_threshold"]
         out[f"{prefix}count"] = values["count"]
         return out
