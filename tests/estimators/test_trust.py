@@ -4,7 +4,11 @@ draws against the linearisation's, r.agreement, and the warning when they differ
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,10 +66,6 @@ def quadratic_disagreement(d: int, c: float, k: float, sigma: float = 1.0) -> fl
 
     value, _ = integrate.quad(density, -c, np.inf, limit=200)
     return float(value)
-
-
-def _no_trust_warning():
-    return warnings.catch_warnings(record=True)
 
 
 @pytest.mark.parametrize("estimator", [probust.Taylor, probust.MMSE])
@@ -222,7 +222,9 @@ def test_disagreement_lower_is_the_clopper_pearson_bound():
 def test_the_runner_records_agreement(tmp_path):
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (6, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    data = ImageDataset(images, torch.randint(0, 3, (6,), generator=gen), name="tiny", split="test", classes=["a", "b", "c"])
+    data = ImageDataset(
+        images, torch.randint(0, 3, (6,), generator=gen), name="tiny", split="test", classes=["a", "b", "c"]
+    )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
     df = run_estimate(data, model, 0.1, ["taylor", "mmse", "mc"], out=tmp_path / "r", mc_samples=100)
@@ -231,3 +233,19 @@ def test_the_runner_records_agreement(tmp_path):
     assert set(linear[linear.method == "taylor"].agreement_draws) == {trust.TAYLOR_CHECK_DRAWS}
     assert set(linear[linear.method == "mmse"].agreement_draws) == {5}
     assert df[df.method == "mc"].agreement.isna().all()
+
+
+@pytest.mark.slow  # a fresh interpreter and a ResNet18 on the CPU (about a minute)
+def test_the_docs_snippet_prints_what_the_page_shows(tmp_path):
+    # docs/estimators.md, "Can I trust this estimate?": the code block, then its output (the
+    # warning, wrapped for the page, on stderr; the printed lines on stdout).
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "estimators.md").read_text()
+    section = doc[doc.index("## Can I trust this estimate?") :]
+    code, output = re.search(r"```python\n(.*?)```\n\n```text\n(.*?)```", section, flags=re.DOTALL).groups()
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert shown.returncode == 0, shown.stderr
+    lines = output.strip().splitlines()
+    printed = lines[next(i for i, line in enumerate(lines) if line.startswith("taylor p")) :]
+    assert shown.stdout.strip().splitlines() == printed
+    warning = " ".join(lines[: -len(printed)])
+    assert warning in " ".join(shown.stderr.split())

@@ -59,7 +59,7 @@ class Taylor(Linearised):
             ``r.agreement`` is the fraction that agree, and 1 - agreement estimates a bound on
             the linearisation's error at the point (:mod:`probust.estimators.trust`); a
             :class:`~probust.estimators.trust.LinearisationWarning` names the points where it is
-            confidently above 10%. None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS`
+            confidently above 5%. None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS`
             (16: one forward pass without autograd per draw); 0: no check (``r.agreement`` is
             None). The draws have a stream of their own: p does not depend on it.
     """
