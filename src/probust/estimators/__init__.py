@@ -21,6 +21,7 @@ from probust.estimators.registry import METHODS, PAPER_METHODS, REGISTRY, Method
 from probust.estimators.result import Estimate
 from probust.estimators.softmax import Softmax
 from probust.estimators.taylor import Taylor
+from probust.estimators.trust import LinearisationWarning, untrusted
 
 __all__ = [
     "CDFS",
@@ -33,6 +34,7 @@ __all__ = [
     "Estimator",
     "Linearisation",
     "Linearised",
+    "LinearisationWarning",
     "LinearisedMonteCarlo",
     "MethodSpec",
     "MonteCarlo",
@@ -44,4 +46,5 @@ __all__ = [
     "make_estimator",
     "method_spec",
     "methods_with",
+    "untrusted",
 ]
