@@ -90,7 +90,7 @@ def _args(out: str, *extra: str) -> list[str]:
 
 
 def _table(path) -> pd.DataFrame:
-    return read_certified(path).drop(columns="time_s")
+    return read_certified(path).drop(columns="seconds")
 
 
 @pytest.fixture()
@@ -122,7 +122,7 @@ def test_the_tsv_has_the_authors_columns_and_format(in_root, reference):
         assert tsv.radius.tolist() == mine.radius.tolist()  # every digit written
         assert tsv.correct.tolist() == mine.correct.astype(int).tolist()
         # time as the authors write it: str(datetime.timedelta(seconds=elapsed))
-        assert tsv.time.tolist() == [str(datetime.timedelta(seconds=s)) for s in mine.time_s]
+        assert tsv.time.tolist() == [str(datetime.timedelta(seconds=s)) for s in mine.seconds]
         assert all(re.fullmatch(r"\d+:\d\d:\d\d(\.\d{6})?", t) for t in tsv.time)
 
 

@@ -35,7 +35,7 @@ def _columns(rows: Sequence[Row], labels: Sequence[int] | None) -> dict[str, Any
         "ci_low": None,
         "ci_high": None,
         "stderr": None,
-        "confidence": np.full(n, 0.9),
+        "clean_softmax": np.full(n, 0.9),
         "cdf_error": None,
         "seconds": np.full(n, 1e-3),
         "seed": np.zeros(n, dtype=np.int64),

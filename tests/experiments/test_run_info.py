@@ -102,7 +102,7 @@ def test_rows_at_the_principal_sample_count_and_the_wide_table(tmp_path, write_r
     wide = run.wide()
     assert len(wide) == 3 * 2 + 1 and {"p_mc", "p_mmse", "p_softmax", "softmax", "mc_n"} <= set(wide)
     np.testing.assert_array_equal(wide.set_index(["index", "sigma"]).loc[(1, 0.2), "p_mc"], 0.6)
-    # softmax does not depend on sigma: every sigma of a point gets its value, else the confidence
+    # softmax does not depend on sigma: every sigma of a point gets its value, else the clean_softmax column
     assert (wide[wide["index"] < 3]["softmax"] == 0.7).all() and wide[wide["index"] == 3]["softmax"].item() == 0.9
     assert len(run.wide(core=True)) == 6
 

@@ -187,8 +187,8 @@ def test_two_gloo_processes_certify_the_single_process_table(tmp_path):
         assert main(["certify", *CERTIFY_ARGS, "--model", str(model), "--out", str(tmp_path / "one")]) == 0
     finally:
         torch.set_num_threads(default)
-    one = read_certified(tmp_path / "one").drop(columns="time_s")
-    two = read_certified(out).drop(columns="time_s")
+    one = read_certified(tmp_path / "one").drop(columns="seconds")
+    two = read_certified(out).drop(columns="seconds")
     assert len(two) == 10 * 2
     assert two.equals(one)
     for sigma in (0.25, 0.5):  # the TSVs differ in their times only

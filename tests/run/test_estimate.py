@@ -83,7 +83,7 @@ def test_one_row_per_point_sigma_method_and_sample_count(tmp_path):
     expected = probs.max(1).values.numpy()
     # float32 logits of passes of other sizes round differently: measured 4.0e-9
     np.testing.assert_allclose(soft.p, expected, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(soft.confidence, soft.p, rtol=1e-12)
+    np.testing.assert_allclose(soft.clean_softmax, soft.p, rtol=1e-12)
 
 
 def test_rows_equal_direct_estimator_calls_at_the_true_data_set_indices(tmp_path):
@@ -104,14 +104,14 @@ def test_table_does_not_depend_on_the_batch_size(tmp_path):
     # Not bitwise beyond Monte Carlo: this MLP's float32 passes round a row differently by how
     # many rows the pass holds (MKL's matrix products), and other work units and rows per pass
     # give other passes. So only the Monte Carlo counts are exactly equal (the softmax
-    # confidence column too is a clean forward pass); the rest moves by float rounding, measured
-    # at most 4.5e-8 (taylor_mvs), 1.8e-8 (mmse_mvs), 4.0e-9 (softmax, confidence). The same
+    # clean_softmax column too is a clean forward pass); the rest moves by float rounding, measured
+    # at most 4.5e-8 (taylor_mvs), 1.8e-8 (mmse_mvs), 4.0e-9 (softmax, clean_softmax). The same
     # --batch-size and --eval-batch-size give the same bits for every method:
     # test_resuming_computes_only_missing_rows_and_gives_the_same_table.
     a = no_time(run(tmp_path / "a", batch_size=4, sigmas=[0.3]))
     b = no_time(run(tmp_path / "b", batch_size=7, eval_batch_size=5, sigmas=[0.3]))
     mc = a.method == "mc"
-    assert a[mc].drop(columns="confidence").equals(b[mc].drop(columns="confidence"))
+    assert a[mc].drop(columns="clean_softmax").equals(b[mc].drop(columns="clean_softmax"))
     pd.testing.assert_frame_equal(a, b, rtol=0, atol=1e-7)
 
 
@@ -190,7 +190,7 @@ def test_target_label_measures_the_true_class(tmp_path):
     df = run(tmp_path / "r", target="label", methods=["softmax"], sigmas=[0.1])
     assert (df.target == df.label).all()
     wrong = df[df.label != df.prediction]
-    assert len(wrong) and (wrong.p < wrong.confidence).all()
+    assert len(wrong) and (wrong.p < wrong.clean_softmax).all()
 
 
 def test_a_plain_torch_dataset_works(tmp_path):

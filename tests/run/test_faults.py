@@ -278,11 +278,11 @@ def test_files_from_other_parquet_writers_with_equivalent_types_are_read(tmp_pat
     run(out, merge=False)
     part = sorted((out / "parts").glob("softmax-*.parquet"))[0]
     table = pq.read_table(part)
-    for name, kind in (("method", pa.large_string()), ("label", pa.int32()), ("confidence", pa.float32())):
+    for name, kind in (("method", pa.large_string()), ("label", pa.int32()), ("clean_softmax", pa.float32())):
         i = table.column_names.index(name)
         table = table.set_column(i, name, table.column(name).cast(kind))
     table = table.set_column(table.column_names.index("cv_beta"), "cv_beta", pa.nulls(len(table)))
     pq.write_table(table, part)
     df = read_results(out).drop(columns="seconds")
-    assert df.drop(columns="confidence").equals(uninterrupted.drop(columns="confidence"))
-    np.testing.assert_allclose(df.confidence, uninterrupted.confidence, rtol=1e-7)  # float32 there
+    assert df.drop(columns="clean_softmax").equals(uninterrupted.drop(columns="clean_softmax"))
+    np.testing.assert_allclose(df.clean_softmax, uninterrupted.clean_softmax, rtol=1e-7)  # float32 there

@@ -173,7 +173,7 @@ def test_a_folder_that_records_no_probust_version_counts_as_another_version(tmp_
     assert execute(prepare(settings(out, tiny_data, tiny_model, allow_version_change=True))).rows_computed == 0
 
 
-@pytest.mark.parametrize("recorded", [0, 2, None])
+@pytest.mark.parametrize("recorded", [0, FORMAT_VERSION + 1, None])
 def test_a_folder_in_another_results_format_is_refused_even_with_allow_version_change(
     tmp_path, tiny_data, tiny_model, recorded
 ):

@@ -29,7 +29,7 @@ def _columns(indices, sigma=0.1, method="mc", n=100, p=None):
         "ci_low": np.zeros(k) if mc else None,
         "ci_high": np.ones(k) if mc else None,
         "stderr": np.full(k, 0.01) if mc else None,
-        "confidence": np.full(k, 0.9),
+        "clean_softmax": np.full(k, 0.9),
         "cdf_error": None,
         "seconds": np.full(k, 0.5),
         "seed": np.zeros(k, dtype=np.int64),

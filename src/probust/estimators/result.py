@@ -120,8 +120,9 @@ class Estimate:
         [B] (``p``, ``target``, ``stderr``, ...) and the scalars repeated on every row
         (``method``). Two fields are renamed to the runner's table's names, whose meaning they
         have there: ``n_samples`` (evaluations spent on the point) is ``n_drawn``, and
-        ``confidence`` (the interval's level) is ``ci_level`` (the table's ``confidence`` is the
-        softmax probability of the clean prediction). Fields left None have no column.
+        ``confidence`` (the interval's level) is ``ci_level``, the runner's name for it (its
+        ``config.json`` setting; the table's softmax probability of the clean prediction is
+        ``clean_softmax``). Fields left None have no column.
 
         Args:
             index_offset: the index of row 0 in the data set (as given to the estimator).
@@ -136,7 +137,7 @@ class Estimate:
 
 
 #: Fields of :class:`Estimate` whose column in :meth:`Estimate.to_pandas` has the runner's
-#: table's name for the same quantity (and frees ``confidence`` for the table's meaning).
+#: table's name for the same quantity (``ci_level``: the runner's setting of the interval's level).
 _TABLE_NAMES = {"n_samples": "n_drawn", "confidence": "ci_level"}
 
 

@@ -224,14 +224,14 @@ class Run:
 
         Columns: index, sigma, label, prediction, softmax (the clean prediction's softmax
         probability: the ``softmax`` method's value where scored, else the table's
-        ``confidence``), ``p_<method>`` for every method (NaN where not scored), and for
+        ``clean_softmax``), ``p_<method>`` for every method (NaN where not scored), and for
         Monte Carlo ``mc_ci_low``, ``mc_ci_high``, ``mc_stderr``, ``mc_n``.
         """
         if "wide" in self._wide_cache:
             w = self._wide_cache["wide"]
             return w[w["index"].isin(self.core_indices)] if core else w
         t = self.table
-        base = t.drop_duplicates(["index", "sigma"])[["index", "sigma", "label", "prediction", "confidence"]]
+        base = t.drop_duplicates(["index", "sigma"])[["index", "sigma", "label", "prediction", "clean_softmax"]]
         out = base.set_index(["index", "sigma"]).sort_index()
         for method in self.methods:
             r = self.rows(method).set_index(["index", "sigma"])
@@ -246,10 +246,10 @@ class Run:
         if "p_softmax" in out:
             soft = per_point["p_softmax"].first()
         else:
-            soft = per_point["confidence"].first()
+            soft = per_point["clean_softmax"].first()
         out = out.reset_index()
-        out["softmax"] = out["index"].map(soft).fillna(out["confidence"])
-        out = out.drop(columns="confidence")
+        out["softmax"] = out["index"].map(soft).fillna(out["clean_softmax"])
+        out = out.drop(columns="clean_softmax")
         self._wide_cache["wide"] = out
         return out[out["index"].isin(self.core_indices)] if core else out
 

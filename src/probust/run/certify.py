@@ -162,7 +162,7 @@ class CertifyOptions(SeedOptions):
     radii: Sequence[float] | None = option(
         None,
         help="decide these L2 radii (units of the model's inputs) with sequential draws, up to --N, instead of "
-        "spending all n on every point; adds a boolean column certified_<r> per radius",
+        "spending all n on every point; adds a boolean column certified_<r> per radius (certified_0_25 for 0.25)",
         default_help="fixed-n CERTIFY",
         metavar="R",
         many=True,
@@ -227,7 +227,18 @@ class CertifySettings(FolderOptions, ComputeOptions, CertifyOptions, SourceOptio
 
 
 def certified_column(radius: float) -> str:
-    """The column of the radius ``radius`` asked for with ``radii``: ``certified_<repr>``."""
+    """The column of the radius ``radius`` asked for with ``radii``: ``certified_`` and the
+    radius in decimal notation with ``_`` for the point, all the digits that tell it from any
+    other float and no more: ``certified_0_25`` for 0.25, ``certified_0_025`` for 0.025,
+    ``certified_1`` for 1.0, ``certified_0_00001`` for 1e-05 (no dot, so ``df.certified_0_25``
+    works; two radii never share a column).
+    """
+    text = np.format_float_positional(float(radius) + 0.0, unique=True, trim="-")  # + 0.0: no "-0"
+    return "certified_" + text.replace(".", "_")
+
+
+def _former_certified_column(radius: float) -> str:
+    """The column's name in format version 1: ``certified_<repr(r)>`` (``certified_0.25``)."""
     return f"certified_{float(radius)!r}"
 
 
@@ -240,11 +251,15 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
     ``correct`` (bool: prediction == label), ``p_lower`` (float64, the lower confidence bound on
     p_A), ``selected`` (int64, the class the selection draws chose), ``hits`` (int64, estimation
     draws predicted as it), ``n_drawn`` (int64, noisy forward passes spent: n0 + estimation
-    draws), ``time_s`` (float64, the point's share of the wall time; not reproducible), ``seed``
+    draws), ``seconds`` (float64, the point's share of the wall time, in seconds, as the estimate
+    table's ``seconds``; not reproducible), ``seed``
     (int64); with ``--estimate``: ``p_estimate``, ``radius_estimate`` (float64, sigma *
     Phi^-1(p), an estimate, not a certificate; inf where p = 1) and ``estimate_target`` (int64,
     the class it is for: the clean prediction), else null; with ``radii``: ``certified_<r>``
-    (bool) per radius, in increasing order.
+    (bool) per radius, in increasing order (:func:`certified_column`: ``certified_0_25``).
+
+    Files of format version 1 read with their ``time_s`` as ``seconds`` and their
+    ``certified_<repr(r)>`` (``certified_0.25``) as :func:`certified_column`'s names.
     """
     fields = [
         ("index", pa.int64()),
@@ -257,14 +272,17 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
         ("selected", pa.int64()),
         ("hits", pa.int64()),
         ("n_drawn", pa.int64()),
-        ("time_s", pa.float64()),
+        ("seconds", pa.float64()),
         ("seed", pa.int64()),
         ("p_estimate", pa.float64()),
         ("radius_estimate", pa.float64()),
         ("estimate_target", pa.int64()),
         *((certified_column(r), pa.bool_()) for r in radii or ()),
     ]
-    return Layout(FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"))
+    former = (("time_s", "seconds"), *((_former_certified_column(r), certified_column(r)) for r in radii or ()))
+    return Layout(
+        FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"), former
+    )
 
 
 @dataclass(frozen=True)
@@ -330,7 +348,7 @@ class _CertifyUnits:
             "selected": result.selected.numpy(),
             "hits": result.hits.numpy(),
             "n_drawn": result.n_drawn.numpy(),
-            "time_s": result.seconds.numpy(),
+            "seconds": result.seconds.numpy(),
             "seed": np.full(n, s.seed, dtype=np.int64),
         }
         if estimator is not None:
@@ -374,7 +392,7 @@ def write_tsv(rows: Any, folder: str | os.PathLike) -> list[str]:
     radius correct time``, then one line per point in index order: its data-set index, true class,
     the smoothed class (-1 where CERTIFY abstains), the certified radius (0 there; written with all
     its digits, where the authors wrote three), 1 if the prediction is the label else 0, and the
-    point's share of the time as ``str(datetime.timedelta(seconds=time_s))`` (``0:00:01.234000``).
+    point's share of the time as ``str(datetime.timedelta(seconds=seconds))`` (``0:00:01.234000``).
 
     A file that already holds the same text is left as it is (a resumed, finished folder is
     not touched).
@@ -394,7 +412,7 @@ def write_tsv(rows: Any, folder: str | os.PathLike) -> list[str]:
             group["prediction"],
             group["radius"],
             group["correct"],
-            group["time_s"],
+            group["seconds"],
             strict=True,
         ):
             lines.append(

@@ -20,6 +20,7 @@ from probust.run.errors import first_line
 __all__ = [
     "CONFIG_META_KEY",
     "ESTIMATE",
+    "FORMER_NAMES",
     "KEY",
     "Layout",
     "OPTIONAL_COLUMNS",
@@ -52,7 +53,7 @@ SCHEMA = pa.schema(
         ("ci_low", pa.float64()),
         ("ci_high", pa.float64()),
         ("stderr", pa.float64()),
-        ("confidence", pa.float64()),
+        ("clean_softmax", pa.float64()),
         ("cdf_error", pa.float64()),
         ("p_fail", pa.float64()),
         ("p_fail_error", pa.float64()),
@@ -84,6 +85,12 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
 )
 
 
+#: Columns that results format version 1 (earlier releases) stored under another name:
+#: (name there, name now). ``confidence`` read as a CI level to many; it is the softmax probability
+#: of the clean prediction.
+FORMER_NAMES: tuple[tuple[str, str], ...] = (("confidence", "clean_softmax"),)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The table one kind of results folder holds (``probust estimate``'s, ``probust certify``'s).
@@ -94,12 +101,16 @@ class Layout:
         key: the columns that identify a row; the first is the point's index, the others the
             work unit's grid key (what :meth:`probust.run.store.ResultStore.completed` groups by).
         optional: columns a writer may leave out (nulls) and that older files may lack.
+        former: columns an earlier format version stored under another name, as (name there,
+            name now) pairs: a file that holds the old name and not the new one is read with
+            the column under its new name (never written so).
     """
 
     format: str
     schema: pa.Schema
     key: tuple[str, ...]
     optional: tuple[str, ...] = ()
+    former: tuple[tuple[str, str], ...] = ()
 
     @property
     def grid_key(self) -> tuple[str, ...]:
@@ -108,7 +119,7 @@ class Layout:
 
 
 #: ``probust estimate``'s table.
-ESTIMATE = Layout("probust.results", SCHEMA, KEY, OPTIONAL_COLUMNS)
+ESTIMATE = Layout("probust.results", SCHEMA, KEY, OPTIONAL_COLUMNS, FORMER_NAMES)
 
 
 def atomic_write_table(path: Path, table: pa.Table) -> None:
@@ -152,7 +163,8 @@ def damaged(path: Path, reason: str) -> ValueError:
 
 def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = ESTIMATE) -> pa.Table:
     """One results file's rows in the layout's columns (all, or ``columns``; default layout:
-    :data:`ESTIMATE`).
+    :data:`ESTIMATE`), under their current names also where the file was written in an earlier
+    format version (:attr:`Layout.former`).
 
     Raises:
         FileNotFoundError: the file is gone (a merge removed it meanwhile).
@@ -165,7 +177,12 @@ def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = 
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
             stored = parquet.schema_arrow
-            table = parquet.read(columns=[c for c in schema.names if c in stored.names])
+            # A file of an earlier format version: read its columns under their current names.
+            renamed = {was: now for was, now in layout.former if was in stored.names and now not in stored.names}
+            stored = pa.schema([f.with_name(renamed.get(f.name, f.name)) for f in stored])
+            was = {now: name for name, now in renamed.items()}
+            table = parquet.read(columns=[was.get(c, c) for c in schema.names if c in stored.names])
+            table = table.rename_columns([renamed.get(c, c) for c in table.column_names])
     except FileNotFoundError:
         raise
     except Exception as exc:  # disk trouble or a hand edit: name the file

@@ -60,6 +60,7 @@ __all__ = [
     "CONFIG_NAME",
     "FORMAT",
     "FORMAT_VERSION",
+    "FORMER_FORMAT_VERSIONS",
     "KEY",
     "MEMORY",
     "MERGED_NAME",
@@ -79,8 +80,15 @@ __all__ = [
 #: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's
 #: (``probust estimate``'s; ``probust certify``'s folders are marked by their own layout's).
 FORMAT = ESTIMATE.format
-#: The version of that format this code writes.
-FORMAT_VERSION = 1
+#: The version of that format this code writes (also of ``probust certify``'s table). Version 2
+#: renamed columns, nothing else: the estimate table's ``confidence`` is ``clean_softmax``, the
+#: certify table's ``time_s`` is ``seconds`` and its ``certified_<repr(r)>`` are
+#: ``certified_<r with _ for .>`` (:attr:`~probust.run.files.Layout.former`).
+FORMAT_VERSION = 2
+#: Earlier format versions this code reads under the current names, and resumes or extends: the
+#: folder is then marked :data:`FORMAT_VERSION` (its config.json's "format_upgrades" records it)
+#: and the merge rewrites its rows under the current names.
+FORMER_FORMAT_VERSIONS: tuple[int, ...] = (1,)
 CONFIG_NAME = "config.json"
 PARTS_DIR = "parts"
 MERGED_NAME = "results.parquet"
@@ -469,7 +477,9 @@ def read_results(path: str | os.PathLike) -> Any:
         - ``ci_low``, ``ci_high`` (float64, NaN where there is none): the Monte Carlo
           confidence interval (``mc``, ``mc_cv``, ``mc_is``; level in ``config.json``).
         - ``stderr`` (float64, NaN where there is none): the standard error of ``p`` (same).
-        - ``confidence`` (float64): softmax probability (temperature 1) of the clean prediction.
+        - ``clean_softmax`` (float64): softmax probability (temperature 1) of the clean
+          prediction, whatever the method (format version 1 called it ``confidence``; it is not
+          the interval's level, which is ``ci_level`` in ``config.json``).
         - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
           mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
         - ``p_fail`` (float64, NaN where there is none): the failure probability 1 - p computed
@@ -501,7 +511,8 @@ def read_results(path: str | os.PathLike) -> Any:
         - ``seed`` (int64): the seed of the random streams.
 
         The columns from ``p_fail`` to ``agreement_draws`` (:data:`OPTIONAL_COLUMNS`) came after the
-        first results format: files written before them read with nulls there.
+        first results format: files written before them read with nulls there. Files of format
+        version 1 read with their ``confidence`` column as ``clean_softmax``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.

@@ -52,7 +52,7 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
 
 
 def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(prediction int64 [B], softmax confidence of it float64 [B], tied bool [B]) on the CPU;
+    """(prediction int64 [B], its softmax probability float64 [B], tied bool [B]) on the CPU;
     ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
     classes)."""
     step = plan.settings.eval_batch_size or 256
@@ -60,13 +60,13 @@ def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
     logits = logits.detach().to("cpu", torch.float64)
     prediction = logits.argmax(dim=1)
-    confidence = torch.softmax(logits, dim=1).gather(1, prediction[:, None]).squeeze(1)
+    clean_softmax = torch.softmax(logits, dim=1).gather(1, prediction[:, None]).squeeze(1)
     if logits.shape[1] >= 2:
         top2 = logits.topk(2, dim=1).values
         tied = top2[:, 0] == top2[:, 1]
     else:
         tied = torch.zeros(logits.shape[0], dtype=torch.bool)
-    return prediction, confidence, tied
+    return prediction, clean_softmax, tied
 
 
 def _clean_passes(plan: PreparedRun, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Tensor, ...]]:
@@ -114,11 +114,11 @@ def _part_name(task: Task, indices: np.ndarray) -> str:
 def _run_unit(plan: PreparedRun, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
     """Compute the rows of ``todo`` (a subset of ``block``) for ``task`` and store them as a part."""
     x, labels = batch(plan.dataset, block)
-    prediction, confidence, _ = clean[int(block[0])]
+    prediction, clean_softmax, _ = clean[int(block[0])]
     rows = np.isin(block, todo)
     if not rows.all():
         sel = torch.from_numpy(rows)
-        x, labels, prediction, confidence = x[sel], labels[sel], prediction[sel], confidence[sel]
+        x, labels, prediction, clean_softmax = x[sel], labels[sel], prediction[sel], clean_softmax[sel]
     target = prediction if plan.settings.target == "prediction" else labels
     sync(plan.device)
     start = time.perf_counter()
@@ -140,7 +140,7 @@ def _run_unit(plan: PreparedRun, estimator: Any, task: Task, block: np.ndarray, 
             "ci_low": est["ci_low"],
             "ci_high": est["ci_high"],
             "stderr": est["stderr"],
-            "confidence": confidence.numpy(),
+            "clean_softmax": clean_softmax.numpy(),
             "cdf_error": est["cdf_error"],
             **{name: est[name] for name in OPTIONAL_COLUMNS},
             "seconds": np.full(n, seconds),
