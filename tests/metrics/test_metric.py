@@ -14,6 +14,7 @@ from torch import nn
 
 import probust
 from probust.errors import OptionError
+from probust.estimators import LinearisationWarning, untrusted
 from probust.metrics import RANK_STRIDE, AverageCaseRobustness, CertifiedAccuracy, points
 
 SIGMA = 0.3
@@ -54,7 +55,8 @@ ROUNDING = 1e-6
 
 
 def assert_matches(values: dict[str, torch.Tensor], expected: dict, atol: float = ROUNDING) -> None:
-    assert set(values) == set(expected)
+    # The trust check's share is compared where the oracle was given the flags.
+    assert set(values) - ({"untrusted"} - set(expected)) == set(expected)
     for key, want in expected.items():
         np.testing.assert_allclose(values[key].cpu().numpy(), want, rtol=0, atol=atol, err_msg=key)
 
@@ -67,7 +69,9 @@ def test_metric_equals_one_probust_call_on_the_concatenated_points():
     reference = probust.make_estimator("mmse", model, SIGMA, n_samples=5)(x)
     p = reference.p.numpy()
     assert p.std() > 0.01  # the summary is not trivially constant
-    assert_matches(metric.compute(), oracle(p, y.numpy(), reference.target.numpy(), 10))
+    expected = oracle(p, y.numpy(), reference.target.numpy(), 10)
+    expected["untrusted"] = untrusted(reference).double().mean().item()
+    assert_matches(metric.compute(), expected)
 
 
 def test_values_do_not_depend_on_batching():
@@ -289,3 +293,36 @@ def test_certified_accuracy_needs_radii():
     with pytest.raises(OptionError) as info:
         CertifiedAccuracy(small_cnn(), 0.1, None)  # type: ignore[arg-type]
     assert info.value.field == "radii"
+
+
+class _Quadratic(nn.Module):
+    """Two classes with margin c + x_0 - k ||x||^2: Taylor at 0 says p = Phi(c) but the model
+    almost always fails under unit noise in 50 dimensions (the trust check's bad case)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = 1.0 + x[:, 0] - 0.05 * (x * x).sum(dim=1)
+        return torch.stack([g + 5, torch.full_like(g, 5.0)], dim=1)
+
+
+def test_untrusted_share_is_the_flagged_points_with_one_warning_per_compute_not_per_batch():
+    import warnings
+
+    model, x = _Quadratic(), torch.zeros(12, 50)
+    x[6:, 0] = 30.0  # where the other class wins by far: the check passes, so the share is between 0 and 1
+    metric = AverageCaseRobustness(model, 1.0, method="taylor", prune="off")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in range(0, 12, 4):
+            metric.update(x[start : start + 4])
+        assert not [w for w in caught if issubclass(w.category, LinearisationWarning)]  # none per batch
+        values = metric.compute()
+        flags = untrusted(probust.Taylor(model, 1.0, prune="off")(x))  # the oracle: one call on every point
+    assert values["untrusted"].item() == pytest.approx(flags.double().mean().item())
+    assert 0 < flags.sum() < 12
+    found = [w for w in caught if issubclass(w.category, LinearisationWarning) and "metric" in str(w.message)]
+    assert len(found) == 1 and f"at {int(flags.sum())} of 12 points" in str(found[0].message)
+    assert metric.loggable(values)["p_robust/untrusted"] == values["untrusted"]
+    # Monte Carlo has no linearisation to check: no share, no key.
+    mc = AverageCaseRobustness(small_cnn(), 0.1, method="mc", n_samples=16)
+    mc.update(data(3)[0])
+    assert math.isnan(mc.compute()["untrusted"].item()) and "p_robust/untrusted" not in mc.loggable()

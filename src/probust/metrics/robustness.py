@@ -9,6 +9,7 @@ values = metric.compute()   # {"mean": ..., "quantiles": [Q], "below_threshold":
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from probust.errors import OptionError
-from probust.estimators import Estimator, make_estimator
+from probust.estimators import Estimator, LinearisationWarning, make_estimator, untrusted
 from probust.metrics.points import PointwiseMetric, usable_inputs
 from probust.noise import Noise
 
@@ -96,6 +97,7 @@ class AverageCaseRobustness(PointwiseMetric):
     p: list[Tensor]
     target: list[Tensor]
     label: list[Tensor]
+    untrusted: list[Tensor]
 
     def __init__(
         self,
@@ -133,6 +135,9 @@ class AverageCaseRobustness(PointwiseMetric):
         self.add_state("p", default=[], dist_reduce_fx="cat")
         self.add_state("target", default=[], dist_reduce_fx="cat")
         self.add_state("label", default=[], dist_reduce_fx="cat")
+        # Per point: 1 where the trust check flags the linearisation, 0 where it passes, NaN
+        # where there was none (Monte Carlo, softmax, check_draws=0).
+        self.add_state("untrusted", default=[], dist_reduce_fx="cat")
         self.set_dtype(torch.float64)
 
     @property
@@ -160,13 +165,20 @@ class AverageCaseRobustness(PointwiseMetric):
         rows, first = self._take(x)
         if rows == 0:
             return
-        with torch.inference_mode(False), torch.enable_grad():
+        # The estimator warns once per call, which is once per validation batch here: the
+        # flags are kept instead, and compute() reports their share (one warning per epoch).
+        with torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", LinearisationWarning)
             result = self.estimator(
                 usable_inputs(x[:rows]),
                 None if target is None else usable_inputs(target[:rows]),
                 index_offset=first,
             )
         device = self.device
+        flags = untrusted(result).double()
+        if result.agreement is None:
+            flags = torch.full_like(flags, math.nan)
+        self.untrusted.append(flags.to(device))
         self.p.append(result.p.detach().to(device, torch.float64))
         self.target.append(result.target.detach().to(device, torch.float64))
         label = torch.full((rows,), -1.0) if labels is None else labels[:rows].double()
@@ -182,6 +194,10 @@ class AverageCaseRobustness(PointwiseMetric):
             ``numpy.quantile``);
             ``below_threshold`` (scalar), the share of points with p < :attr:`threshold`;
             ``count`` (scalar), the number of points;
+            ``untrusted`` (scalar), the share of checked points whose linearisation the trust
+            check flags (:func:`probust.estimators.untrusted`: their p may be far from the
+            model's; Taylor and MMSE only, NaN for other methods); one
+            :class:`~probust.LinearisationWarning` per compute where it is above 0;
             ``class_mean_by_target`` [C], the mean p of the points whose measured class (the
             prediction unless ``target`` was given) is c, NaN for a class without points;
             ``class_mean_by_label`` [C], the mean p of the points whose true label is c (the
@@ -200,15 +216,28 @@ class AverageCaseRobustness(PointwiseMetric):
                 "quantiles": nan.repeat(len(self.quantiles)),
                 "below_threshold": nan,
                 "count": torch.zeros((), dtype=torch.float64, device=self.device),
+                "untrusted": nan,
                 "class_mean_by_target": nan.repeat(classes),
                 "class_mean_by_label": nan.repeat(classes),
             }
         levels = torch.tensor(self.quantiles, dtype=torch.float64, device=p.device)
+        flags = _cat(self.untrusted, self.device)
+        checked = flags[~flags.isnan()]
+        share = checked.mean() if checked.numel() else nan
+        if checked.numel() and bool(checked.any()):
+            warnings.warn(
+                f"{self.estimator.method}: the linearisation disagrees with the model on many noise draws at "
+                f"{int(checked.sum())} of {checked.numel()} points (the metric's 'untrusted' share): their p may be "
+                "far from the model's; use method 'mc', a smaller sigma or more MMSE copies",
+                LinearisationWarning,
+                stacklevel=2,
+            )
         return {
             "mean": p.mean(),
             "quantiles": torch.quantile(p, levels) if levels.numel() else levels,
             "below_threshold": (p < self.threshold).double().mean(),
             "count": torch.tensor(float(p.numel()), dtype=torch.float64, device=p.device),
+            "untrusted": share,
             "class_mean_by_target": _class_means(p, target, classes),
             "class_mean_by_label": _class_means(p, label, classes),
         }
@@ -217,7 +246,7 @@ class AverageCaseRobustness(PointwiseMetric):
         """:meth:`compute`'s values as scalars, named for a logger.
 
         Keys: ``mean``, ``q05`` ... (:func:`quantile_name`), ``below_<threshold>`` (e.g.
-        ``below_0.5``) and ``count``, each after ``prefix``. The per-class means are left out
+        ``below_0.5``), ``count`` and, for Taylor and MMSE, ``untrusted``, each after ``prefix``. The per-class means are left out
         (C values each epoch); log them from ``values`` where wanted.
 
         Args:
@@ -234,6 +263,8 @@ class AverageCaseRobustness(PointwiseMetric):
         )
         out[f"{prefix}below_{self.threshold:g}"] = values["below_threshold"]
         out[f"{prefix}count"] = values["count"]
+        if not bool(values["untrusted"].isnan()):
+            out[f"{prefix}untrusted"] = values["untrusted"]
         return out
 
 
