@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all test-cuda test-core lint bench install clean
+.PHONY: demo test test-all test-cuda test-core mutation lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ test-core:
 	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt .
 	cd tests/core_only && PROBUST_CACHE_DIR=off ../../$(CORE_VENV)/bin/python check_core.py
 	rm -rf $(CORE_VENV)
+
+# The suite's strength: single-line bugs planted one at a time in a temporary copy of src/
+# (benchmarks/mutation_check.py lists them); fails if the tests named for one pass on it.
+mutation: $(STAMP)
+	$(BIN)/python benchmarks/mutation_check.py
 
 # Lint, format, types and the architecture contracts (pyproject.toml configures each tool).
 lint: $(STAMP)

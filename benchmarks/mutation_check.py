@@ -1,0 +1,179 @@
+"""The suite's strength, tested: plant single-line bugs one at a time and check a test kills each.
+
+Each mutant is a textual replacement in one file of ``src/probust`` that must match exactly once
+(so a refactoring that moves the line fails this check loudly instead of planting nothing). The
+bugs are planted in a temporary copy of ``src/``, never in the working tree, and the tests named
+for each run against that copy (``PYTHONPATH`` puts it ahead of the editable install; the check
+asserts ``probust`` is imported from it). First the same tests run against the unplanted copy and
+must pass: a test that fails on the real code kills nothing.
+
+The five mutants are the bugs of issue 33 that passed, or nearly passed, the fast suite; the ones
+after them are the same kinds of bug next to them. A mutant survives when its tests pass; the check
+then exits 1 naming it.
+
+    python benchmarks/mutation_check.py            # all mutants (make mutation)
+    python benchmarks/mutation_check.py 1 4        # some of them, by number or name
+    python benchmarks/mutation_check.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to src/probust
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+SCREENING = "tests/estimators/test_screening_guarantees.py"
+MUTANTS = (
+    Mutant(
+        "screening-failure-left-out-of-cdf-error",
+        "estimators/routes.py",
+        "kept = pruning.drop(z, target, budget=budget, delta=delta, forced=unknown,",
+        "kept = pruning.drop(z, target, budget=budget, delta=0.0, forced=unknown,",
+        (f"{SCREENING}::test_a_screened_points_cdf_error_holds_the_screenings_failure_share",),
+    ),
+    Mutant(
+        "sketch-bound-without-union-over-boundaries",
+        "estimators/pruning.py",
+        "q = variance_factor(probes, failure / max(classes - 1, 1))",
+        "q = variance_factor(probes, failure)",
+        (SCREENING,),
+    ),
+    Mutant(
+        "table-sigma-rounded-to-2-decimals",
+        "run/work_units.py",
+        '"sigma": np.full(n, task.sigma),',
+        '"sigma": np.full(n, round(task.sigma, 2)),',
+        ("tests/run/test_sigma_values.py",),
+    ),
+    Mutant(
+        "mmse-centred-draws-without-n-over-n-minus-1",
+        "estimators/mmse.py",
+        "eps = (eps - eps.mean(dim=1, keepdim=True)) * (self.n_samples / (self.n_samples - 1)) ** 0.5",
+        "eps = eps - eps.mean(dim=1, keepdim=True)",
+        ("tests/estimators/test_mmse_draws.py",),
+    ),
+    Mutant(
+        "mvn-error-with-the-normal-quantile-not-t7",
+        "mvn/qmc.py",
+        "e_act = _T_99 * torch.sqrt(",
+        "e_act = 2.5758 * torch.sqrt(",
+        ("tests/mvn/test_error_scale.py",),
+    ),
+    # The same kinds of bug next to them.
+    Mutant(
+        "certify-table-sigma-rounded-to-2-decimals",
+        "run/certify.py",
+        '"sigma": np.full(n, task.sigma),',
+        '"sigma": np.full(n, round(task.sigma, 2)),',
+        ("tests/run/test_sigma_values.py",),
+    ),
+    Mutant(
+        "sketch-union-over-all-c-columns-not-the-c-minus-1-boundaries",
+        "estimators/pruning.py",
+        "q = variance_factor(probes, failure / max(classes - 1, 1))",
+        "q = variance_factor(probes, failure / classes)",
+        (f"{SCREENING}::test_the_sketch_bound_is_the_chi_square_quantile_at_the_failure_shared_over_the_boundaries",),
+    ),
+)
+
+
+def _copy_src(dest: Path) -> Path:
+    src = dest / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return src
+
+
+def _run_tests(src: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import probust; print(probust.__file__)"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not where.startswith(str(src)):
+        raise SystemExit(f"probust was imported from {where}, not from the copy {src}: the check would test nothing")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow", *tests]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _plant(src: Path, mutant: Mutant) -> None:
+    path = src / "probust" / mutant.path
+    text = path.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(f"{mutant.name}: {mutant.old!r} occurs {count} times in src/probust/{mutant.path}, not once")
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", nargs="*", help="mutants by number (1-based) or name; default all")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for i, m in enumerate(MUTANTS, 1):
+            print(f"{i}. {m.name} (src/probust/{m.path}): {' '.join(m.tests)}")
+        return 0
+    chosen = [m for i, m in enumerate(MUTANTS, 1) if not args.which or str(i) in args.which or m.name in args.which]
+    if not chosen:
+        parser.error(f"no mutant matches {args.which}")
+    start = time.perf_counter()
+    survivors = []
+    with tempfile.TemporaryDirectory(prefix="probust-mutation-") as tmp:
+        # Every planted line must be found in the real code before anything runs.
+        for m in chosen:
+            _plant(_copy_src(Path(tmp) / "probe" / m.name), m)
+        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        code, out = _run_tests(_copy_src(Path(tmp) / "real"), tests)
+        if code != 0:
+            print(out[-4000:])
+            print(f"the tests fail on the unplanted code (exit {code}): fix them before counting kills")
+            return 1
+        print(f"unplanted: the {len(tests)} test selections pass ({time.perf_counter() - start:.0f} s)")
+        for m in chosen:
+            t0 = time.perf_counter()
+            src = _copy_src(Path(tmp) / m.name)
+            _plant(src, m)
+            code, out = _run_tests(src, m.tests)
+            if code == 1:  # tests ran and failed: killed
+                verdict = "killed"
+            elif code == 0:
+                verdict = "SURVIVED"
+                survivors.append(m.name)
+            else:
+                print(out[-4000:])
+                print(f"{m.name}: pytest exit {code} (an error, not a verdict)")
+                return 1
+            failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+            print(f"{verdict:8s} {m.name} ({time.perf_counter() - t0:.0f} s) {failed[0] if failed else ''}")
+    print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed in {time.perf_counter() - start:.0f} s")
+    if survivors:
+        print("survived: " + ", ".join(survivors))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
