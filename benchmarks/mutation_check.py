@@ -92,6 +92,20 @@ MUTANTS = (
         "q = variance_factor(probes, failure / classes)",
         (f"{SCREENING}::test_the_sketch_bound_is_the_chi_square_quantile_at_the_failure_shared_over_the_boundaries",),
     ),
+    Mutant(
+        "mc-cv-interval-with-a-one-sided-quantile",
+        "estimators/control_variate.py",
+        "half = float(special.ndtri(1.0 - alpha / 2)) * stderr",
+        "half = float(special.ndtri(1.0 - alpha)) * stderr",
+        ("tests/estimators/test_interval_quantiles.py",),
+    ),
+    Mutant(
+        "mc-is-interval-with-a-one-sided-quantile",
+        "estimators/importance.py",
+        "half = float(special.ndtri(1 - (1 - self.confidence) / 2)) * stderr",
+        "half = float(special.ndtri(self.confidence)) * stderr",
+        ("tests/estimators/test_interval_quantiles.py",),
+    ),
 )
 
 
