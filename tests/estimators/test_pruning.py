@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -82,16 +83,32 @@ def test_the_bound_check_catches_an_underestimated_variance():
     assert (broken.kept < honest.kept).any()
 
 
+@functools.cache
+def _segment_on_a_linear_model() -> tuple[nn.Linear, torch.Tensor]:
+    """A linear model (40 inputs, 100 classes) and 12 inputs along a segment through the origin:
+    p runs from near 0 through 0.5 to near 1. Built once: no test modifies either."""
+    d, classes = 40, 100
+    model = linear_model(d, classes, seed=3)
+    x = torch.randn(1, d, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.0, 0.6, 12)[:, None]
+    return model, x
+
+
+@functools.cache
+def _unpruned_on_the_segment(method: str, sigma: float, tol: float) -> probust.Estimate:
+    """The unpruned reference of every route (computed once, not once per route: half the time)."""
+    model, x = _segment_on_a_linear_model()
+    make = probust.Taylor if method == "taylor" else probust.MMSE
+    return make(model, sigma, tol=tol, prune="off")(x)
+
+
 @pytest.mark.parametrize("route", ["auto", "direct", "head", "forward", "spectral", "sketch"])
 @pytest.mark.parametrize("method", ["taylor", "mmse"])
 def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method, route):
-    d, classes, tol = 40, 100, 1e-4
-    model = linear_model(d, classes, seed=3)
-    # Inputs along a segment through the origin: p runs from near 0 through 0.5 to near 1.
-    x = torch.randn(1, d, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.0, 0.6, 12)[:, None]
+    classes, tol = 100, 1e-4
+    model, x = _segment_on_a_linear_model()
     make = probust.Taylor if method == "taylor" else probust.MMSE
     for sigma in (0.02, 0.05, 0.1):
-        full = make(model, sigma, tol=tol, prune="off")(x)
+        full = _unpruned_on_the_segment(method, sigma, tol)
         pruned = make(model, sigma, tol=tol, prune="on", route=route)(x)
         assert torch.equal(full.target, pruned.target)
         if route not in ("auto", "spectral", "sketch"):
@@ -213,9 +230,11 @@ def test_a_model_forward_mode_cannot_run_is_screened_in_reverse_mode_only():
         probust.Taylor(model, 0.1, jacobian="loop", route="sketch")(x)
 
 
+@functools.cache
 def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor]:
     """A tiny CNN trained briefly on noisy copies of random class prototypes ([1, 8, 8]), and
-    test inputs: prototypes and midpoints between two of them (p spread over (0, 1))."""
+    test inputs: prototypes and midpoints between two of them (p spread over (0, 1)). Trained
+    once per session (the same model every time: seeded, one thread); no test modifies it."""
     gen = torch.Generator().manual_seed(0)
     prototypes = torch.rand(classes, 1, 8, 8, generator=gen)
     model = nn.Sequential(
@@ -235,15 +254,23 @@ def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor
     return model, torch.cat([prototypes[:8], mids])
 
 
+@functools.cache
+def _unpruned_on_the_cnn(make: type, sigma: float, tempered: bool) -> probust.Estimate:
+    """The unpruned reference of every route on the CNN (or on it Tempered), computed once."""
+    model, x = _trained_many_class_cnn()
+    return make(Tempered(model) if tempered else model, sigma, prune="off", tol=1e-3, jacobian="vmap")(x)
+
+
 @pytest.mark.parametrize("route", ["auto", "head", "spectral", "sketch", "sketch-no-head"])
 @pytest.mark.parametrize("make", [probust.Taylor, probust.MMSE])
 def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make, route):
     model, x = _trained_many_class_cnn()
-    if route == "sketch-no-head":
+    tempered = route == "sketch-no-head"
+    if tempered:
         model, route = Tempered(model), "sketch"
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
-        full = make(model, sigma, prune="off", tol=1e-3, jacobian="vmap")(x)
+        full = _unpruned_on_the_cnn(make, sigma, tempered)
         pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap", route=route)(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
