@@ -10,6 +10,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +31,49 @@ FASHION_MNIST_FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
+
+
+# Installed in a child interpreter before anything else: the packages named cannot be imported,
+# as if they were not installed (they are, in the suite's venv).
+HIDE_PACKAGES = """
+import importlib.abc, sys
+HIDDEN = {hidden!r}
+class _Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HIDDEN:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, _Hide())
+"""
+
+
+def child_without(
+    code: str, hidden: Iterable[str], *, cwd: Path, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Run ``code`` (dedented) in a child interpreter in which the ``hidden`` top-level packages
+    cannot be imported; its output is captured as text."""
+    source = HIDE_PACKAGES.format(hidden=set(hidden)) + textwrap.dedent(code)  # a set: a child may show one again
+    return subprocess.run([sys.executable, "-c", source, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def save_tiny_vit(folder: Path, *, image_size: int = 8, num_channels: int = 3) -> nn.Module:
+    """A randomly initialised (seed 0) 3-class Hugging Face ViT saved with ``save_pretrained`` in
+    ``folder`` and no image processor; returns it in eval mode (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(
+        image_size=image_size,
+        patch_size=image_size // 2,
+        num_channels=num_channels,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(config).eval()
+    model.save_pretrained(folder)
+    return model
 
 
 def require_fashion_mnist() -> Path:

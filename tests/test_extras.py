@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from probust._extras import EXTRAS, MODULE_EXTRAS, MissingExtraError, import_extra, missing_extra, require
+from tests._helpers import child_without
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,28 +37,9 @@ CORE_MODULES = (
     "probust._progress",
 )
 
-# Installed in a child interpreter before anything else: the extras' packages cannot be imported.
-_HIDE = """
-import importlib.abc, sys
-HIDDEN = {hidden!r}
-class _Hide(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in HIDDEN:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-sys.meta_path.insert(0, _Hide())
-"""
-
 
 def _child(code: str, hidden=tuple(MODULE_EXTRAS), args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    source = _HIDE.format(hidden=tuple(hidden)) + textwrap.dedent(code)
-    return subprocess.run(
-        [sys.executable, "-c", source, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return child_without(code, hidden, cwd=ROOT, args=args)
 
 
 def test_the_core_imports_none_of_the_extras_packages():

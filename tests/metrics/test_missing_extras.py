@@ -6,27 +6,15 @@ tests/test_extras.py does for the other extras)."""
 from __future__ import annotations
 
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
+
+from tests._helpers import child_without
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_HIDE = """
-import importlib.abc, sys
-HIDDEN = {hidden!r}
-class _Hide(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in HIDDEN:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-sys.meta_path.insert(0, _Hide())
-"""
-
 
 def child(code: str, hidden: set[str]) -> subprocess.CompletedProcess:
-    source = _HIDE.format(hidden=hidden) + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return child_without(code, hidden, cwd=ROOT)
 
 
 def test_each_missing_package_names_its_extra():

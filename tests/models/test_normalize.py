@@ -18,6 +18,7 @@ from torch import nn
 import probust
 from probust import models as pm
 from probust.errors import OptionError
+from tests._helpers import save_tiny_vit
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -215,26 +216,8 @@ def test_hugging_face_processors_give_their_statistics_unless_they_do_not_normal
 # ---- a Hugging Face folder that does not say how to normalise -----------------------------------
 
 
-def _save_tiny_vit(folder) -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(
-        image_size=8,
-        patch_size=4,
-        num_channels=3,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=3,
-    )
-    torch.manual_seed(0)
-    hf = transformers.ViTForImageClassification(config).eval()
-    hf.save_pretrained(folder)
-    return hf
-
-
 def test_a_hugging_face_folder_without_a_processor_warns_that_inputs_are_unnormalised(tmp_path):
-    hf = _save_tiny_vit(tmp_path / "vit")
+    hf = save_tiny_vit(tmp_path / "vit")
     with pytest.warns(UserWarning, match="has no preprocessor_config.json: the model runs on unnormalised") as seen:
         model, meta = pm.load_hf_classifier(tmp_path / "vit")
     assert "--mean/--std" in str(seen[0].message) and "probust.with_normalization" in str(seen[0].message)

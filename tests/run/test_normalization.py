@@ -20,6 +20,7 @@ import probust
 from probust.run import ConfigError, RunSettings, run_estimate
 from probust.run.sources import data_units_note
 from probust.run.store import read_config
+from tests._helpers import save_tiny_vit
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -159,26 +160,8 @@ def test_images_in_0_255_are_named_too():
 HF_METHODS = ["softmax", "taylor"]
 
 
-def _tiny_vit(folder):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(
-        image_size=4,
-        patch_size=2,
-        num_channels=3,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=3,
-    )
-    torch.manual_seed(0)
-    hf = transformers.ViTForImageClassification(config).eval()
-    hf.save_pretrained(folder)
-    return hf
-
-
 def test_a_hugging_face_folder_without_a_processor_is_named_and_takes_mean_and_std(tmp_path):
-    _tiny_vit(tmp_path / "vit")
+    save_tiny_vit(tmp_path / "vit", image_size=4)
     model = f"hf:{tmp_path / 'vit'}"
     with pytest.warns(UserWarning, match="has no preprocessor_config.json: the model runs on unnormalised"):
         plain = _run(tmp_path / "a", model=model, methods=HF_METHODS, sigmas=[0.5])
