@@ -27,3 +27,14 @@ def test_with_radii_each_row_holds_its_certified_flags():
     df = result.to_pandas()
     assert df.attrs["radii"] == [0.0, 0.1, 0.5] and "radii" not in df.columns
     np.testing.assert_array_equal(np.stack(df.certified.to_list()), result.certified.numpy())
+
+
+def test_predict_results_rows_are_the_tensors_values():
+    model, x = linear_model(4, 3, seed=0), torch.randn(5, 4)
+    result = probust.predict(model, x, 0.25, n=100, index_offset=7)
+    df = result.to_pandas(7)
+    assert df["index"].tolist() == [7, 8, 9, 10, 11]
+    for name in ("prediction", "top", "count_top", "count_second", "p_value", "n_drawn", "seconds"):
+        np.testing.assert_array_equal(df[name].to_numpy(), getattr(result, name).numpy())
+    np.testing.assert_array_equal(df.abstained.to_numpy(), (result.prediction == -1).numpy())
+    assert (df.sigma == 0.25).all() and (df.alpha == result.alpha).all()

@@ -219,3 +219,17 @@ class PredictResult(_Rows):
     def abstained(self) -> Tensor:
         """bool [B]: the points where PREDICT abstains."""
         return self.prediction == ABSTAIN
+
+    def to_pandas(self, index_offset: int = 0) -> Any:
+        """The result as a pandas DataFrame, one row per point (needs the ``run`` extra).
+
+        Columns: ``index`` (int64, ``index_offset + row``), ``prediction``, ``abstained`` (bool),
+        ``top``, ``count_top``, ``count_second``, ``p_value``, ``n_drawn``, ``seconds`` (as the
+        attributes), ``sigma`` and ``alpha`` repeated on every row.
+
+        Args:
+            index_offset: the index of row 0 in the data set (as given to PREDICT).
+        """
+        frame = rows_frame(self, index_offset, feature="PredictResult.to_pandas")
+        frame.insert(frame.columns.get_loc("prediction") + 1, "abstained", self.abstained.cpu().numpy())
+        return frame
