@@ -106,6 +106,17 @@ MUTANTS = (
         "half = float(special.ndtri(self.confidence)) * stderr",
         ("tests/estimators/test_interval_quantiles.py",),
     ),
+    # Issue 34: what is computed must not depend on a clock.
+    Mutant(
+        "forward-mode-cost-read-off-a-clock",
+        "execution/cost_model.py",
+        'return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"])',
+        'return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"]) * 10 ** (__import__("time").perf_counter() % 2)',
+        (
+            "tests/estimators/test_routes.py::test_the_routes_are_decided_before_any_timing",
+            "tests/estimators/test_clock.py",
+        ),
+    ),
 )
 
 

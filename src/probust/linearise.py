@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from probust import _forward_mode as forward_mode
 from probust._autograd import pull_back
 from probust._checks import check_target
-from probust.pullback import TraceFallbackWarning
+from probust.pullback import TraceFallbackWarning, cannot_trace
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
@@ -93,8 +93,8 @@ def _pull(
         return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
     try:
         return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
-        if not fallback:
+    except RuntimeError as exc:  # NotImplementedError included
+        if not (fallback and cannot_trace(exc)):
             raise
         warnings.warn(
             f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
@@ -172,8 +172,8 @@ def _forward_or_fallback(
     """The full logit Jacobian by forward mode, or by the reverse-mode loop where torch.func fails."""
     try:
         return _jacobian_forward(model, x, chunk_size, differentiable)
-    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
-        if not fallback:
+    except RuntimeError as exc:  # NotImplementedError included
+        if not (fallback and cannot_trace(exc)):
             raise
         return _pull_loop(model, x, _unit_cotangents, create_graph=differentiable)
 

@@ -30,7 +30,40 @@ from probust._autograd import pull_back
 #: shape whatever the other rows of its block need (BLAS rounding depends on shapes).
 VMAP_STEP = 8
 
-_TRACE_ERRORS = (RuntimeError, NotImplementedError, AttributeError, TypeError)
+#: Words of torch's own messages when torch.func (vjp, vmap, jvp) cannot transform an operation:
+#: an autograd.Function without ``setup_context``, an operator without a forward-mode formula
+#: (CPU flash attention), a missing batching rule, data-dependent control flow under vmap.
+_TRACE_MESSAGES = (
+    "functorch",
+    "torch.func",
+    "vmap",
+    "forward ad",
+    "forward-mode",
+    "setup_context",
+    "batching rule",
+    "jvp",
+    "not implemented",
+    "not supported",
+    "does not support",
+)
+
+
+def cannot_trace(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a torch.func transform of a model, says torch.func cannot
+    transform it (then autograd's plain backward passes give the same gradients).
+
+    Narrow on purpose: a NotImplementedError, or a RuntimeError whose message is one of torch's
+    about its transforms (:data:`_TRACE_MESSAGES`). Any other error (a TypeError or an
+    AttributeError from a bug, in probust or in the model; a RuntimeError of shapes) is not a
+    tracing limit and propagates. A model's own NotImplementedError is read as one, but the
+    fallback runs the model again and raises it there.
+    """
+    if isinstance(exc, NotImplementedError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    message = str(exc).lower()
+    return any(words in message for words in _TRACE_MESSAGES)
 
 
 class TraceFallbackWarning(RuntimeWarning):
@@ -97,7 +130,9 @@ class Pullback:
                 # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
                 features, pullback, *aux = torch.func.vjp(run, rows, has_aux=True)
                 self._pullback, logits = pullback, aux[0]
-            except _TRACE_ERRORS as exc:
+            except (RuntimeError, NotImplementedError) as exc:
+                if not cannot_trace(exc):
+                    raise
                 _warn_fallback(model, exc)
         if self._pullback is None:
             self._x = rows.detach().requires_grad_(True)

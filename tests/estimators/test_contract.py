@@ -5,7 +5,7 @@ through :func:`probust.make_estimator` with small settings (a pinned plan: ``bat
 ``memory_budget``, ``channels_last``, the Jacobian strategy) on two small models: a linear
 classifier (C = 10) and a tiny CNN with a BatchNorm and a Dropout on 8x8 inputs (C = 3).
 
-The properties (DESIGN.md, "Conventions"): the numbers do not depend on how the points are
+The properties (docs/design.md, "Conventions"): the numbers do not depend on how the points are
 batched (exactly: same bits, at one thread and at the user's thread count; these two models
 compute a row the same whatever else its pass holds, which a float32 CPU matrix product of other
 shapes does not promise, see docs/estimate.md "Reproducibility"); a point's random stream depends on (seed, its index) only; the

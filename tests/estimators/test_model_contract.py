@@ -1,4 +1,4 @@
-"""The model contract (DESIGN.md, "Conventions"), proved for every method with real model classes.
+"""The model contract (docs/design.md, "Conventions"), proved for every method with real model classes.
 
 A model may return logits [B, C], a Hugging Face ``ModelOutput`` (its ``.logits``) or a tuple
 whose first item is the logits; every method (and CERTIFY / PREDICT) then gives bit for bit the

@@ -14,6 +14,7 @@ import probust
 from probust import _rng
 from probust.estimators import pruning
 from probust.estimators.routes import ROUTE_NAMES
+from probust.execution import cost_model
 from probust.linearise import margin_sketch
 from probust.mvn.numerics import ndtr
 from probust.noise import Gaussian
@@ -146,24 +147,31 @@ def _far_classes_mlp(classes: int, near: int = 10, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
-def test_routes_are_chosen_by_cost():
+def test_routes_are_chosen_by_counted_cost():
     x = torch.randn(6, 30, generator=torch.Generator().manual_seed(0))
     # 10 classes: no route beats nine backward passes; every margin directly, bitwise as "off".
     small = _far_classes_mlp(10)
     auto, off = probust.Taylor(small, 0.3)(x), probust.Taylor(small, 0.3, prune="off")(x)
-    assert auto.route is None and torch.equal(auto.p, off.p)
+    assert (auto.route == ROUTE_NAMES.index("direct")).all() and torch.equal(auto.p, off.p)
     # 1,000 classes of which 10 can matter: 8 probes rule out the 990 far ones, which a head of
     # 128 features (129 passes) or 999 direct passes would have paid for.
     many = _far_classes_mlp(1000)
     pruned = probust.Taylor(many, 0.3)(x)
     assert (pruned.route == ROUTE_NAMES.index("candidates")).all()
     assert (pruned.boundaries_kept <= 9).all()
-    # Where the boundaries may not be dropped, the cheapest route that computes them all: the head.
+    # Where the boundaries may not be dropped, the cheapest route that computes them all, by
+    # counts: 30 forward-mode probes at 1.5 pulls each (45) against the head's 129 passes.
+    assert 30 * cost_model.jvp_in_pulls(x.device) < 129
     for options in ({"cdf": "mv-sigmoid"}, {"p_fail": True}, {"sigma": probust.Uniform(0.3)}):
         kwargs = {"sigma": 0.3, **options}
         full = probust.Taylor(many, **kwargs)(x)
-        assert (full.route == ROUTE_NAMES.index("head")).all() and (full.boundaries_kept == 999).all()
-    assert probust.Taylor(many, 0.3, prune=False)(x).route is None
+        assert (full.route == ROUTE_NAMES.index("forward")).all() and (full.boundaries_kept == 999).all()
+        head = probust.Taylor(many, route="head", **kwargs)(x)
+        assert (head.route == ROUTE_NAMES.index("head")).all()
+        torch.testing.assert_close(head.p, full.p, rtol=0, atol=1e-5)
+    # Not pruned: every gradient by the cheapest exact way the plan knows, by counts forward mode.
+    assert (probust.Taylor(many, 0.3, prune=False)(x).route == ROUTE_NAMES.index("forward")).all()
+    assert (probust.Taylor(many, 0.3, prune=False, jacobian="loop")(x).route == ROUTE_NAMES.index("direct")).all()
 
 
 def test_a_forced_route_that_cannot_apply_is_refused():

@@ -31,7 +31,7 @@ def _init_parameters(cls: type) -> set[str]:
 
 
 def test_the_paper_methods_are_the_six_of_the_design_in_order():
-    # DESIGN.md's table: mc, taylor, mmse, taylor_mvs, mmse_mvs, softmax
+    # the paper's methods (docs/design.md): mc, taylor, mmse, taylor_mvs, mmse_mvs, softmax
     assert PAPER_METHODS == ("mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax")
     assert METHODS[: len(PAPER_METHODS)] == PAPER_METHODS and METHODS == tuple(REGISTRY)
 

@@ -3,17 +3,16 @@ directly, the spectral screening's bound against simulation, and the cost rules.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from scipy.stats import chi2
 from torch import nn
 
 import probust
+from probust.errors import OptionError
 from probust.estimators import pruning, routes
 from probust.estimators.routes import ROUTE_NAMES
-from probust.execution import costs
+from probust.execution import cost_model, costs
 from tests._helpers import Tempered, linear_model
 
 
@@ -136,56 +135,82 @@ def test_the_forward_route_is_every_gradient_by_forward_mode():
     torch.testing.assert_close(forward.p, full.p, rtol=1e-5, atol=1e-7)
 
 
-def test_few_inputs_and_many_classes_take_forward_mode_or_the_sketch_by_measured_cost():
-    # 6 inputs, 400 classes, no head: 6 forward-mode products give every gradient, far cheaper
-    # than 399 backward passes; the route is read off the measured costs, in a call large enough
-    # to repay measuring them. Forward mode's one-time start-up (torch._dynamo's import) paid
-    # already, as in any process that used it once.
-    import torch._dynamo  # noqa: F401
-
+def test_few_inputs_and_many_classes_take_forward_mode_by_counts():
+    # 6 inputs, 400 classes, no head: 6 forward-mode probes at the declared cost (1.5 pulls each
+    # on a CPU) give every gradient, far cheaper than 399 backward passes; nothing is timed.
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
     r = probust.Taylor(model, 0.02, jacobian="loop")(x)
-    assert (r.route != ROUTE_NAMES.index("direct")).all()
+    assert 6 * cost_model.jvp_in_pulls(x.device) < 399
+    assert (r.route == ROUTE_NAMES.index("forward")).all()
     full = probust.Taylor(model, 0.02, prune="off", jacobian="loop")(x[:8])
     assert ((r.p[:8] - full.p).abs() <= r.cdf_error[:8] + full.cdf_error + 1e-6).all()
 
 
-def test_forward_mode_is_not_timed_where_its_start_up_would_cost_more_than_the_planning_share(monkeypatch):
-    monkeypatch.setattr(costs, "torch_func_startup", lambda: 2.5)  # as in a process that never used it
+def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkeypatch):
+    """Forward mode's availability is one untimed probe per model: where torch says it cannot run
+    (CPU flash attention has no forward-mode formula), the sketch and the forward route are left
+    out; a forced one is refused; an error that is not torch.func's propagates."""
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
-    x = torch.randn(3, 6)
-    plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)
-    calls = []
-    original = costs.Pullback
-    monkeypatch.setattr(costs, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
-    small = costs.unit_costs(model, None, x, plan, work=3 * 399)
-    assert small.jvp == float("inf")  # forward mode left out: seconds of imports for a tiny call
-    reverse_passes = len(calls)
-    large = costs.unit_costs(model, None, x, plan, work=1e9)  # forward mode not cached above: timed now
-    assert large.jvp < float("inf")
-    assert len(calls) == reverse_passes  # the reverse-mode costs were kept, not timed again
-    assert (large.forward, large.pull) == (small.forward, small.pull)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+
+    def no_formula(*args, **kwargs):
+        raise NotImplementedError("Trying to use forward AD with _flash_attention that does not support it")
+
+    monkeypatch.setattr(cost_model.forward_mode, "jvps", no_formula)
+    assert not cost_model.forward_mode_runs(model, x)
+    r = probust.Taylor(model, 0.02, jacobian="loop")(x)
+    assert not (r.route == ROUTE_NAMES.index("forward")).any()
+    with pytest.raises(OptionError, match="cannot run through this model"):
+        probust.Taylor(model, 0.02, route="sketch")(x)
+
+    def bug(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
+
+    other = Tempered(nn.Sequential(nn.Linear(6, 400)).eval())
+    monkeypatch.setattr(cost_model.forward_mode, "jvps", bug)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        cost_model.forward_mode_runs(other, x)
 
 
-def test_measured_pass_costs_are_kept_per_model(monkeypatch):
+def test_the_routes_are_decided_before_any_timing(monkeypatch):
+    """Which gradients are taken comes from counts: with every clock in probust raising, a
+    fixed plan (jacobian, batch_size) still gives each point its route, the same as before."""
+    model, _ = _trained_like(400, near=10)
+    x = torch.randn(6, 30, generator=torch.Generator().manual_seed(3))
+    before = probust.Taylor(model, 0.5, jacobian="loop", batch_size=8)(x)
+
+    def no_clock():
+        raise AssertionError("a clock was read while deciding what to compute")
+
+    from probust.execution import costs, tuning
+
+    fresh, _ = _trained_like(400, near=10)
+    monkeypatch.setattr(tuning.time, "perf_counter", no_clock)
+    monkeypatch.setattr(costs.time, "perf_counter", no_clock)
+    after = probust.Taylor(fresh, 0.5, jacobian="loop", batch_size=8, channels_last=False)(x)
+    assert torch.equal(after.route, before.route) and torch.equal(after.p, before.p)
+
+
+def test_measured_pull_costs_are_kept_per_model_and_only_measured_for_a_vmap_plan(monkeypatch):
+    from probust.execution.tuning import JacobianPlan
+
     calls = []
-    original = costs.Pullback
-    monkeypatch.setattr(costs, "Pullback", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = costs._pull_seconds
+    monkeypatch.setattr(costs, "_pull_seconds", lambda *a, **k: calls.append(1) or original(*a, **k))
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(3, 6)
-    plan = probust.Taylor(model, 0.3, jacobian="loop")._jacobian_plan(x, 3)
-    first = costs.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
-    measured = len(calls)
-    second = costs.unit_costs(model, None, x, plan, work=1e9, forward_mode=True)
-    assert measured > 0 and len(calls) == measured and first == second
-    assert first.forward > 0 and first.pull > 0 and 0 < first.jvp < float("inf")
+    assert costs.pull_strategy(model, None, x, JacobianPlan("loop", 4, None, False)) == "loop"
+    assert calls == []  # a loop plan pulls by the loop: nothing to measure
+    vmap = JacobianPlan("vmap", 4, None, False)
+    first = costs.pull_strategy(model, None, x, vmap)
+    assert len(calls) == 2  # vmap and loop, once
+    assert costs.pull_strategy(model, None, x, vmap) == first and len(calls) == 2
 
 
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch, strategy):
     # vmap pads every pull to VMAP_STEP cotangents: timing two would charge the padding to them.
-    from probust.execution.tuning import JacobianPlan
     from probust.pullback import VMAP_STEP
 
     asked = []
@@ -198,28 +223,15 @@ def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch,
 
     monkeypatch.setattr(costs, "Pullback", Recording)
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
-    plan = JacobianPlan(strategy, 4, None, False)
-    measured = costs.unit_costs(model, None, torch.randn(3, 6), plan, work=10.0)
-    if strategy == "vmap":  # a full step, then the loop's own pulls to compare with
-        assert asked[0] == VMAP_STEP and set(asked) == {VMAP_STEP, 2}
-        assert 0 < measured.loop_pull < float("inf")
-    else:
-        assert set(asked) == {2} and measured.loop_pull == measured.pull
-    assert 0 < measured.forward < float("inf") and 0 < measured.pull < float("inf")
+    seconds = costs._pull_seconds(model, None, torch.randn(2, 6), strategy)
+    assert set(asked) == ({VMAP_STEP} if strategy == "vmap" else {2})
+    assert 0 < seconds < float("inf")
 
 
 def test_the_routes_pull_with_vmap_only_where_it_pays_for_its_padding():
-    from probust.execution.tuning import JacobianPlan
-
-    vmap, loop = JacobianPlan("vmap", 4, None, False), JacobianPlan("loop", 4, None, False)
-    tie = costs.UnitCosts(forward=1.0, pull=0.12, jvp=math.inf, loop_pull=0.12)  # ViT on this CPU
-    cheap = costs.UnitCosts(forward=1.0, pull=0.05, jvp=math.inf, loop_pull=0.12)
-    assert routes.pull_strategy(vmap, tie) == "loop" and tie.route_pull == 0.12
-    assert routes.pull_strategy(vmap, cheap) == "vmap" and cheap.route_pull == 0.05
-    assert routes.pull_strategy(vmap, None) == "vmap"  # nothing measured: the plan's strategy
-    assert routes.pull_strategy(loop, cheap) == "loop"
-    # A forward-mode probe is counted in the pulls the routes really run.
-    assert costs.UnitCosts(forward=1.0, pull=0.05, jvp=0.24, loop_pull=0.06).jvp_in_pulls == pytest.approx(4.0)
+    tie = costs.PullCosts(vmapped=0.12, loop=0.12)  # ViT on this CPU
+    cheap = costs.PullCosts(vmapped=0.05, loop=0.12)
+    assert not tie.vmap_pays and cheap.vmap_pays
 
 
 @pytest.mark.parametrize(("jvp_in_pulls", "sketched"), [(2.5, True), (3.2, False)])
@@ -230,12 +242,8 @@ def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_be
     # only exact one, and a flat random map defeats the spectral screening (it keeps all). The
     # sketch (32 probes) then runs where its probes and the spectral ones together cost at most
     # SCREENING_SHARE of 499: 8 + 32 * 2.5 = 88 <= 99.8 (though 80 is over RHO alone); 8 + 32 *
-    # 3.2 = 110 is not. resnet50 at 224 x 224 sits in the first case (8 + 107 of 999).
-    import torch._dynamo  # noqa: F401 - forward mode's start-up paid, as in a process that used it
-
-    fixed = costs.UnitCosts(forward=1e-3, pull=1e-3, jvp=1e-3 * jvp_in_pulls, loop_pull=1e-3)
-    monkeypatch.setattr(costs, "unit_costs", lambda *a, **k: fixed)
-    monkeypatch.setattr(routes, "unit_costs", lambda *a, **k: fixed)
+    # 3.2 = 110 is not. resnet50 at 224 x 224 sits in the first case (8 + 32 * 1.5 of 999).
+    monkeypatch.setitem(cost_model.JVP_IN_PULLS, "cpu", jvp_in_pulls)
     model = Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())
     x = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
     calls = []

@@ -41,6 +41,8 @@ def test_every_set_field_has_a_column_whatever_fields_the_estimate_has():
             values[f.name] = 0.9
         elif f.name in ("margin", "grad_norm", "z"):
             values[f.name] = torch.rand(4, 3)
+        elif f.name == "route":
+            values[f.name] = torch.tensor([3, 0, 1, 2])
         else:
             values[f.name] = torch.rand(4, dtype=torch.float64)
     est = Estimate(**values)
@@ -49,6 +51,7 @@ def test_every_set_field_has_a_column_whatever_fields_the_estimate_has():
     assert df.columns.tolist() == ["index", *(renamed.get(f.name, f.name) for f in dataclasses.fields(Estimate))]
     for name in ("margin", "grad_norm", "z"):
         np.testing.assert_array_equal(np.stack(df[name].to_list()), values[name].numpy())
+    assert df.route.tolist() == ["candidates", "direct", "head", "forward"]  # by name, as in the table
     assert len(df) == 4
 
 

@@ -225,23 +225,19 @@ def test_on_a_cpu_vmap_is_chosen_only_where_it_wins_the_trial_clearly(monkeypatc
     assert sorted(set(strategies)) == ["loop", "vmap"] and plan.strategy == chosen
 
 
-def test_forward_mode_is_timed_only_where_its_start_up_fits_the_allowance(monkeypatch):
-    model, x = _mlp(4, 10, seed=0), torch.randn(8, 4)  # 4 inputs < 10 classes: forward mode is a candidate
-    monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 2.5)  # as in a process that never used it
-    timed = _fake_timings(monkeypatch, 1e-3)
-    # The default timed once (1 ms for 4 rows x 2 margins): 2,000 rows x 9 passes is ~2 s of
-    # work, whose tenth cannot pay for 2.5 s of imports. The default, kept as the first timing only.
-    plan = _plan(model, x, 2_000)
-    assert len(timed) == 1 and plan.strategy == "loop"
-    assert not _tuning.plan_cache._MEMORY.get(model)
-    _plan(model, x, 2_000)
-    assert len(timed) == 1  # the first timing is remembered: nothing timed again
-    timed.clear()
-    _tuning.forget(model)
-    _tuning._FIRST_TIMINGS.pop(model, None)
+@pytest.mark.parametrize(("inputs", "forward"), [(4, True), (7, False)])
+def test_forward_mode_is_chosen_by_counts_and_never_timed(monkeypatch, inputs, forward):
+    """Forward mode computes the gradients another way (a different route), so "auto" takes it by
+    counts alone: D probes at the declared cost (1.5 pulls on a CPU) against C - 1 pulls. 4 x 1.5
+    < 9 takes it without timing a thing; 7 x 1.5 >= 9 times loop and vmap only."""
+    model, x = _mlp(inputs, 10, seed=0), torch.randn(8, inputs)
     monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
-    _plan(model, x, 2_000)
-    assert len(timed) == 3  # loop, vmap and forward
+    timed = _fake_timings(monkeypatch, 1e-5)
+    plan = _plan(model, x, 10_000)
+    if forward:
+        assert plan.strategy == "forward" and timed == []
+    else:
+        assert plan.strategy in ("loop", "vmap") and len(timed) == 2
 
 
 def test_vmap_is_timed_only_where_torch_funcs_start_up_fits_the_allowance(monkeypatch):

@@ -344,9 +344,9 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
     )
     assert summary.rows_computed == lost
     resumed = no_time(read_results(out))
-    # n_drawn, boundaries_kept and the agreement columns are newer than the folder: its old rows
+    # n_drawn, boundaries_kept, the agreement columns and route are newer than the folder: its old rows
     # have none, the rows computed now do.
-    newer = ["n_drawn", "boundaries_kept", "agreement", "agreement_draws"]
+    newer = ["n_drawn", "boundaries_kept", "agreement", "agreement_draws", "route"]
     assert resumed.drop(columns=newer).equals(no_time(full).drop(columns=newer))
     new_mc = resumed[(resumed.method == "mc") & resumed.n_drawn.notna()]
     assert len(new_mc) and (new_mc.n_drawn == 200).all()

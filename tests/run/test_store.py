@@ -207,7 +207,9 @@ def test_the_estimate_fields_are_nullable_columns_that_may_be_left_out(folder):
     assert is_.p_fail.tolist() == [1e-9, 0.0, 2e-3] and np.isinf(is_.p_fail_error.iloc[1])
     assert df[df.method == "mc"][list(store.OPTIONAL_COLUMNS)].isna().all().all()
     assert df[["p_mc", "p_linearised", "cv_beta"]].isna().all().all()
-    assert all(df[c].dtype == np.float64 for c in store.OPTIONAL_COLUMNS)
+    # Numbers read as float64 (NaN for null); the route, a name, as strings (None for null).
+    assert all(df[c].dtype == np.float64 for c in store.OPTIONAL_COLUMNS if c != "route")
+    assert not pd.api.types.is_numeric_dtype(df.route) and df.route.isna().all()
 
 
 def test_files_written_before_the_optional_columns_still_read_and_merge(folder):

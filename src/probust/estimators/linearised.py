@@ -8,6 +8,7 @@ p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 from __future__ import annotations
 
 import functools
+import math
 from abc import abstractmethod
 from typing import NamedTuple
 
@@ -21,8 +22,10 @@ from probust.errors import OptionError, Part, Setting
 from probust.estimators import maps, pruning, routes, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
+from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.tuning import JacobianPlan, to_format, weights_in_format
+from probust.execution.costs import pull_strategy
+from probust.execution.tuning import JacobianPlan, forward_mode_pays, to_format, weights_in_format
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.noise import Noise, as_noise
@@ -200,6 +203,7 @@ class Linearised(Estimator):
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
         ctx = self.route_context(x)
+        direct_route = routes.FORWARD if ctx is None and self._forward_jacobian(x) else routes.DIRECT
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
@@ -208,6 +212,7 @@ class Linearised(Estimator):
                     linearisation = self.linearise(x[rows], chunk_target, indices[rows])
                     _check_finite(linearisation, indices[rows])
                     part = self._from_linearisation(*linearisation)
+                    part.route = torch.full_like(part.target, direct_route)
                     _, margin, normal = linearisation
                     classes = torch.arange(margin.shape[1], device=margin.device).expand_as(margin)
                     self._check(part, x[rows], indices[rows], [(slice(None), classes, margin, normal)])
@@ -265,8 +270,12 @@ class Linearised(Estimator):
         gradient is taken directly (:meth:`linearise`: ``prune="off"``, ``differentiable``, a
         fixed ``jacobian="forward"``, or a model too small in classes for any other route to
         pay), else the settings of :func:`probust.estimators.routes.linearise`, which chooses a
-        route per point by cost (the model's linear head, screenings that prune the boundaries
-        that cannot matter, or every gradient)."""
+        route per point from counts (the model's linear head, screenings that prune the
+        boundaries that cannot matter, forward mode, or every gradient).
+
+        Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
+        before anything is timed: C, the head's width, the input size and the probes'
+        declared cost. Forward mode counts only where one untimed probe shows it runs."""
         if self.prune == "off" or self.differentiable or self.execution.jacobian == "forward":
             return None
         if not isinstance(self.model, nn.Module):
@@ -275,33 +284,38 @@ class Linearised(Estimator):
         inputs = x[0].numel()
         prune = self.prune == "on" or (self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian)
         head = find_linear_head(self.model, x[:1])
-        exact = routes.static_exact(head, classes, inputs, None)
+        # Forward mode at its declared cost, unless it cannot run through the model: probed
+        # (untimed) here where it would decide the route (a forced one, or D probes below the
+        # reverse routes' passes), else only once a point's route wants the sketch.
+        jvp = cost_model.jvp_in_pulls(x.device)
+        forced_forward = self.route in ("forward", "sketch")
+        if forced_forward or (
+            self.route == "auto" and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)
+        ):
+            if not cost_model.forward_mode_runs(self.model, x):
+                if forced_forward:
+                    raise OptionError(
+                        f"{self.route!r} needs forward mode (torch.func.jvp), which cannot run through this model; "
+                        "use 'spectral' or 'auto'",
+                        field="route",
+                    )
+                jvp = math.inf
+        exact = routes.static_exact(head, classes, inputs, jvp)
         spectral = self.route == "spectral" or (
-            self.route == "auto" and prune and routes.SPECTRAL_PROBES <= routes.RHO * exact
+            self.route == "auto"
+            and prune
+            and routes.SPECTRAL_PROBES <= routes.RHO * routes.static_exact(head, classes, inputs, math.inf)
         )
-        # Forward-mode routes (every gradient for D < C - 1 inputs; the sketch from many classes)
-        # are weighed against reverse mode by the model's measured pass costs.
-        wants_costs = (
-            self.route in ("forward", "sketch")
-            or (self.route == "auto" and prune and classes - 1 >= pruning.PROBES / routes.SCREENING_SHARE)
-            or (self.route == "auto" and inputs < classes - 1)
+        sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (
+            routes.SCREENING_SHARE * exact
         )
-        if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or wants_costs):
+        if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or sketch_could_pay):
             return None  # nothing pays but every gradient, one pass each: the direct path
         # The measuring is bounded by the work it serves: at least the screening's probes per row.
         passes = routes.SPECTRAL_PROBES if spectral else exact
         plan = self._jacobian_plan(x, x.shape[0] * self.copies, passes=passes)
-        costs = None
-        if wants_costs:
-            with self.execution.in_format(self.model, plan):
-                costs = self.execution.unit_costs(
-                    self.model,
-                    head,
-                    x,
-                    plan,
-                    work=x.shape[0] * self.copies * passes,
-                    forward_mode=self.route in ("forward", "sketch"),
-                )
+        with self.execution.in_format(self.model, plan):
+            pull = pull_strategy(self.model, head, x, plan)
         return routes.Context(
             model=self.model,
             head=head,
@@ -310,12 +324,20 @@ class Linearised(Estimator):
             tol=self.tol,
             seed=self.seed,
             prune=prune,
-            costs=costs,
+            jvp=jvp,
+            pull=pull,
             route=self.route,
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),
         )
+
+    def _forward_jacobian(self, x: Tensor) -> bool:
+        """Whether :meth:`linearise` takes every gradient by forward mode: asked for, or by
+        counts (:func:`probust.execution.tuning.forward_mode_pays`) where ``jacobian="auto"``."""
+        if self.jacobian != "auto" or self.differentiable or not isinstance(self.model, nn.Module):
+            return self.jacobian == "forward"
+        return forward_mode_pays(self.model, x, x[0].numel(), row_cost(self.model, x).classes)
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         """The estimate of a chunk of points by :func:`probust.estimators.routes.linearise`."""

@@ -45,8 +45,10 @@ class Estimate:
             entered the mvn-cdf (fewer than C - 1 where ``prune`` dropped those that cannot
             matter; their ``z`` is then a lower bound and their ``grad_norm`` NaN).
         route: int64 [B], Taylor and MMSE: how each point's margin gradients were computed, an
-            index into :data:`probust.estimators.routes.ROUTE_NAMES` ("direct", "head",
-            "forward", "candidates"); None on the paths that compute every gradient directly.
+            index into :data:`ROUTE_NAMES` ("direct": one backward pass per boundary; "head":
+            through the model's linear head; "forward": forward mode; "candidates": a screening,
+            then the boundaries still within reach). Decided from counts, never from timings
+            (:mod:`probust.execution.cost_model`).
         agreement: float64 [B], Taylor and MMSE: the fraction of checked noise draws eps on
             which the model's verdict (argmax f(x + eps) = target) and the linearisation's
             (every kept c_i + u_i . eps > 0) agree. 1 - agreement estimates a bound on the
@@ -122,7 +124,8 @@ class Estimate:
         have there: ``n_samples`` (evaluations spent on the point) is ``n_drawn``, and
         ``confidence`` (the interval's level) is ``ci_level``, the runner's name for it (its
         ``config.json`` setting; the table's softmax probability of the clean prediction is
-        ``clean_softmax``). Fields left None have no column.
+        ``clean_softmax``). ``route`` holds each point's route by name (:data:`ROUTE_NAMES`).
+        Fields left None have no column.
 
         Args:
             index_offset: the index of row 0 in the data set (as given to the estimator).
@@ -133,8 +136,14 @@ class Estimate:
         Returns:
             A DataFrame with a fresh RangeIndex.
         """
-        return rows_frame(self, index_offset, matrices=per_class, renamed=_TABLE_NAMES, feature="Estimate.to_pandas")
+        frame = rows_frame(self, index_offset, matrices=per_class, renamed=_TABLE_NAMES, feature="Estimate.to_pandas")
+        if "route" in frame:
+            frame["route"] = np.asarray(ROUTE_NAMES, dtype=object)[frame["route"].to_numpy()]
+        return frame
 
+
+#: The routes a point's margin gradients can take (``Estimate.route`` indexes it).
+ROUTE_NAMES = ("direct", "head", "forward", "candidates")
 
 #: Fields of :class:`Estimate` whose column in :meth:`Estimate.to_pandas` has the runner's
 #: table's name for the same quantity (``ci_level``: the runner's setting of the interval's level).

@@ -1,11 +1,11 @@
-"""Which margin gradients Taylor and MMSE compute for each point, chosen by cost.
+"""Which margin gradients Taylor and MMSE compute for each point, chosen from counts.
 
 Every boundary's gradient u_i = grad (f_t - f_i) costs one backward pass per point (and per
 noisy copy for MMSE): C - 1 of them. At many classes most boundaries cannot matter to p (a
 boundary at z noise standard deviations changes p by at most Phi(-z)), and where the logits
 come from a linear head of d < C - 1 features, d passes give every gradient. Each point takes
-the cheapest of these routes, costs counted in backward passes of one row (measured once per
-model: :class:`UnitCosts`):
+the cheapest of these routes, costs counted in backward passes of one row, from counts and the
+declared cost of a forward-mode probe (:mod:`probust.execution.cost_model`), never from a clock:
 
 - **direct**: every boundary's gradient, one pullback each (C - 1).
 - **head**: the rows of the features' Jacobian J that are not held at exactly 0 (plus one
@@ -46,7 +46,8 @@ from probust import _rng, linear_head
 from probust._checks import check_logits, check_target
 from probust.errors import OptionError
 from probust.estimators import pruning
-from probust.execution.costs import UnitCosts, unit_costs
+from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
+from probust.execution import cost_model
 from probust.execution.tuning import JacobianPlan, to_format
 from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
 from probust.noise import Noise
@@ -63,10 +64,9 @@ RHO = 0.1
 #: the sketch's 32 probes cost 107 pullbacks and found the 9 boundaries that matter.)
 SCREENING_SHARE = 0.2
 
+#: Indices into :data:`ROUTE_NAMES`, the routes a point can take, as recorded in ``Estimate.route``.
 DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
-#: The routes a point can take, as recorded in ``Estimate.route``.
-ROUTE_NAMES = ("direct", "head", "forward", "candidates")
-#: The ``route`` argument of Taylor and MMSE: "auto" chooses per point by cost; the others force
+#: The ``route`` argument of Taylor and MMSE: "auto" chooses per point by counted cost; the others force
 #: one route on every point ("spectral" and "sketch": that screening, then the candidates).
 ROUTE_CHOICES = ("auto", "direct", "head", "forward", "spectral", "sketch")
 
@@ -78,13 +78,16 @@ class Context:
     Attributes:
         model: in eval mode (weights already in the plan's memory format).
         head: the model's linear head, or None.
-        plan: rows per pass, strategy ("loop" or "vmap"; "forward" pulls with "loop"), format.
+        plan: rows per pass, strategy ("loop", "vmap" or "forward"), format.
         noise: Gaussian or not (the covariance S of the variances).
         tol: the mvn-cdf's tolerance (pruning shares of it).
         seed: the estimator's seed (probes' random streams).
         prune: whether boundaries may be dropped (mvn-cdf under Gaussian noise); otherwise every
             boundary's gradient is computed, by the cheapest exact route.
-        costs: the model's :class:`UnitCosts`, or None where no route choice needs them.
+        jvp: a forward-mode probe in pulls (:func:`probust.execution.cost_model.jvp_in_pulls`);
+            inf where forward mode cannot run through the model or no route could use it.
+        pull: how the pulls run, "loop" or "vmap" (:func:`probust.execution.costs.pull_strategy`:
+            speed and rounding only).
         probe_rows: rows per forward-mode pass of the sketch
             (:meth:`probust.execution.Execution.forward_mode_rows`).
         pull_rows: rows per pass of pullbacks, and so the points linearised together
@@ -102,7 +105,8 @@ class Context:
     tol: float
     seed: int
     prune: bool
-    costs: UnitCosts | None
+    jvp: float
+    pull: str
     probe_rows: int
     pull_rows: int
     graph_rows: int
@@ -128,32 +132,23 @@ class Routed(NamedTuple):
     route: Tensor
 
 
-def pull_strategy(plan: JacobianPlan, costs: UnitCosts | None) -> str:
-    """How the routes pull: the plan's vmap where the measured costs show it pays
-    (:attr:`UnitCosts.vmap_pays`) or were not measured, else one backward pass per cotangent
-    ("loop"). A property of the model and plan, never of a point's group, so a point's bits do
-    not depend on its batch."""
-    if plan.strategy != "vmap":
-        return "loop"
-    return "vmap" if costs is None or costs.vmap_pays else "loop"
-
-
 def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
-    """Whether the spectral screening runs: its probes cost at most RHO of the cheapest exact route
-    available to every point (a property of the model and the class count, not of the points)."""
+    """Whether the spectral screening runs: its probes cost at most RHO of the cheapest reverse-mode
+    route that gives every gradient (a property of the model and the class count, not of the
+    points; the forward route then competes with its candidates point by point)."""
     if ctx.route != "auto":
         return ctx.route == "spectral"
-    return ctx.prune and SPECTRAL_PROBES <= RHO * static_exact(ctx.head, classes, inputs, ctx.costs)
+    return ctx.prune and SPECTRAL_PROBES <= RHO * static_exact(ctx.head, classes, inputs, math.inf)
 
 
-def static_exact(head: nn.Linear | None, classes: int, inputs: int, costs: UnitCosts | None) -> float:
+def static_exact(head: nn.Linear | None, classes: int, inputs: int, jvp: float) -> float:
     """Pullbacks per row of the cheapest route that computes every gradient, before seeing a point
-    (the head's every feature alive; forward mode only where its cost was measured)."""
+    (the head's every feature alive; forward mode at ``jvp`` pulls per probe, inf: not available)."""
     options = [float(classes - 1)]
     if head is not None and head.in_features + 1 < classes - 1:
         options.append(head.in_features + 1.0)
-    if costs is not None and inputs < classes - 1:
-        options.append(inputs * costs.jvp_in_pulls)
+    if inputs < classes - 1:
+        options.append(inputs * jvp)
     return min(options)
 
 
@@ -226,9 +221,8 @@ class _Rows:
             self.logits = torch.cat([g for _, g in outs])
 
     def _pullback(self, block: slice) -> Pullback:
-        strategy = pull_strategy(self.ctx.plan, self.ctx.costs)
         rows = to_format(self.rows[block], self.ctx.plan.channels_last)
-        return Pullback(self.ctx.model, rows, self.ctx.head, strategy=strategy)
+        return Pullback(self.ctx.model, rows, self.ctx.head, strategy=self.ctx.pull)
 
     def pull(self, cotangents: Tensor) -> Tensor:
         """Input gradients [R, K, *S] of cotangents [K, R, F] on the rows' features."""
@@ -265,9 +259,9 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         alive = rows.features != 0  # [R, d]: features held at exactly 0 have zero Jacobian rows (checked)
         head_cost = _per_point_max(rows, alive.sum(1).double()) + 1
     forward_cost = torch.full_like(direct_cost, math.inf)
-    jvp = math.inf if ctx.costs is None else ctx.costs.jvp_in_pulls
+    jvp = ctx.jvp
     if (inputs < classes - 1 and math.isfinite(jvp)) or forced == "forward":
-        forward_cost.fill_(inputs * jvp if math.isfinite(jvp) else 0.0)
+        forward_cost.fill_(inputs * jvp)
     if forced in ("direct", "head", "forward"):
         keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
         if forced == "head" and ctx.head is None:
@@ -290,27 +284,14 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         delta += share
         screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = screened.kept.double()
-    if forced == "auto" and ctx.prune and ctx.costs is not None and not math.isfinite(jvp):
-        # Forward mode was left out as too costly to time for the call foreseen; the screening
-        # has now shown the work left (the cheapest route per point), which may repay it.
-        work = float(torch.minimum(exact_cost, candidates_cost).sum()) * n
-        if math.isfinite(work):
-            jvp = unit_costs(ctx.model, ctx.head, copies[:, 0], ctx.plan, work).jvp_in_pulls
-            if math.isfinite(jvp) and inputs < classes - 1:
-                forward_cost.fill_(inputs * jvp)
-                exact_cost = torch.minimum(exact_cost, forward_cost)
     if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
         if forced == "sketch":
-            if not math.isfinite(jvp):
-                raise OptionError(
-                    "'sketch' needs forward mode (torch.func.jvp), which cannot run through this model; "
-                    "use 'spectral' or 'auto'",
-                    field="route",
-                )
             sketch = torch.ones(points, dtype=torch.bool, device=c.device)
         else:
             spent = SPECTRAL_PROBES if screened is not None else 0
             sketch = spent + pruning.PROBES * jvp <= SCREENING_SHARE * torch.minimum(exact_cost, candidates_cost)
+            if bool(sketch.any()) and not cost_model.forward_mode_runs(ctx.model, copies[:, 0]):
+                sketch.fill_(False)  # a fact about the model (untimed), the same for every point
         if bool(sketch.any()):
             which = sketch.nonzero().flatten()
             z_sketch = _sketch(ctx, copies[which], target[which], indices[which], c[which])

@@ -39,13 +39,16 @@ class Taylor(Linearised):
             boundary z noise standard deviations away changes p by at most Phi(-z)), and with
             them their gradients. "auto" (default): where that can apply (the mvn-cdf under
             Gaussian noise, without ``differentiable`` or ``p_fail``); "on" / True: the same, an
-            error where it cannot apply; "off" / False: every margin's gradient by its own
-            backward pass, bitwise the paper's computation. The boundaries left out add their
+            error where it cannot apply; "off" / False: every margin's gradient, by its own
+            backward pass (the paper's computation) or, where ``jacobian`` takes it, forward mode
+            (fewer input coordinates than 1/1.5 of the margins, by counts). The boundaries left out add their
             tails, and any bound's failure probability, to ``r.cdf_error`` (at most 7% of
             ``tol`` in all; the mvn-cdf samples to the rest), their ``r.z`` holds a lower bound
             and their ``r.grad_norm`` NaN; ``r.boundaries_kept`` counts the others.
         route: how each point's margin gradients are computed (:mod:`probust.estimators.routes`);
-            "auto" (default) takes per point the cheapest, by measured cost: every boundary
+            "auto" (default) takes per point the cheapest, counted in backward passes from the
+            model's counts and a declared cost of a forward-mode probe (never timed, so the same
+            on every run: :mod:`probust.execution.cost_model`): every boundary
             directly, the rows of the features' Jacobian through the model's linear head (where
             its d features are fewer than the C - 1 margins: every gradient exactly, ~1e-7
             relative from the direct ones), forward mode (few input coordinates), or, where

@@ -8,9 +8,8 @@ An :class:`Execution` holds the settings that do not depend on the device or the
 per pass, the memory budget, the memory format, the Jacobian strategy and the classes per
 vmapped pass. It turns them into plans for a given model and batch: rows per forward pass of
 noisy copies (:meth:`Execution.forward_plan`), how to differentiate (:meth:`Execution.jacobian_plan`),
-points linearised together (:meth:`Execution.points_per_chunk`), the model's pass costs
-(:meth:`Execution.unit_costs`). What is measured for a model (its row cost, its plans, its pass
-costs) is kept per model object, weakly, and on disk by structure (:mod:`probust.execution.plan_cache`),
+points linearised together (:meth:`Execution.points_per_chunk`). What is measured for a model
+(its row cost, its plans) is kept per model object, weakly, and on disk by structure (:mod:`probust.execution.plan_cache`),
 never on the estimator or the Execution: estimators that share a model share its plans, and a
 new model starts from its own.
 
@@ -30,7 +29,6 @@ from torch import Tensor, nn
 
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError, Setting
-from probust.execution import costs as _costs
 from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
@@ -264,20 +262,6 @@ class Execution:
         per_point = 4 * cost.classes * cost.input + 2 * copies * cost.input + 24 * cost.classes**2
         fits = rows_within(self.budget(x) // 2, per_point, what="the margin gradients of one point")
         return min(MAX_POINTS_PER_CHUNK, fits)
-
-    def unit_costs(
-        self,
-        model: nn.Module,
-        head: nn.Linear | None,
-        x: Tensor,
-        plan: JacobianPlan,
-        work: float,
-        *,
-        forward_mode: bool = False,
-    ) -> _costs.UnitCosts:
-        """The model's seconds per row of a forward pass, a pullback and a forward-mode product
-        (:func:`probust.execution.costs.unit_costs`; measured once per model, kept like plans)."""
-        return _costs.unit_costs(model, head, x, plan, work, forward_mode=forward_mode)
 
     @staticmethod
     def in_format(model: nn.Module, plan: ForwardPlan | JacobianPlan) -> AbstractContextManager[None]:

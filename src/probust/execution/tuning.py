@@ -36,11 +36,14 @@ from torch import Tensor, nn
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
+from probust.execution.cost_model import forward_mode_runs, jvp_in_pulls
+from probust.pullback import cannot_trace
 
 #: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
 #: "vmap" (torch.func: all classes' backward passes vectorised, in class chunks), "forward"
 #: (torch.func forward mode: one Jacobian-vector product per input coordinate; for inputs
-#: with fewer coordinates than classes). "auto" measures.
+#: with fewer coordinates than classes). "auto": forward mode where the counts say it pays
+#: (:func:`forward_mode_pays`), else loop or vmap, whichever is measured faster.
 JACOBIANS = ("auto", "loop", "vmap", "forward")
 
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
@@ -305,6 +308,13 @@ def _inverse(timing: tuple[float, float]) -> tuple[float, float]:
     return 1 / max(timing[0], 1e-12), timing[1]
 
 
+def forward_mode_pays(model: nn.Module, x: Tensor, inputs: int, classes: int) -> bool:
+    """Whether every margin's gradient is cheaper by forward mode (one probe per input coordinate
+    at its declared cost, :mod:`probust.execution.cost_model`) than by C - 1 backward passes, and
+    forward mode runs through the model: counts and one untimed probe, no clock."""
+    return inputs * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
+
+
 def jacobian_row_bytes(cost: RowCost, strategy: str, classes: int, class_chunk: int | None) -> int:
     """Bytes per row of one Jacobian pass: the pass itself and the [C, *S] Jacobian it returns
     (about three copies of it live at once: per-class gradients, the stacked Jacobian and
@@ -354,11 +364,13 @@ def plan_jacobian(
     d = cost.input // x.element_size()
     if differentiable or not can_use_channels_last(model, x):
         channels_last = False
-    if strategy == "auto":
+    if strategy == "auto" and not differentiable and forward_mode_pays(model, x, d, classes):
+        strategies = ["forward"]  # decided by counts (a different computation), never timed
+    elif strategy == "auto":
         # The default (timed first, kept where there is no time to time more) by device: a CPU
         # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
-        reverse = ["vmap", "loop"] if x.device.type == "cuda" else ["loop", "vmap"]
-        strategies = reverse + (["forward"] if d < classes and not differentiable else [])
+        # Loop and vmap pull the same cotangents: timing them changes speed and rounding only.
+        strategies = ["vmap", "loop"] if x.device.type == "cuda" else ["loop", "vmap"]
     else:
         strategies = [strategy]
     formats = [False, True] if channels_last is None else [channels_last]
@@ -487,8 +499,11 @@ def _measure_jacobian(
                     return planned(strategy, channels_last, default_rows), False
             else:
                 seconds = timed(plan)
-        except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
-            # A strategy this model cannot run (e.g. torch.func on TorchScript) is no candidate.
+        except RuntimeError as exc:  # NotImplementedError included
+            # A strategy torch.func cannot run through this model is no candidate; any other
+            # error is the model's or probust's and propagates.
+            if not cannot_trace(exc):
+                raise
             failures.append(exc)
             continue
         cost = per_row(plan, seconds)

@@ -64,6 +64,7 @@ SCHEMA = pa.schema(
         ("boundaries_kept", pa.int64()),
         ("agreement", pa.float64()),
         ("agreement_draws", pa.int64()),
+        ("route", pa.string()),
         ("seconds", pa.float64()),
         ("seed", pa.int64()),
     ]
@@ -82,6 +83,7 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "boundaries_kept",
     "agreement",
     "agreement_draws",
+    "route",
 )
 
 

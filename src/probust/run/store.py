@@ -506,11 +506,15 @@ def read_results(path: str | os.PathLike) -> Any:
           on the linearisation's error at the point (``Estimate.agreement``).
         - ``agreement_draws`` (stored as int64; NaN where there is none): the draws
           ``agreement`` counts (MMSE's N copies; Taylor's 16 fresh draws by default).
+        - ``route`` (string, null where there is none): ``taylor`` and ``mmse`` and their
+          ``_mvs`` variants: how the point's margin gradients were taken ("direct", "head",
+          "forward", "candidates"; :data:`probust.estimators.result.ROUTE_NAMES`), decided from
+          counts alone, so a resumed folder's new rows take the routes its first ones did.
         - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
           its points (data loading and writing excluded).
         - ``seed`` (int64): the seed of the random streams.
 
-        The columns from ``p_fail`` to ``agreement_draws`` (:data:`OPTIONAL_COLUMNS`) came after the
+        The columns from ``p_fail`` to ``route`` (:data:`OPTIONAL_COLUMNS`) came after the
         first results format: files written before them read with nulls there. Files of format
         version 1 read with their ``confidence`` column as ``clean_softmax``.
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from probust._checks import eval_mode
 from probust.errors import OptionError, Setting
+from probust.estimators.result import ROUTE_NAMES
 from probust.execution.tuning import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
@@ -45,6 +46,9 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
     for name in _FIELDS:
         values = [getattr(r, name) for r in results]
         out[name] = None if values[0] is None else torch.cat([v.detach().cpu() for v in values]).numpy()
+    route = out["route"]
+    if route is not None:  # stored by name (what a reader of the table can use)
+        out["route"] = np.asarray(ROUTE_NAMES, dtype=object)[route]
     # Draws actually evaluated (Monte Carlo methods; fewer than n_samples in an adaptive run).
     drawn = [r.n_samples for r in results]
     out["n_drawn"] = None if drawn[0] is None else torch.cat([v.cpu() for v in drawn]).double().numpy()
