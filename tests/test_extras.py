@@ -28,7 +28,7 @@ CORE_MODULES = (
     "probust.noise",
     "probust.execution",
     "probust.smoothing",
-    "probust.pullback",
+    "probust.gradients",
     "probust.linear_head",
     "probust.training.robust_loss",
     "probust._rng",

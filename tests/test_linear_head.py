@@ -9,9 +9,9 @@ from torch import nn
 import probust
 from probust import linear_head
 from probust.estimators.routes import ROUTE_NAMES
+from probust.gradients import Pullback
 from probust.linearise import margin_jacobian
 from probust.noise import Gaussian, Uniform
-from probust.pullback import Pullback
 from tests._helpers import Tempered
 
 

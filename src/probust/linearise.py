@@ -2,107 +2,28 @@
 
 For a batch x [B, *S] with target classes t [B], the margins are g [B, C] with
 g[b, i] = f_t(x_b) - f_i(x_b) (so g[b, t_b] == 0), and their gradients u [B, C, *S] with
-u[b, t_b] == 0. Gradients come from the logits' input Jacobian (`logit_jacobian`: one forward pass and C
-backward passes, either vectorised by torch.func or one autograd pass per class, or forward
-mode for inputs with few coordinates); the margin gradients follow by a subtraction. Models
-that torch.func cannot trace (e.g. TorchScript) fall back to the per-class autograd loop.
+u[b, t_b] == 0. The gradients are pulls of cotangents e_t - e_i (or forward mode's Jacobian),
+taken by the one engine, :mod:`probust.gradients`, which owns the strategies and the fallback
+for models torch.func cannot trace; this module holds the margins' maths around it.
 
 Rows must not interact inside the model (true in eval mode: batch norm uses running stats).
 """
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from probust import _forward_mode as forward_mode
-from probust._autograd import pull_back
+from probust import gradients
 from probust._checks import check_target
-from probust.pullback import TraceFallbackWarning, cannot_trace
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
     """g [B, C] = logits[b, t_b] - logits[b, :] from logits [B, C] and targets [B]."""
     return logits.gather(1, target[:, None]) - logits
-
-
-def _pull_vmap(
-    model: nn.Module,
-    x: Tensor,
-    cotangents_of: Callable[[Tensor], Tensor],
-    chunk_size: int | None,
-    differentiable: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
-    ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
-    vjp = torch.func.vjp(model, x)  # (output, pullback); indexed: the stubs type has_aux too
-    logits, pullback = vjp[0], vjp[1]
-    # torch.func transforms ignore an outer no_grad, which only stops autograd recording the
-    # pullback itself (a graph back to the parameters that every vmap chunk would keep alive):
-    # the gradients are the same, in less memory, unless the caller differentiates them.
-    with contextlib.nullcontext() if differentiable else torch.no_grad():
-        grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
-    return logits, grads.transpose(0, 1)
-
-
-def _pull_loop(
-    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], create_graph: bool = False
-) -> tuple[Tensor, Tensor]:
-    """As :func:`_pull_vmap`, with one forward pass and one autograd backward pass per cotangent."""
-    if not (create_graph and x.requires_grad):
-        x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        logits = model(x)
-        cotangents = cotangents_of(logits.detach())
-        last = cotangents.shape[0] - 1
-        grads = [
-            pull_back(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
-            for k, cotangent in enumerate(cotangents)
-        ]
-    return logits, torch.stack(grads, dim=1)
-
-
-def _jacobian_forward(
-    model: nn.Module, x: Tensor, tangent_chunk_size: int | None, differentiable: bool
-) -> tuple[Tensor, Tensor]:
-    """Forward mode: one Jacobian-vector product per input coordinate (cheap for few coordinates)."""
-    d = x[0].numel()
-    basis = torch.eye(d, device=x.device, dtype=x.dtype).view(d, 1, *x.shape[1:]).expand(-1, x.shape[0], *x.shape[1:])
-    # Without a graph to keep, no_grad lets forward_mode skip the weights' zero tangents.
-    with contextlib.nullcontext() if differentiable else torch.no_grad():
-        logits, columns = forward_mode.jvps(model, x, basis, tangent_chunk_size)  # [B, C], [d, B, C]
-    return logits, columns.permute(1, 2, 0).reshape(x.shape[0], -1, *x.shape[1:])
-
-
-def _pull(
-    model: nn.Module,
-    x: Tensor,
-    cotangents_of: Callable[[Tensor], Tensor],
-    *,
-    strategy: str,
-    chunk_size: int | None,
-    differentiable: bool,
-    fallback: bool,
-) -> tuple[Tensor, Tensor]:
-    """Dispatch to a reverse-mode strategy; a model torch.func cannot trace falls back to the loop."""
-    if strategy == "loop":
-        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
-    try:
-        return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)
-    except RuntimeError as exc:  # NotImplementedError included
-        if not (fallback and cannot_trace(exc)):
-            raise
-        warnings.warn(
-            f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
-            "computing gradients with one backward pass per class instead",
-            TraceFallbackWarning,
-            stacklevel=4,
-        )
-        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
 
 
 def _finish(logits: Tensor, grads: Tensor, differentiable: bool) -> tuple[Tensor, Tensor]:
@@ -138,17 +59,19 @@ def logit_jacobian(
             same Jacobian up to float rounding.
         classes: only these classes' rows of the Jacobian (int64 [k]).
         fallback: on a model torch.func cannot trace, fall back to "loop" with a
-            :class:`~probust.pullback.TraceFallbackWarning` (False: raise).
+            :class:`~probust.gradients.TraceFallbackWarning` (False: raise).
     """
     if strategy == "forward":
-        logits, grads = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)
+        logits, grads = gradients.forward_jacobian(
+            model, x, chunk_size=class_chunk_size, differentiable=differentiable, fallback=fallback
+        )
         return _finish(logits, grads if classes is None else grads[:, classes], differentiable)
 
     def unit_cotangents(logits: Tensor) -> Tensor:
         every = _unit_cotangents(logits)
         return every if classes is None else every[classes]
 
-    logits, grads = _pull(
+    logits, grads = gradients.pull(
         model,
         x,
         unit_cotangents,
@@ -164,18 +87,6 @@ def _unit_cotangents(logits: Tensor) -> Tensor:
     """e_c for every class c: [C, B, C]."""
     eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
     return eye[:, None, :].expand(-1, logits.shape[0], -1)
-
-
-def _forward_or_fallback(
-    model: nn.Module, x: Tensor, chunk_size: int | None, differentiable: bool, fallback: bool
-) -> tuple[Tensor, Tensor]:
-    """The full logit Jacobian by forward mode, or by the reverse-mode loop where torch.func fails."""
-    try:
-        return _jacobian_forward(model, x, chunk_size, differentiable)
-    except RuntimeError as exc:  # NotImplementedError included
-        if not (fallback and cannot_trace(exc)):
-            raise
-        return _pull_loop(model, x, _unit_cotangents, create_graph=differentiable)
 
 
 def margin_jacobian(
@@ -227,7 +138,9 @@ def margin_jacobian(
         return cot
 
     if strategy == "forward":
-        logits, jacobian = _forward_or_fallback(model, x, class_chunk_size, differentiable, fallback)
+        logits, jacobian = gradients.forward_jacobian(
+            model, x, chunk_size=class_chunk_size, differentiable=differentiable, fallback=fallback
+        )
         t = check_target(target, logits.detach())
         u = margin_gradients(jacobian, t)
         if wanted is not None:
@@ -236,7 +149,7 @@ def margin_jacobian(
             u = u.gather(1, _expand_index(other_classes(t, logits.shape[1])[:, :limit], u))
         logits, u = _finish(logits, u, differentiable)
         return logits, t, u
-    logits, grads = _pull(
+    logits, grads = gradients.pull(
         model,
         x,
         margin_cotangents,

@@ -9,6 +9,7 @@ from scipy.stats import chi2
 from torch import nn
 
 import probust
+from probust import gradients
 from probust.errors import OptionError
 from probust.estimators import pruning, routes
 from probust.estimators.routes import ROUTE_NAMES
@@ -157,8 +158,8 @@ def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkey
     def no_formula(*args, **kwargs):
         raise NotImplementedError("Trying to use forward AD with _flash_attention that does not support it")
 
-    monkeypatch.setattr(cost_model.forward_mode, "jvps", no_formula)
-    assert not cost_model.forward_mode_runs(model, x)
+    monkeypatch.setattr(gradients.forward_mode, "jvps", no_formula)
+    assert not gradients.forward_mode_runs(model, x)
     r = probust.Taylor(model, 0.02, jacobian="loop")(x)
     assert not (r.route == ROUTE_NAMES.index("forward")).any()
     with pytest.raises(OptionError, match="cannot run through this model"):
@@ -168,9 +169,9 @@ def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkey
         raise TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
 
     other = Tempered(nn.Sequential(nn.Linear(6, 400)).eval())
-    monkeypatch.setattr(cost_model.forward_mode, "jvps", bug)
+    monkeypatch.setattr(gradients.forward_mode, "jvps", bug)
     with pytest.raises(TypeError, match="unsupported operand"):
-        cost_model.forward_mode_runs(other, x)
+        gradients.forward_mode_runs(other, x)
 
 
 def test_the_routes_are_decided_before_any_timing(monkeypatch):
@@ -211,7 +212,7 @@ def test_measured_pull_costs_are_kept_per_model_and_only_measured_for_a_vmap_pla
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch, strategy):
     # vmap pads every pull to VMAP_STEP cotangents: timing two would charge the padding to them.
-    from probust.pullback import VMAP_STEP
+    from probust.gradients import VMAP_STEP
 
     asked = []
     original = costs.Pullback

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust import _rng
+from probust import _rng, gradients
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
 from probust._progress import progress
 from probust.errors import OptionError, Part, Setting
@@ -292,7 +292,7 @@ class Linearised(Estimator):
         if forced_forward or (
             self.route == "auto" and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)
         ):
-            if not cost_model.forward_mode_runs(self.model, x):
+            if not gradients.forward_mode_runs(self.model, x):
                 if forced_forward:
                     raise OptionError(
                         f"{self.route!r} needs forward mode (torch.func.jvp), which cannot run through this model; "

@@ -1,28 +1,28 @@
-"""Prune, then refine: which decision boundaries can matter to the mvn-cdf, without their gradients.
+"""Which decision boundaries can matter to the mvn-cdf: lower bounds on z, then the drop.
 
 Taylor and MMSE need u_i = grad g_i for every boundary i != t: C - 1 backward passes per point
 (per noisy copy for MMSE). At large C almost every boundary is far: a boundary at z_i noise
 standard deviations can change p by at most Phi(-z_i) (the union bound: P(all kept hold) -
-P(all hold) <= sum over the dropped of P(Y_i > z_i)). So:
+P(all hold) <= sum over the dropped of P(Y_i > z_i)). This module holds the maths; which bound
+runs for which point is decided from counts by :mod:`probust.estimators.routes`:
 
-1. Sketch. m forward-mode products against probes v_k ~ N(0, S) (the noise's covariance) give
-   d_ik = u_i . v_k for every class at once; d_ik ~ N(0, s_i^2), s_i^2 = u_i S u_i^T, so
-   X_i = sum_k d_ik^2 / s_i^2 ~ chi-square(m).
-2. Bound. With q the chi-square(m) quantile at probability delta / (C - 1),
-   s_i^2 <= sum_k d_ik^2 / q for all boundaries at once, except with probability at most delta
-   (union over the C - 1 boundaries). Hence z_i >= z_lower_i = c_i / sqrt(sum_k d_ik^2 / q).
-3. Drop the boundaries with the smallest tails Phi(-z_lower_i) while their sum stays within a
-   budget; compute exact gradients only for the rest.
+- :func:`spectral_z_lower`: m reverse-mode probes w_k ~ N(0, I) on the features give the energy
+  T = sum_k w_k^T M w_k of their noise covariance M; T >= lambda_max(M) X with X ~ chi-square(m),
+  so every boundary's variance is at most |a_i|^2 T / q for all boundaries at once, except with
+  probability delta = P(X < q).
+- :func:`sketch_z_lower`: m forward-mode products against probes v_k ~ N(0, S) give
+  d_ik = u_i . v_k for every class at once, d_ik ~ N(0, s_i^2), so with q the chi-square(m)
+  quantile at delta / (C - 1), s_i^2 <= sum_k d_ik^2 / q for all boundaries at once, except with
+  probability at most delta (union over the C - 1 boundaries).
+- :func:`drop`: the boundaries with the smallest tails Phi(-z_lower_i) are dropped while their
+  sum stays within a budget; only the rest get exact gradients.
 
 The estimate's error grows by at most (sum of the dropped Phi(-z_lower)) + delta: the first term
-bounds the change of p when the sketch holds, the second the probability that it does not
-(p is in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf
-samples to the rest of ``tol``, so p keeps its stated tolerance.
-
-Where the model's logits are a linear layer of d < C - 1 features (:mod:`probust.linear_head`),
-d backward passes give every boundary's exact gradient and z, so no sketch is needed:
-:func:`select_exact` drops by the exact tails (delta = 0) and the estimators take that route
-first.
+bounds the change of p when the bounds hold, the second the probability that they do not (p is
+in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf samples to the
+rest of ``tol``, so p keeps its stated tolerance. Where every exact z is known (the linear head's
+route, :mod:`probust.linear_head`), :func:`select_exact` drops by the exact tails (delta = 0).
+:func:`select` (sketch bound and drop in one call) is kept for tests of the bound.
 """
 
 from __future__ import annotations

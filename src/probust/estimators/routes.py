@@ -42,16 +42,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust import _rng, linear_head
+from probust import _rng, gradients, linear_head
 from probust._checks import check_logits, check_target
 from probust.errors import OptionError
 from probust.estimators import pruning
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
-from probust.execution import cost_model
 from probust.execution.tuning import JacobianPlan, to_format
+from probust.gradients import Pullback, features_and_logits
 from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
 from probust.noise import Noise
-from probust.pullback import Pullback, features_and_logits
 
 #: Reverse-mode probes of the spectral screening.
 SPECTRAL_PROBES = 8
@@ -290,7 +289,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         else:
             spent = SPECTRAL_PROBES if screened is not None else 0
             sketch = spent + pruning.PROBES * jvp <= SCREENING_SHARE * torch.minimum(exact_cost, candidates_cost)
-            if bool(sketch.any()) and not cost_model.forward_mode_runs(ctx.model, copies[:, 0]):
+            if bool(sketch.any()) and not gradients.forward_mode_runs(ctx.model, copies[:, 0]):
                 sketch.fill_(False)  # a fact about the model (untimed), the same for every point
         if bool(sketch.any()):
             which = sketch.nonzero().flatten()

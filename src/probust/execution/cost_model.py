@@ -9,20 +9,12 @@ live features, the input size and ``tol``. Measured timings may still choose how
 run (rows per pass, memory format, loop or vmap), which changes speed and float rounding only.
 
 Whether forward mode runs through a model at all is a fact about the model, found once by one
-untimed probe (:func:`forward_mode_runs`).
+untimed probe (:func:`probust.gradients.forward_mode_runs`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-from typing import Any
-
 import torch
-from torch import Tensor, nn
-
-from probust import _forward_mode as forward_mode
-from probust.pullback import cannot_trace
 
 #: A forward-mode probe of one row in pulls of one row, by device kind. Measured on this
 #: project's 2-core CPU (torch 2.14, probes vmapped over one forward pass, probust._forward_mode's
@@ -37,36 +29,4 @@ def jvp_in_pulls(device: torch.device) -> float:
     return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"])
 
 
-_RUNS: weakref.WeakKeyDictionary[Any, dict[tuple, bool]] = weakref.WeakKeyDictionary()
-
-
-def forward_mode_runs(model: nn.Module, x: Tensor) -> bool:
-    """Whether torch.func's forward mode runs through ``model`` on rows like ``x`` [B, *S]: one
-    probe of one row, untimed, kept per model object and input shape. False only where torch
-    says it cannot (:func:`probust.pullback.cannot_trace`, e.g. CPU flash attention has no
-    forward-mode formula); any other error propagates."""
-    key = (x.device, x.dtype, tuple(x.shape[1:]))
-    with contextlib.suppress(TypeError):
-        known = _RUNS.get(model, {}).get(key)
-        if known is not None:
-            return known
-    row = x[:1].detach()
-    try:
-        with torch.no_grad():
-            forward_mode.jvps(model, row, torch.ones_like(row)[None])
-        runs = True
-    except RuntimeError as exc:  # NotImplementedError included
-        if not cannot_trace(exc):
-            raise
-        runs = False
-    with contextlib.suppress(TypeError):
-        _RUNS.setdefault(model, {})[key] = runs
-    return runs
-
-
-def forward_route_pulls(inputs: int, device: torch.device) -> float:
-    """Every margin's gradient by forward mode, in pulls per row: one probe per input coordinate."""
-    return inputs * jvp_in_pulls(device)
-
-
-__all__ = ["JVP_IN_PULLS", "forward_mode_runs", "forward_route_pulls", "jvp_in_pulls"]
+__all__ = ["JVP_IN_PULLS", "jvp_in_pulls"]

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from probust.execution import plan_cache
 from probust.execution.tuning import VMAP_PAYS, JacobianPlan, sync, to_format
-from probust.pullback import VMAP_STEP, Pullback
+from probust.gradients import VMAP_STEP, Pullback
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
-from probust.execution.cost_model import forward_mode_runs, jvp_in_pulls
-from probust.pullback import cannot_trace
+from probust.execution.cost_model import jvp_in_pulls
+from probust.gradients import cannot_trace, forward_mode_runs
 
 #: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
 #: "vmap" (torch.func: all classes' backward passes vectorised, in class chunks), "forward"

@@ -1,4 +1,5 @@
-"""Pullbacks of feature cotangents from one forward pass (probust.pullback)."""
+"""The one gradient engine (probust.gradients): pulls of cotangents from one forward pass, the
+strategies, and the narrow test that reads an error as "torch.func cannot trace this"."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from probust import linear_head
-from probust.pullback import VMAP_STEP, Pullback, features_and_logits
+from probust import gradients, linear_head
+from probust.gradients import (
+    VMAP_STEP,
+    Pullback,
+    TraceFallbackWarning,
+    cannot_trace,
+    features_and_logits,
+    forward_jacobian,
+    forward_mode_runs,
+)
 
 
 def _net(classes: int = 7, seed: int = 0) -> nn.Module:
@@ -89,8 +98,6 @@ def test_vmapped_pulls_keep_no_graph_back_to_the_parameters(pull):
     requiring grad, every chunk would keep its saved activations alive until the end (a 2-layer
     ViT-B/16 kept 260 MB per 8 cotangents and ran out of 24 GB at d = 768). What the pull saves
     for backward (counted by autograd's saved-tensor hooks) must not grow with the cotangents."""
-    from probust.linearise import _pull_vmap
-
     model = _net()
     x = torch.randn(4, 3, 4, generator=torch.Generator().manual_seed(0))
 
@@ -107,10 +114,78 @@ def test_vmapped_pulls_keep_no_graph_back_to_the_parameters(pull):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                 grads = pulled.pull(cotangents)
         else:  # torch.func's vjp refuses saved-tensor hooks: the graph shows as requires_grad
-            grads = _pull_vmap(model, x.flatten(1), lambda logits: cotangents, VMAP_STEP)[1].view(4, count, 3, 4)
+            grads = gradients.pull(
+                model, x.flatten(1), lambda logits: cotangents, strategy="vmap", chunk_size=VMAP_STEP
+            )[1]
+            grads = grads.view(4, count, 3, 4)
         assert grads.shape == (4, count, 3, 4) and not grads.requires_grad
         return packed[0]
 
     assert saved(VMAP_STEP) == saved(16 * VMAP_STEP)
     if pull == "linearise":  # asked for differentiable gradients, it still records them
-        assert _pull_vmap(model, x.flatten(1), lambda logits: torch.ones(2, 4, 7), None, True)[1].requires_grad
+        ones = lambda logits: torch.ones(2, 4, 7)  # noqa: E731
+        assert gradients.pull(model, x.flatten(1), ones, strategy="vmap", differentiable=True)[1].requires_grad
+
+
+class _OldStyleSquare(torch.autograd.Function):
+    # Without setup_context: torch.func cannot transform it, plain autograd can.
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+def test_cannot_trace_reads_torch_funcs_own_errors_and_nothing_else():
+    """The fallback's condition: torch.func's error about a transform (caught from the real
+    failure) or a NotImplementedError; a TypeError, an AttributeError or a RuntimeError of
+    shapes is a bug, in probust or the model, and must propagate."""
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError) as real:
+        torch.func.vjp(lambda t: _OldStyleSquare.apply(t), x)
+    assert cannot_trace(real.value)
+    flash = NotImplementedError("Trying to use forward AD with _scaled_dot_product_flash_attention_for_cpu")
+    assert cannot_trace(flash)
+    assert not cannot_trace(TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'"))
+    assert not cannot_trace(AttributeError("'NoneType' object has no attribute 'shape'"))
+    assert not cannot_trace(RuntimeError("mat1 and mat2 shapes cannot be multiplied (3x4 and 5x6)"))
+    assert not cannot_trace(ValueError("vmap"))  # not a RuntimeError: a value the code refused
+
+
+class _TypeErrorInside(nn.Module):
+    def forward(self, x):
+        return x + None  # a bug: a TypeError on every path
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "forward"])
+def test_a_bug_in_the_model_is_raised_as_it_is_not_read_as_a_tracing_limit(strategy):
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceFallbackWarning)  # no fallback was tried
+        with pytest.raises(TypeError, match="unsupported operand"):
+            if strategy == "vmap":
+                Pullback(_TypeErrorInside(), x, None, strategy="vmap")
+            else:
+                forward_jacobian(_TypeErrorInside(), x)
+        with pytest.raises(TypeError, match="unsupported operand"):
+            forward_mode_runs(_TypeErrorInside(), x)
+
+
+def test_a_model_torch_func_cannot_transform_falls_back_with_the_same_gradients():
+    class Square(nn.Module):
+        def forward(self, x):
+            return _OldStyleSquare.apply(x) @ torch.ones(4, 3)
+
+    model, x = Square(), torch.randn(2, 4)
+    cotangents = torch.randn(5, 2, 3)
+    with pytest.warns(TraceFallbackWarning):
+        vmapped = Pullback(model, x, None, strategy="vmap")
+    looped = Pullback(model, x, None, strategy="loop")
+    assert torch.equal(vmapped.pull(cotangents), looped.pull(cotangents))  # it is the loop
+    logits, jacobian = forward_jacobian(model, x)  # forward mode cannot run: the loop's Jacobian
+    torch.testing.assert_close(jacobian, (2 * x)[:, None, :].expand(2, 3, 4))
+    assert not forward_mode_runs(model, x)

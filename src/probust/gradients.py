@@ -1,0 +1,329 @@
+"""How margin gradients are taken: the one engine every estimator's gradients go through.
+
+Three strategies compute the same input gradients (up to float rounding):
+
+- **loop**: one forward pass with autograd, then one backward pass per cotangent on the kept graph;
+- **vmap**: torch.func's vjp, its pullback vectorised over the cotangents;
+- **forward**: torch.func's forward mode, one Jacobian-vector product per input coordinate (few
+  coordinates) or per probe (the sketch, :mod:`probust._forward_mode`).
+
+:func:`pull` takes cotangents on the logits from one pass (the Jacobian paths of
+:mod:`probust.linearise`); :class:`Pullback` keeps the pass and pulls any number of batches of
+cotangents on the model's features (the routes of :mod:`probust.estimators.routes`): where the
+logits come from a linear head f = W h + b (:mod:`probust.linear_head`), u_i = J^T (W_t - W_i)
+with J = dh/dx, so every gradient the estimators need is a pullback of a cotangent on the
+features h: a boundary's (W_t - W_i), a basis vector e_k (row k of J), or a random probe.
+Without a head the features are the logits themselves and a boundary's cotangent is e_t - e_i.
+
+Where torch.func cannot transform a model, decided by one narrow test of the error torch raised
+(:func:`cannot_trace`), vmap runs as the loop with a :class:`TraceFallbackWarning` and forward
+mode's Jacobian as the loop; forward mode's availability for probes is one untimed probe per
+model (:func:`forward_mode_runs`). Any other error propagates: a TypeError from a bug is never
+read as "cannot trace".
+
+Rows must not interact inside the model (eval mode), so a row's gradients do not depend on
+the other rows of its pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probust import _forward_mode as forward_mode
+from probust._autograd import pull_back
+
+#: Cotangents per vmapped pullback: a fixed width, so that every vmapped pass has the same
+#: shape whatever the other rows of its block need (BLAS rounding depends on shapes).
+VMAP_STEP = 8
+
+#: Words of torch's own messages when torch.func (vjp, vmap, jvp) cannot transform an operation:
+#: an autograd.Function without ``setup_context``, an operator without a forward-mode formula
+#: (CPU flash attention), a missing batching rule, data-dependent control flow under vmap.
+_TRACE_MESSAGES = (
+    "functorch",
+    "torch.func",
+    "vmap",
+    "forward ad",
+    "forward-mode",
+    "setup_context",
+    "batching rule",
+    "jvp",
+    "not implemented",
+    "not supported",
+    "does not support",
+)
+
+
+def cannot_trace(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a torch.func transform of a model, says torch.func cannot
+    transform it (then autograd's plain backward passes give the same gradients).
+
+    Narrow on purpose: a NotImplementedError, or a RuntimeError whose message is one of torch's
+    about its transforms (:data:`_TRACE_MESSAGES`). Any other error (a TypeError or an
+    AttributeError from a bug, in probust or in the model; a RuntimeError of shapes) is not a
+    tracing limit and propagates. A model's own NotImplementedError is read as one, but the
+    fallback runs the model again and raises it there.
+    """
+    if isinstance(exc, NotImplementedError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    message = str(exc).lower()
+    return any(words in message for words in _TRACE_MESSAGES)
+
+
+#: The strategies, as :class:`probust.execution.tuning.JacobianPlan` and the settings name them.
+STRATEGIES = ("loop", "vmap", "forward")
+
+
+class TraceFallbackWarning(RuntimeWarning):
+    """torch.func could not trace a model, so its gradients are computed with autograd, one
+    backward pass at a time (the same numbers, more slowly). Issued with :func:`warnings.warn`:
+    Python's default filter shows each message once per place, and a filter can silence or raise it."""
+
+
+def features_and_logits(model: nn.Module, head: nn.Linear | None) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+    """x -> (features [B, F], logits [B, C]).
+
+    With a head (see :func:`probust.linear_head.find_linear_head`), the model runs with its
+    head's output swapped for the head's input, so that the model returns the features h
+    (nothing follows the head) while the logits are kept aside. Without one, the features
+    are the logits.
+    """
+    if head is None:
+
+        def plain(x: Tensor) -> tuple[Tensor, Tensor]:
+            logits = model(x)
+            return logits, logits
+
+        return plain
+
+    def swapped(x: Tensor) -> tuple[Tensor, Tensor]:
+        box: dict[str, Tensor] = {}
+
+        def swap(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+            box["logits"] = out
+            return args[0]
+
+        hook = head.register_forward_hook(swap)
+        try:
+            features = model(x)
+        finally:
+            hook.remove()
+        return features, box["logits"]
+
+    return swapped
+
+
+class Pullback:
+    """One forward pass with autograd over ``rows``, then pullbacks of feature cotangents.
+
+    Args:
+        model: maps [R, *S] to logits [R, C], in eval mode.
+        rows: inputs [R, *S] (in the memory format the caller chose).
+        head: the model's linear head, or None (the features are then the logits).
+        strategy: "loop" (one autograd backward pass per cotangent, on the retained graph) or
+            "vmap" (torch.func's pullback, vectorised over :data:`VMAP_STEP` cotangents at a
+            time). A model torch.func cannot trace falls back to "loop" with a TraceFallbackWarning.
+
+    Attributes:
+        logits: [R, C], detached.
+        features: [R, F], detached (F = d, the head's inputs, or C).
+    """
+
+    def __init__(self, model: nn.Module, rows: Tensor, head: nn.Linear | None, *, strategy: str = "loop") -> None:
+        self.shape = rows.shape[1:]
+        run = features_and_logits(model, head)
+        self._pullback: Callable[[Tensor], tuple[Tensor, ...]] | None = None
+        if strategy == "vmap":
+            try:
+                # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
+                features, pullback, *aux = torch.func.vjp(run, rows, has_aux=True)
+                self._pullback, logits = pullback, aux[0]
+            except (RuntimeError, NotImplementedError) as exc:
+                if not cannot_trace(exc):
+                    raise
+                _warn_fallback(model, exc)
+        if self._pullback is None:
+            self._x = rows.detach().requires_grad_(True)
+            with torch.enable_grad():
+                features, logits = run(self._x)
+            self._graph = features
+        self.logits = logits.detach()
+        self.features = features.detach()
+
+    def pull(self, cotangents: Tensor) -> Tensor:
+        """The input gradients of cotangents [K, R, F] on the features: [R, K, *S].
+
+        Row r of the result, k-th entry, is J_r^T cotangents[k, r] (J_r = dh/dx at row r).
+        May be called any number of times.
+        """
+        count = cotangents.shape[0]
+        cotangents = cotangents.to(self.features.dtype)
+        if count == 0:
+            return cotangents.new_zeros(cotangents.shape[1], 0, *self.shape)
+        if self._pullback is not None:
+            width = -(-count // VMAP_STEP) * VMAP_STEP
+            if width > count:
+                cotangents = torch.cat([cotangents, cotangents.new_zeros(width - count, *cotangents.shape[1:])])
+            # The result is detached, so no graph back to the parameters is wanted: without
+            # no_grad each part would keep its whole double-backward graph alive until the cat
+            # (about 260 MB per 8 cotangents on a 2-layer ViT-B/16, 24 GB at d = 768).
+            with torch.no_grad():
+                parts = [
+                    torch.func.vmap(self._pullback)(cotangents[k : k + VMAP_STEP])[0]
+                    for k in range(0, width, VMAP_STEP)
+                ]
+            grads = torch.cat(parts)[:count]
+        else:
+            grads = torch.stack([pull_back(self._graph, self._x, c, retain_graph=True)[0] for c in cotangents])
+        return grads.detach().transpose(0, 1)
+
+
+def _warn_fallback(model: nn.Module, exc: Exception) -> None:
+    warnings.warn(
+        f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
+        "computing gradients with one backward pass per cotangent instead",
+        TraceFallbackWarning,
+        stacklevel=4,
+    )
+
+
+def _pull_vmap(
+    model: nn.Module,
+    x: Tensor,
+    cotangents_of: Callable[[Tensor], Tensor],
+    chunk_size: int | None,
+    differentiable: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
+    ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
+    vjp = torch.func.vjp(model, x)  # (output, pullback); indexed: the stubs type has_aux too
+    logits, pullback = vjp[0], vjp[1]
+    # torch.func transforms ignore an outer no_grad, which only stops autograd recording the
+    # pullback itself (a graph back to the parameters that every vmap chunk would keep alive):
+    # the gradients are the same, in less memory, unless the caller differentiates them.
+    with contextlib.nullcontext() if differentiable else torch.no_grad():
+        grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
+    return logits, grads.transpose(0, 1)
+
+
+def _pull_loop(
+    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], create_graph: bool = False
+) -> tuple[Tensor, Tensor]:
+    """As :func:`_pull_vmap`, with one forward pass and one autograd backward pass per cotangent."""
+    if not (create_graph and x.requires_grad):
+        x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(x)
+        cotangents = cotangents_of(logits.detach())
+        last = cotangents.shape[0] - 1
+        grads = [
+            pull_back(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
+            for k, cotangent in enumerate(cotangents)
+        ]
+    return logits, torch.stack(grads, dim=1)
+
+
+def _jacobian_forward(
+    model: nn.Module, x: Tensor, tangent_chunk_size: int | None, differentiable: bool
+) -> tuple[Tensor, Tensor]:
+    """Forward mode: one Jacobian-vector product per input coordinate (cheap for few coordinates)."""
+    d = x[0].numel()
+    basis = torch.eye(d, device=x.device, dtype=x.dtype).view(d, 1, *x.shape[1:]).expand(-1, x.shape[0], *x.shape[1:])
+    # Without a graph to keep, no_grad lets forward_mode skip the weights' zero tangents.
+    with contextlib.nullcontext() if differentiable else torch.no_grad():
+        logits, columns = forward_mode.jvps(model, x, basis, tangent_chunk_size)  # [B, C], [d, B, C]
+    return logits, columns.permute(1, 2, 0).reshape(x.shape[0], -1, *x.shape[1:])
+
+
+def pull(
+    model: nn.Module,
+    x: Tensor,
+    cotangents_of: Callable[[Tensor], Tensor],
+    *,
+    strategy: str,
+    chunk_size: int | None = None,
+    differentiable: bool = False,
+    fallback: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
+    ``cotangents_of(logits)`` gives, from one forward pass over the rows ``x`` [B, *S].
+
+    Args:
+        strategy: "loop" (one autograd backward pass per cotangent on the kept graph) or "vmap"
+            (torch.func's vjp, vectorised over the cotangents, ``chunk_size`` at a time). Both
+            give the same gradients up to float rounding.
+        differentiable: keep the autograd graph (double backpropagation), else detached.
+        fallback: where torch.func cannot trace the model (:func:`cannot_trace`), "vmap" runs
+            as "loop" with a :class:`TraceFallbackWarning`; False raises instead.
+    """
+    if strategy == "loop":
+        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
+    try:
+        return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)
+    except RuntimeError as exc:  # NotImplementedError included
+        if not (fallback and cannot_trace(exc)):
+            raise
+        warnings.warn(
+            f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
+            "computing gradients with one backward pass per class instead",
+            TraceFallbackWarning,
+            stacklevel=4,
+        )
+        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
+
+
+def forward_jacobian(
+    model: nn.Module, x: Tensor, *, chunk_size: int | None = None, differentiable: bool = False, fallback: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Logits [B, C] and their full input Jacobian [B, C, *S] by forward mode (one
+    Jacobian-vector product per input coordinate, ``chunk_size`` at a time); where torch.func
+    cannot run forward mode through the model (:func:`cannot_trace`), by the reverse-mode loop
+    (one backward pass per class), unless ``fallback`` is False."""
+    try:
+        return _jacobian_forward(model, x, chunk_size, differentiable)
+    except RuntimeError as exc:  # NotImplementedError included
+        if not (fallback and cannot_trace(exc)):
+            raise
+        return _pull_loop(model, x, _unit_cotangents, create_graph=differentiable)
+
+
+def _unit_cotangents(logits: Tensor) -> Tensor:
+    """e_c for every class c: [C, B, C]."""
+    eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
+    return eye[:, None, :].expand(-1, logits.shape[0], -1)
+
+
+_RUNS: weakref.WeakKeyDictionary[Any, dict[tuple, bool]] = weakref.WeakKeyDictionary()
+
+
+def forward_mode_runs(model: nn.Module, x: Tensor) -> bool:
+    """Whether torch.func's forward mode runs through ``model`` on rows like ``x`` [B, *S]: one
+    probe of one row, untimed, kept per model object and input shape. False only where torch
+    says it cannot (:func:`cannot_trace`, e.g. CPU flash attention has no forward-mode
+    formula); any other error propagates."""
+    key = (x.device, x.dtype, tuple(x.shape[1:]))
+    with contextlib.suppress(TypeError):
+        known = _RUNS.get(model, {}).get(key)
+        if known is not None:
+            return known
+    row = x[:1].detach()
+    try:
+        with torch.no_grad():
+            forward_mode.jvps(model, row, torch.ones_like(row)[None])
+        runs = True
+    except RuntimeError as exc:  # NotImplementedError included
+        if not cannot_trace(exc):
+            raise
+        runs = False
+    with contextlib.suppress(TypeError):
+        _RUNS.setdefault(model, {})[key] = runs
+    return runs
