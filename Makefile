@@ -8,8 +8,12 @@ CORE_VENV := .venv-core
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test files spread over one worker per CPU (pytest-xdist; each test runs on one thread, and a
+# file stays on one worker so its module fixtures are built once); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-all test-cuda test-core mutation lint bench install clean
+.PHONY: demo test test-all test-slow test-cuda test-core mutation lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +28,14 @@ demo: $(STAMP)
 
 # The fast suite (what CI runs first); `make test-all` adds the tests marked slow.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The tests marked slow alone (CI's last part).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(XDIST) $(PYTEST_ARGS)
 
 # The GPU suite (tests/cuda: CUDA against CPU, bitwise repetition, CUDA memory budgets and plans,
 # a 2-rank nccl torchrun on two GPUs); every test skips where no CUDA device is visible.

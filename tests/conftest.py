@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+
 import pytest
 import torch
 
@@ -39,7 +42,20 @@ def fashion_mnist_cnn(tmp_path_factory):
     require_fashion_mnist()
     from probust.training import train
 
-    out = tmp_path_factory.mktemp("fashion_mnist") / "cnn.pt"
-    return train(
-        "fashion-mnist", "cnn", epochs=10, lr=0.05, batch_size=128, out=out, show_progress=False, num_threads=1
-    )
+    def trained(out):
+        return train(
+            "fashion-mnist", "cnn", epochs=10, lr=0.05, batch_size=128, out=out, show_progress=False, num_threads=1
+        )
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return trained(tmp_path_factory.mktemp("fashion_mnist") / "cnn.pt")
+    # pytest-xdist's workers share their base folder's parent: the first to take the lock trains,
+    # the others find the finished checkpoint, which train() returns as it is (resume).
+    shared = tmp_path_factory.getbasetemp().parent / "fashion_mnist"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return trained(shared / "cnn.pt")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

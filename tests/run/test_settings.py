@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 
 import numpy as np
 import pytest
@@ -237,7 +238,10 @@ WRONG_TYPE = [
 ]
 
 
-@pytest.mark.parametrize(("name", "value"), WRONG_TYPE, ids=[f"{n}={v!r}" for n, v in WRONG_TYPE])
+# Ids without memory addresses: every process (pytest-xdist's workers) collects the same names.
+@pytest.mark.parametrize(
+    ("name", "value"), WRONG_TYPE, ids=[re.sub(r" at 0x[0-9a-f]+", "", f"{n}={v!r}") for n, v in WRONG_TYPE]
+)
 def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_argument(name, value):
     with pytest.raises(ConfigError, match=f"^{name}: ") as info:
         settings(**{name: value})
