@@ -84,7 +84,9 @@ class Context:
         prune: whether boundaries may be dropped (mvn-cdf under Gaussian noise); otherwise every
             boundary's gradient is computed, by the cheapest exact route.
         jvp: a forward-mode probe in pulls (:func:`probust.execution.cost_model.jvp_in_pulls`);
-            inf where forward mode cannot run through the model or no route could use it.
+            inf where forward mode was found not to run through the model. Where it was not
+            probed yet, a point whose route wants the sketch probes it first
+            (:func:`probust.gradients.forward_mode_runs`).
         pull: how the pulls run, "loop" or "vmap" (:func:`probust.execution.costs.pull_strategy`:
             speed and rounding only).
         probe_rows: rows per forward-mode pass of the sketch
