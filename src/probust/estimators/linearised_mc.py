@@ -17,7 +17,7 @@ from probust._checks import check_choice, check_fraction, check_positive_int, ch
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.linearised import Linearised
-from probust.estimators.mmse import MMSE
+from probust.estimators.mmse import DEFAULT_COPIES, MMSE
 from probust.estimators.result import Estimate
 from probust.estimators.taylor import Taylor
 from probust.noise import Noise, as_noise, require_gaussian
@@ -81,7 +81,7 @@ class LinearisedMonteCarlo(Estimator):
         n_samples: int = 10_000,
         *,
         linearisation: str = "mmse",
-        mmse_samples: int = 5,
+        mmse_samples: int = DEFAULT_COPIES,
         confidence: float = 0.95,
         tol: float = 1e-4,
         jacobian_batch_size: int | None = None,

@@ -13,6 +13,10 @@ from probust.execution.tuning import JacobianPlan, to_format
 from probust.linearise import smoothed_margin_jacobian
 from probust.noise import Noise
 
+#: MMSE's noisy copies per point by default (the paper's N = 5): the estimator's, ``probust estimate``'s
+#: ``--mmse-samples``, ``probust certify``'s ``--estimate-copies`` and the mc_cv / mc_is linearisation's.
+DEFAULT_COPIES = 5
+
 
 class MMSE(Linearised):
     """p_robust from the MMSE (SmoothGrad) linearisation: margins and gradients averaged
@@ -46,7 +50,7 @@ class MMSE(Linearised):
         self,
         model: nn.Module,
         sigma: float | Tensor | Noise,
-        n_samples: int = 5,
+        n_samples: int = DEFAULT_COPIES,
         *,
         sampling: str = "centred",
         **kwargs,

@@ -34,6 +34,7 @@ import pyarrow as pa
 import torch
 
 from probust._options import option
+from probust.estimators.mmse import DEFAULT_COPIES
 from probust.run.errors import ConfigError
 from probust.run.files import Layout
 from probust.run.indices import consecutive_runs, index_ranges
@@ -73,8 +74,6 @@ __all__ = [
 FORMAT = "probust.certify"
 #: The analytic methods whose radius estimate sigma * Phi^-1(p) may go beside the certificate.
 ESTIMATE_METHODS = ("taylor", "mmse")
-#: MMSE's default noisy copies for ``--estimate mmse`` (``probust estimate``'s default ``--mmse-samples``).
-MMSE_COPIES = 5
 #: The columns of ``certify_sigma<S>.tsv``, as Cohen et al.'s ``certify.py`` writes them.
 TSV_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
 
@@ -189,13 +188,13 @@ class CertifyOptions(SeedOptions):
         implied=None,
     )
     estimate_copies: int = option(
-        MMSE_COPIES,
+        DEFAULT_COPIES,
         help="with --estimate mmse: the noisy copies N the MMSE estimate averages over",
         metavar="N",
         parse=int,
         check=_count,
         record="estimate_copies",
-        implied=MMSE_COPIES,
+        implied=DEFAULT_COPIES,
     )
 
 

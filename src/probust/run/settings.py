@@ -32,6 +32,7 @@ from probust._options import UNSET, declared, option
 from probust._stats import INTERVALS
 from probust.errors import OptionError, Setting
 from probust.estimators import METHODS, MMSE, PAPER_METHODS, REGISTRY
+from probust.estimators.mmse import DEFAULT_COPIES
 from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import RUN_OPTIONS
 from probust.execution.budget import check_budget
@@ -493,7 +494,7 @@ class DataOptions(SourceOptions):
         check=_counts,
     )
     mmse_samples: Sequence[int] = option(
-        (5,),
+        (DEFAULT_COPIES,),
         help=f"MMSE noisy copies per point; several values give one row each ({_sampled('mmse')}); the MMSE "
         f"linearisation of {_with('mmse_samples')} uses the smallest (to extend a folder holding their rows, "
         "keep it the same)",
