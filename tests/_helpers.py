@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.data import ImageDataset
 from probust.experiments.runs import Results
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -87,6 +88,20 @@ def require_fashion_mnist() -> Path:
             pytest.fail(message + f"; missing {', '.join(missing)} and PROBUST_REQUIRE_FASHION_MNIST=1")
         pytest.skip(message)
     return FASHION_MNIST_DIR
+
+
+def tiny_data(n: int = 20, seed: int = 0) -> ImageDataset:
+    """``n`` random 1 x 4 x 4 uint8 images of 3 classes named a, b, c (the runner's tests' data)."""
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, 4, 4), generator=gen, dtype=torch.uint8)
+    labels = torch.randint(0, 3, (n,), generator=gen)
+    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
+
+
+def tiny_model(classes: int = 3, seed: int = 0) -> nn.Module:
+    """A small MLP from [B, 1, 4, 4] to ``classes`` logits (the runner's tests' model)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, classes))
 
 
 def linear_model(d: int, classes: int, seed: int = 0) -> nn.Linear:

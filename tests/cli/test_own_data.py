@@ -19,6 +19,7 @@ from torch import nn
 from probust import models
 from probust.cli import main
 from probust.run.store import read_config, read_results
+from tests._helpers import save_tiny_vit
 
 NETS = """
 import torch
@@ -345,22 +346,9 @@ def test_the_tabular_tutorial_runs_end_to_end_and_the_report_skips_image_only_ex
 
 
 def test_a_hugging_face_image_classifier_folder_is_scored_with_its_normalisation_inside(tmp_path, capsys):
-    transformers = pytest.importorskip("transformers", reason="probust[hf] (transformers) is not installed")
     import json
 
-    config = transformers.ViTConfig(
-        image_size=8,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=3,
-    )
-    torch.manual_seed(0)
-    hf = transformers.ViTForImageClassification(config).eval()
-    hf.save_pretrained(tmp_path / "vit")
+    hf = save_tiny_vit(tmp_path / "vit", num_channels=1)
     capsys.readouterr()
     (tmp_path / "vit" / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5], "image_std": [0.25]}))
     x = torch.rand(6, 1, 8, 8)

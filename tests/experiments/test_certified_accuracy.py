@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from probust import experiments
-from probust.data import ImageDataset
 from probust.experiments.certified_accuracy import NAME, TABLE_RADII
 from probust.report import build_report
 from probust.run.certify import CertifySettings, read_certified, run_certify
-
-
-def _data() -> ImageDataset:
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (10, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    labels = torch.randint(0, 3, (10,), generator=gen)
-    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
+from tests._helpers import tiny_data, tiny_model
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("certified")
     settings = CertifySettings(
-        data=_data(),
-        model=_model(),
+        data=tiny_data(10),
+        model=tiny_model(),
         sigmas=[0.25, 0.5],
         n0=16,
         n=256,

@@ -20,21 +20,10 @@ from probust.run import (
     run_estimate,
 )
 from probust.run.store import ResultStore, read_config, read_results
+from tests._helpers import tiny_data, tiny_model
 
 SIGMAS = [0.1, 0.3]
 FAST = ["mc", "taylor_mvs", "mmse_mvs", "softmax"]
-
-
-def tiny_data(n: int = 20, seed: int = 0) -> ImageDataset:
-    gen = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 256, (n, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    labels = torch.randint(0, 3, (n,), generator=gen)
-    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
-
-
-def tiny_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
 def arguments(out, **kwargs) -> dict:

@@ -14,33 +14,19 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from torch import nn
 
-from probust.data import ImageDataset
 from probust.run import ConfigError, run_estimate
 from probust.run.store import ResultStore, ResultsWriteError, read_config, read_results
+from tests._helpers import tiny_data, tiny_model
 
 # Every kind of row: Monte Carlo, the QMC mvn-cdf methods, the control variate, p_fail.
 METHODS = ["mc", "taylor", "mmse", "mc_cv", "softmax"]
 
 
-def _data() -> ImageDataset:
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (20, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    labels = torch.randint(0, 3, (20,), generator=gen)
-    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
-
-
 def run(out: Path, **kwargs) -> pd.DataFrame:
     args = dict(
-        data=_data(),
-        model=_model(),
+        data=tiny_data(),
+        model=tiny_model(),
         sigmas=[0.1, 0.3],
         methods=METHODS,
         out=out,

@@ -11,31 +11,18 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset, SubsetRandomSampler, TensorDataset
 
 import probust
-from probust.data import ImageDataset
 from probust.run import ConfigError, run_estimate
 from probust.run.store import MemoryStore, ResultStore
+from tests._helpers import tiny_data, tiny_model
 
 METHODS = ["mc", "taylor", "mmse", "softmax"]
 SIGMAS = [0.1, 0.3]
 #: Settings shared by every call: small, and the same work units (batch_size) everywhere.
 SMALL = dict(mc_samples=200, mmse_samples=3, batch_size=6, device="cpu", show_progress=False)
 NAMES = ["path", "label_name", "prediction_name"]
-
-
-def tiny_data(n: int = 20) -> ImageDataset:
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (n, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    labels = torch.randint(0, 3, (n,), generator=gen)
-    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
-
-
-def tiny_model(classes: int = 3) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, classes))
 
 
 @pytest.fixture(scope="module")

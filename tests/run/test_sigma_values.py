@@ -12,27 +12,14 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import norm
-from torch import nn
 
 import probust
-from probust.data import ImageDataset
 from probust.run import RunSettings, execute, prepare, run_estimate
 from probust.run.store import read_results
+from tests._helpers import tiny_data, tiny_model
 
 SIGMAS = [1 / 3, 0.0123456789]
 SMALL = dict(methods=["taylor_mvs", "softmax"], limit=6, batch_size=3, device="cpu", show_progress=False)
-
-
-def tiny_data() -> ImageDataset:
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (20, 1, 4, 4), generator=gen, dtype=torch.uint8)
-    labels = torch.randint(0, 3, (20,), generator=gen)
-    return ImageDataset(images, labels, name="tiny", split="test", classes=["a", "b", "c"])
-
-
-def tiny_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
 def assert_rows_at_exact_sigmas(df) -> None:
