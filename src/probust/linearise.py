@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from probust import _forward_mode as forward_mode
 from probust import gradients
 from probust._checks import check_target
+from probust._segments import add_rows
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
@@ -252,12 +253,9 @@ def smoothed_margin_jacobian(
             g_sum = g.new_zeros(points, *g.shape[1:])
             u_sum = u.new_zeros(points, *u.shape[1:])
         assert g_sum is not None and u_sum is not None
-        if differentiable:  # out of place: the sums carry a graph
-            g_sum = g_sum.index_add(0, row_point[block], g)
-            u_sum = u_sum.index_add(0, row_point[block], u)
-        else:
-            g_sum.index_add_(0, row_point[block], g)
-            u_sum.index_add_(0, row_point[block], u)
+        # Out of place where differentiable: the sums carry a graph.
+        g_sum = add_rows(g_sum, row_point[block], g, inplace=not differentiable)
+        u_sum = add_rows(u_sum, row_point[block], u, inplace=not differentiable)
     assert g_sum is not None and u_sum is not None  # points >= 1: the loop ran
     return g_sum / copies, u_sum / copies
 

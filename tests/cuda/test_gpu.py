@@ -102,6 +102,26 @@ def test_every_estimator_on_cuda_agrees_with_the_cpu_within_the_stated_tolerance
     assert ((cpu.p > 0.02) & (cpu.p < 0.98)).any() or method == "softmax", "points should not all be trivial"
 
 
+@cuda_only
+def test_sums_into_slots_are_the_cpus_sequential_sums_on_cuda():
+    # MMSE averages each point's copies and the mvn-cdf sums split terms by index: index_add on
+    # CUDA adds by atomics in any order, probust._segments.add_rows in the rows' order.
+    from probust._segments import add_rows
+
+    gen = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 7, (300,), generator=gen)
+    values = torch.randn(300, 5, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
+        -8, 9, (300, 5), generator=gen
+    )
+    for dtype in (torch.float64, torch.float32):
+        want = torch.zeros(7, 5, dtype=dtype).index_add_(0, index, values.to(dtype))
+        got = [
+            add_rows(torch.zeros(7, 5, dtype=dtype, device=DEVICE), index.to(DEVICE), values.to(DEVICE, dtype)).cpu()
+            for _ in range(3)
+        ]
+        assert all(torch.equal(g, want) for g in got), dtype
+
+
 @pytest.mark.parametrize("method", list(probust.METHODS))
 def test_estimates_are_bitwise_reproducible_on_the_same_gpu(method):
     # The same call twice: bitwise (docs/estimate.md: the same device, torch build and plan; the

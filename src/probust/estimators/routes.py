@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients, linear_head
 from probust._checks import check_logits, check_target
+from probust._segments import add_rows
 from probust.errors import OptionError
 from probust.estimators import pruning
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
@@ -235,9 +236,7 @@ class _Rows:
         """[P, ...]: the mean of [R, ...] over each point's copies."""
         if self.n == 1:
             return per_row
-        total = per_row.new_zeros(self.points, *per_row.shape[1:])
-        total.index_add_(0, self.row_point, per_row)
-        return total / self.n
+        return add_rows(per_row.new_zeros(self.points, *per_row.shape[1:]), self.row_point, per_row) / self.n
 
 
 def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:

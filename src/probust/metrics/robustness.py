@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust._segments import add_rows
 from probust.errors import OptionError
 from probust.estimators import Estimator, LinearisationWarning, make_estimator, untrusted
 from probust.metrics.points import PointwiseMetric, usable_inputs
@@ -279,8 +280,6 @@ def _class_means(p: Tensor, classes: Tensor, num_classes: int) -> Tensor:
     """The mean of ``p`` over the points of each class in [0, num_classes), NaN where a class has
     none; points with class -1 (no label) or >= num_classes are left out."""
     keep = (classes >= 0) & (classes < num_classes)
-    sums = torch.zeros(num_classes, dtype=torch.float64, device=p.device).index_add_(0, classes[keep], p[keep])
-    counts = torch.zeros(num_classes, dtype=torch.float64, device=p.device).index_add_(
-        0, classes[keep], torch.ones_like(p[keep])
-    )
+    sums = add_rows(torch.zeros(num_classes, dtype=torch.float64, device=p.device), classes[keep], p[keep])
+    counts = torch.bincount(classes[keep], minlength=num_classes).to(torch.float64)
     return torch.where(counts > 0, sums / counts.clamp(min=1), torch.full_like(sums, math.nan))

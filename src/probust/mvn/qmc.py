@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from probust._autograd import pull_back
+from probust._segments import add_rows
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
 from probust.mvn.numerics import ndtr, tree_sum
@@ -139,15 +140,15 @@ def qmc_cdf(
         term_bounds = orthant_bounds(zt.detach(), ct.detach(), pt)
         # A negated term is at most its variable's tail: it gets that much of the target (at
         # most an equal share) and P(A) the rest, which is what decides the sampling.
-        n_terms = torch.zeros(g, dtype=torch.float64, device=z.device).index_add(0, owner, torch.ones_like(sign))
+        n_terms = add_rows(torch.zeros(g, dtype=torch.float64, device=z.device), owner, torch.ones_like(sign))
         share = target.detach()[owner] / n_terms[owner]
         small = torch.minimum(tails[owner, negated.clamp_min(0)], share)
         small = torch.where(negated >= 0, small, 0.0)
-        used = torch.zeros(g, dtype=torch.float64, device=z.device).index_add(0, owner, small)
+        used = add_rows(torch.zeros(g, dtype=torch.float64, device=z.device), owner, small)
         term_target = torch.where(negated >= 0, small, target.detach()[owner] - used[owner])
     e, r = _integrate(factorise(zt, ct, pt), term_target, max_samples, seed, term_bounds, needs_grad)
-    est = est.index_add(0, owner, sign * e)
-    err = err.index_add(0, owner, r)
+    est = add_rows(est, owner, sign * e, inplace=False)
+    err = add_rows(err, owner, r, inplace=False)
     # The terms have nearly determined variables of their own, whose rare regions their spread
     # cannot see either (docs/mvn.md): a split problem claims no less than its target.
     return est, torch.maximum(err, torch.where(owners, target.detach(), 0.0))
