@@ -41,7 +41,7 @@ Run (minutes to hours on 2 cores: the references compute every boundary's gradie
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_imagenet.py [--models resnet18 ...] [--heads trained random]
         [--methods taylor mmse] [--points N] [--vit-layers 2] [--alone ROUTE ...] [--direct-points K]
-        [--first-use] [--json out.json]
+        [--first-use] [--device cuda] [--json out.json]
 
 Exits 1 when a printed target is missed (or agreement fails), 0 otherwise.
 """
@@ -129,12 +129,20 @@ def _estimator(method: str, model: nn.Module, sigma: float, **options: Any) -> p
     return probust.MMSE(model, sigma, n_samples=5, **options)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed(estimator: probust.Estimator, x: Tensor) -> tuple[probust.Estimate, float, float]:
-    """(estimate, seconds, peak MB added) of one call on ``x``, after a warm-up call on one point."""
+    """(estimate, seconds, peak MB added: resident set on the CPU, the allocator's on CUDA) of one
+    call on ``x``, after a warm-up call on one point."""
     estimator(x[:1])
+    _sync(x.device)
     with peak_memory(x.device) as peak:
         start = time.perf_counter()
         r = estimator(x)
+        _sync(x.device)
         seconds = time.perf_counter() - start
     return r, seconds, (peak.bytes or 0) / 2**20
 
@@ -179,7 +187,7 @@ def _first_use(args: argparse.Namespace, name: str, head: str, method: str, sigm
         env = {**os.environ, "PROBUST_CACHE_DIR": cache}
         out = subprocess.run(
             [sys.executable, __file__, "--child", name, head, method, str(sigma), str(points), str(args.seed)]
-            + ["--vit-layers", str(args.vit_layers)],
+            + ["--vit-layers", str(args.vit_layers), "--device", str(args.device)],
             env=env,
             capture_output=True,
             text=True,
@@ -188,12 +196,14 @@ def _first_use(args: argparse.Namespace, name: str, head: str, method: str, sigm
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _child(argv: list[str], vit_layers: int) -> None:
+def _child(argv: list[str], vit_layers: int, device: torch.device) -> None:
     name, head, method, sigma, points, seed = argv
     _, big = models(name, head, int(seed), vit_layers)
-    x = _inputs(name, int(points), int(seed) + 2)
+    big.to(device)
+    x = _inputs(name, int(points), int(seed) + 2).to(device)
     start = time.perf_counter()
     _estimator(method, big, float(sigma))(x)
+    _sync(device)
     print(time.perf_counter() - start)
 
 
@@ -201,9 +211,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
     rows, ok = [], True
     for name in args.models:
         points = args.points or DEFAULT_POINTS[name]
-        x = _inputs(name, points, args.seed + 2)
+        x = _inputs(name, points, args.seed + 2).to(args.device)
         for head in args.heads:
             small, big = models(name, head, args.seed, args.vit_layers)
+            small, big = small.to(args.device), big.to(args.device)
             taylor_sigma = None
             for method in args.methods:
                 calibrated = args.sigma or calibrate(method, small, x)
@@ -297,6 +308,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.0, help="fix sigma (default: calibrated per model)")
     parser.add_argument("--vit-layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"), help="cpu or cuda")
     parser.add_argument(
         "--direct-points",
         type=int,
@@ -315,9 +327,10 @@ def main() -> None:
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.vit_layers)
+        _child(args.child, args.vit_layers, args.device)
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {_cpu()}", flush=True)
+    where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else _cpu()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}", flush=True)
     rows, ok = run(args)
     if args.json:
         with open(args.json, "w") as f:

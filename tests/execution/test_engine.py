@@ -181,7 +181,7 @@ def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
     model = build("cnn", num_classes=10).eval()
     x = torch.rand(4, 1, 28, 28)
     one_row = JacobianPlan("loop", 1, None, False)
-    assert Execution().forward_mode_rows(model, x, one_row) == engine.FORWARD_MODE_ROWS
+    assert Execution().forward_mode_rows(model, x, one_row) == engine.FORWARD_MODE_ROWS["cpu"]
     wide = JacobianPlan("loop", 64, None, False)
     assert Execution().forward_mode_rows(model, x, wide) == 64  # never fewer than the reverse-mode plan's
     assert Execution(batch_size=3).forward_mode_rows(model, x, one_row) == 3  # the user's bound holds

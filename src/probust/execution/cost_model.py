@@ -20,7 +20,9 @@ import torch
 #: project's 2-core CPU (torch 2.14, probes vmapped over one forward pass, probust._forward_mode's
 #: lean tangent rules): 1.3 for resnet18 and 1.1-1.3 for resnet50 at 3 x 224 x 224, 5-8 for
 #: models whose passes take well under a millisecond (fixed costs of vmap), where every route is
-#: cheap anyway. The GPU figure is the CPU's, not yet measured on a GPU.
+#: cheap anyway. The GPU figure is the CPU's: on an H200 a probe's kernels cost 0-0.34 pulls at 1-16
+#: rows (the GPU mostly idle) and a forward-mode pass costs torch.func's Python work per layer,
+#: which counts of passes do not describe (benchmarks/bench_cost_model.py, docs/performance.md).
 JVP_IN_PULLS: dict[str, float] = {"cpu": 1.5, "cuda": 1.5}
 
 

@@ -46,11 +46,13 @@ from probust.execution.tuning import (
 CLEAN_ROWS = 256
 #: Points linearised together at most: the mvn-cdf is batched, more points per call gain nothing.
 MAX_POINTS_PER_CHUNK = 1024
-#: Rows per forward-mode pass where the reverse-mode plan runs fewer (budget permitting): forward
-#: mode keeps no graph, so it fits more rows than a backward pass, and a pass of one row wastes a
-#: quarter of it (resnet50 at 224 x 224 on a 2-core CPU: 0.66, 0.56, 0.50, 0.50, 0.51 s per row
-#: of a jvp at 1, 2, 4, 8, 16 rows).
-FORWARD_MODE_ROWS = 8
+#: Rows per forward-mode pass where the reverse-mode plan runs fewer (budget permitting), by device
+#: kind: forward mode keeps no graph, so it fits more rows than a backward pass. On a CPU a pass of
+#: one row wastes a quarter of it (resnet50 at 224 x 224 on a 2-core CPU: 0.66, 0.56, 0.50, 0.50,
+#: 0.51 s per row of a jvp at 1, 2, 4, 8, 16 rows). On a GPU each pass pays torch.func's Python
+#: work per layer (about 50 ms a pass for resnet50 on an H200, more than its kernels' time), so
+#: the sketch's probes of every row go in as few passes as the budget holds.
+FORWARD_MODE_ROWS: dict[str, int] = {"cpu": 8, "cuda": 512}
 #: Rows of the batch a forward plan is timed on, and a Jacobian plan.
 _FORWARD_SAMPLE_ROWS = 8
 _JACOBIAN_SAMPLE_ROWS = 16
@@ -215,12 +217,13 @@ class Execution:
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
         """Rows per forward-mode (jvp) pass: the user's ``batch_size``; else the reverse-mode
-        plan's rows, raised to :data:`FORWARD_MODE_ROWS` where the budget holds them (a jvp holds
+        plan's rows, raised to :data:`FORWARD_MODE_ROWS` of the device where the budget holds them (a jvp holds
         the activations and their tangents, no graph: twice a forward pass without autograd)."""
         if self.batch_size is not None:
             return self.batch_size
         fits = rows_within(self.budget(x), 2 * row_cost(model, x).inference, what="a forward-mode pass")
-        return max(plan.rows, min(FORWARD_MODE_ROWS, fits))
+        most = FORWARD_MODE_ROWS.get(x.device.type, FORWARD_MODE_ROWS["cpu"])
+        return max(plan.rows, min(most, fits))
 
     def pull_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan, copies: int = 1) -> int:
         """Rows per pass of reverse-mode pullbacks (the routes' screenings and exact gradients):
