@@ -117,6 +117,14 @@ MUTANTS = (
             "tests/estimators/test_clock.py",
         ),
     ),
+    # The GPU's sums: a slot's rows added in another order than the CPU's (atomics' kind of bug).
+    Mutant(
+        "sums-into-slots-by-rank-in-reverse",
+        "_segments.py",
+        "for k in range(int(rank.max()) + 1):",
+        "for k in reversed(range(int(rank.max()) + 1)):",
+        ("tests/test_segments.py",),
+    ),
 )
 
 
