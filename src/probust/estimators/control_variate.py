@@ -25,6 +25,7 @@ from probust._stats import upper_rate
 from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.estimators.monte_carlo import DEFAULT_DRAWS
 from probust.estimators.result import Estimate
 from probust.execution.tuning import to_format
 from probust.linearise import plan_blocks, project
@@ -126,7 +127,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
         self,
         model: nn.Module,
         sigma: float | Tensor | Noise,
-        n_samples: int = 10_000,
+        n_samples: int = DEFAULT_DRAWS,
         *,
         target_half_width: float | None = None,
         check_every: int = 500,

@@ -28,6 +28,7 @@ from probust.execution.costs import pull_strategy
 from probust.execution.tuning import JacobianPlan, forward_mode_pays, to_format, weights_in_format
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
+from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
@@ -99,7 +100,7 @@ class Linearised(Estimator):
         sigma: float | Tensor | Noise,
         *,
         cdf: str = "mvn",
-        tol: float = 1e-4,
+        tol: float = DEFAULT_TOL,
         jacobian: str = "auto",
         class_chunk_size: int | None = None,
         differentiable: bool = False,

@@ -18,8 +18,10 @@ from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.linearised import Linearised
 from probust.estimators.mmse import DEFAULT_COPIES, MMSE
+from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS
 from probust.estimators.result import Estimate
 from probust.estimators.taylor import Taylor
+from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise, require_gaussian
 
 LINEARISATIONS = ("taylor", "mmse")
@@ -78,12 +80,12 @@ class LinearisedMonteCarlo(Estimator):
         self,
         model: nn.Module,
         sigma: float | Tensor | Noise,
-        n_samples: int = 10_000,
+        n_samples: int = DEFAULT_DRAWS,
         *,
         linearisation: str = "mmse",
         mmse_samples: int = DEFAULT_COPIES,
-        confidence: float = 0.95,
-        tol: float = 1e-4,
+        confidence: float = DEFAULT_CONFIDENCE,
+        tol: float = DEFAULT_TOL,
         jacobian_batch_size: int | None = None,
         class_chunk_size: int | None = None,
         jacobian: str = "auto",

@@ -24,6 +24,13 @@ from probust.execution.tuning import ForwardPlan, to_format
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise
 
+#: Monte Carlo draws per point by default (the paper's M = 10,000): mc, mc_cv and mc_is's
+#: ``n_samples``, their registry entries and ``probust estimate``'s ``--mc-samples``.
+DEFAULT_DRAWS = 10_000
+#: The Monte Carlo confidence interval's level by default: mc, mc_cv and mc_is's ``confidence``
+#: and ``probust estimate``'s ``--confidence``.
+DEFAULT_CONFIDENCE = 0.95
+
 
 def noisy_predictions(
     model: nn.Module, noise: Noise, x: Tensor, keys: Tensor, start: int, n: int, plan: ForwardPlan
@@ -81,9 +88,9 @@ class MonteCarlo(Estimator):
         self,
         model: nn.Module,
         sigma: float | Tensor | Noise,
-        n_samples: int = 10_000,
+        n_samples: int = DEFAULT_DRAWS,
         *,
-        confidence: float = 0.95,
+        confidence: float = DEFAULT_CONFIDENCE,
         interval: str = "wilson",
         target_half_width: float | None = None,
         check_every: int = 1000,

@@ -19,7 +19,7 @@ from probust.estimators.base import Estimator
 from probust.estimators.control_variate import MonteCarloCV
 from probust.estimators.importance import MonteCarloIS
 from probust.estimators.mmse import MMSE
-from probust.estimators.monte_carlo import MonteCarlo
+from probust.estimators.monte_carlo import DEFAULT_DRAWS, MonteCarlo
 from probust.estimators.softmax import Softmax
 from probust.estimators.taylor import Taylor
 
@@ -90,7 +90,7 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
                 "mc",
                 MonteCarlo,
                 samples="mc",
-                default_samples=10_000,
+                default_samples=DEFAULT_DRAWS,
                 run_options=frozenset({"confidence", "interval", "target_half_width"}),
                 paper=True,
             ),
@@ -137,7 +137,7 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
                 "mc_cv",
                 MonteCarloCV,
                 samples="mc",
-                default_samples=10_000,
+                default_samples=DEFAULT_DRAWS,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples", "target_half_width"}),
                 needs_gaussian=True,
             ),
@@ -145,7 +145,7 @@ REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(
                 "mc_is",
                 MonteCarloIS,
                 samples="mc",
-                default_samples=10_000,
+                default_samples=DEFAULT_DRAWS,
                 run_options=frozenset({"confidence", "tol", "jacobian", "mmse_samples"}),
                 needs_gaussian=True,
             ),

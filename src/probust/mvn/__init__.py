@@ -10,6 +10,7 @@ Modules: ``cdf`` and ``sf`` (the two functions), ``problem`` (checked, standardi
 """
 
 from probust.mvn.cdf import mvn_cdf
+from probust.mvn.problem import DEFAULT_TOL
 from probust.mvn.sf import mvn_sf
 
-__all__ = ["mvn_cdf", "mvn_sf"]
+__all__ = ["DEFAULT_TOL", "mvn_cdf", "mvn_sf"]

@@ -29,7 +29,7 @@ from torch import Tensor
 from probust.mvn.bivariate import BVN_ERROR, bvn_cdf
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.numerics import ndtr
-from probust.mvn.problem import Problem, prepare
+from probust.mvn.problem import DEFAULT_MAX_SAMPLES, DEFAULT_TOL, Problem, prepare
 from probust.mvn.qmc import qmc_cdf
 
 __all__ = ["mvn_cdf"]
@@ -41,8 +41,8 @@ def mvn_cdf(
     upper: Tensor,
     cov: Tensor,
     *,
-    tol: float = 1e-4,
-    max_samples: int = 200_000,
+    tol: float = DEFAULT_TOL,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
     seed: int = 0,
     return_error: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:

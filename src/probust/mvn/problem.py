@@ -52,7 +52,16 @@ class Problem:
         return values.reshape(self.batch_shape)
 
 
-def prepare(upper: Tensor, cov: Tensor, *, tol: float = 1e-4, max_samples: int = 200_000, seed: int = 0) -> Problem:
+#: The mvn-cdf's absolute error tolerance by default: :func:`probust.mvn.mvn_cdf`'s, the
+#: Taylor/MMSE estimators' and mc_cv / mc_is's ``tol`` and ``probust estimate``'s ``--tol``.
+DEFAULT_TOL = 1e-4
+#: The most quasi-Monte Carlo points per problem by default (mvn_cdf's and mvn_sf's ``max_samples``).
+DEFAULT_MAX_SAMPLES = 200_000
+
+
+def prepare(
+    upper: Tensor, cov: Tensor, *, tol: float = DEFAULT_TOL, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0
+) -> Problem:
     """Check the inputs and options (ValueError naming the argument), broadcast, flatten and
     standardise them: the one entry point of every public function over (upper, cov)."""
     upper, cov, batch_shape = check_inputs(upper, cov)

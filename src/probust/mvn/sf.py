@@ -13,7 +13,7 @@ from torch import Tensor
 
 from probust.errors import OptionError
 from probust.mvn.numerics import ndtr
-from probust.mvn.problem import Problem, prepare
+from probust.mvn.problem import DEFAULT_MAX_SAMPLES, Problem, prepare
 from probust.mvn.qmc import qmc_cdf
 
 __all__ = ["mvn_sf"]
@@ -35,7 +35,7 @@ def mvn_sf(
     cov: Tensor,
     *,
     rtol: float = 1e-2,
-    max_samples: int = 200_000,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
     seed: int = 0,
     return_error: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:

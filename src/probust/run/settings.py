@@ -33,10 +33,12 @@ from probust._stats import INTERVALS
 from probust.errors import OptionError, Setting
 from probust.estimators import METHODS, MMSE, PAPER_METHODS, REGISTRY
 from probust.estimators.mmse import DEFAULT_COPIES
+from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS
 from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import RUN_OPTIONS
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
+from probust.mvn import DEFAULT_TOL
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices
 from probust.run.methods import DEFAULT_METHODS
@@ -485,7 +487,7 @@ class DataOptions(SourceOptions):
         check=_methods,
     )
     mc_samples: Sequence[int] = option(
-        (10_000,),
+        (DEFAULT_DRAWS,),
         help=f"Monte Carlo draws per point ({_sampled('mc')}); several values give one row each, for "
         "convergence studies",
         metavar="M",
@@ -585,7 +587,7 @@ class EstimatorOptions(SeedOptions):
         param="temperature",
     )
     tol: float = option(
-        1e-4,
+        DEFAULT_TOL,
         help=f"absolute error tolerance of the mvn-cdf ({_with('tol')})",
         metavar="TOL",
         check=_positive,
@@ -593,7 +595,7 @@ class EstimatorOptions(SeedOptions):
         param="tol",
     )
     ci_level: float = option(
-        0.95,
+        DEFAULT_CONFIDENCE,
         help=f"level of the Monte Carlo confidence interval ({_with('confidence')})",
         flag="--confidence",
         metavar="LEVEL",
