@@ -239,20 +239,19 @@ class PointwiseMethod:
         """Rows per forward pass without autograd (noisy copies) and the memory format
         (:meth:`probust.execution.Execution.forward_plan`).
 
-        With ``noise``, a timed pass also draws and adds the noise, as the real passes do."""
+        With ``noise``, the pass timed is the real one (:func:`noisy_logits`), drawing and adding the noise."""
         if noise is None or not isinstance(self.model, nn.Module):
             return self.execution.forward_plan(self.model, x, total_rows)
         drawn: Noise = noise
         keys = _rng.point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), _rng.STREAM_MC)
+        model = self.model
 
-        def noisy_pass(rows: Tensor) -> object:
-            # As MonteCarlo._count: draw, add the inputs in place, convert to the plan's format.
-            noisy = drawn.sample(keys, 0, rows.shape[0], rows.shape[1:])[0]
-            noisy += rows
+        def one_pass(rows: Tensor) -> object:
+            # The real pass (noisy_logits) over as many copies of one point as the plan's rows.
             channels_last = rows.ndim == 4 and rows.is_contiguous(memory_format=torch.channels_last)
-            return self.model(to_format(noisy, channels_last))
+            return noisy_logits(model, drawn, rows[:1], keys, 0, rows.shape[0], channels_last)
 
-        return self.execution.forward_plan(self.model, x, total_rows, step=noisy_pass)
+        return self.execution.forward_plan(self.model, x, total_rows, step=one_pass)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"
@@ -282,6 +281,21 @@ class Estimator(PointwiseMethod, ABC):
 
     @abstractmethod
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...
+
+
+def noisy_logits(
+    model: nn.Module, noise: Noise, x: Tensor, keys: Tensor, start: int, count: int, channels_last: bool
+) -> Tensor:
+    """Logits [P * count, C] of copies start..start+count-1 of each point x [P, *S] (copy j of
+    point p is ``x[p] + noise.sample(keys[p], start + j)``): one forward pass without autograd, the
+    rows in the plan's memory format. What every Monte Carlo pass runs, and what a forward plan
+    times (:meth:`Estimator._forward_plan`)."""
+    shape = x.shape[1:]
+    # in x's dtype: a float64 model gets float64 copies (a no-op for float32)
+    noisy = noise.sample(keys, start, count, shape).to(x.dtype)
+    noisy += x[:, None]
+    with torch.inference_mode():
+        return model(to_format(noisy.view(-1, *shape), channels_last))
 
 
 def check_noisy_copies(noise: Noise, nonfinite: Tensor, copies: int, indices: Tensor) -> None:

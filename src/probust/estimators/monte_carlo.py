@@ -18,9 +18,9 @@ from probust._checks import (
 )
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
-from probust.estimators.base import Estimator, check_noisy_copies
+from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits
 from probust.estimators.result import Estimate
-from probust.execution.tuning import ForwardPlan, to_format
+from probust.execution.tuning import ForwardPlan
 from probust.linearise import plan_blocks
 from probust.noise import Noise, as_noise
 
@@ -56,13 +56,8 @@ def noisy_predictions(
         classes int64 [P, count] and whether those logits were finite, bool [P, count] (a
         non-finite copy has no prediction: ``predicted`` is meaningless there).
     """
-    shape = x.shape[1:]
     for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
-        # in x's dtype: a float64 model gets float64 copies (a no-op for float32)
-        noisy = noise.sample(keys[points], start + first, count, shape).to(x.dtype)
-        noisy += x[points, None]
-        with torch.inference_mode():
-            logits = model(to_format(noisy.view(-1, *shape), plan.channels_last))
+        logits = noisy_logits(model, noise, x[points], keys[points], start + first, count, plan.channels_last)
         yield points, logits.argmax(dim=1).view(-1, count), finite_rows(logits, count)
 
 
