@@ -4,15 +4,16 @@ Each mutant is a textual replacement in one file of ``src/probust`` that must ma
 (so a refactoring that moves the line fails this check loudly instead of planting nothing). The
 bugs are planted in a temporary copy of ``src/``, never in the working tree, and the tests named
 for each run against that copy (``PYTHONPATH`` puts it ahead of the editable install; the check
-asserts ``probust`` is imported from it). First the same tests run against the unplanted copy and
-must pass: a test that fails on the real code kills nothing.
+asserts ``probust`` is imported from it). The same tests also run against the unplanted copy, beside
+the mutants, and must pass: a test that fails on the real code kills nothing.
 
 The five mutants are the bugs of issue 33 that passed, or nearly passed, the fast suite; the ones
 after them are the same kinds of bug next to them. A mutant survives when its tests pass; the check
 then exits 1 naming it.
 
-    python benchmarks/mutation_check.py            # all mutants (make mutation)
+    python benchmarks/mutation_check.py            # all mutants (make mutation), one per CPU at once
     python benchmarks/mutation_check.py 1 4        # some of them, by number or name
+    python benchmarks/mutation_check.py --jobs 1   # one at a time
     python benchmarks/mutation_check.py --list
 """
 
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,10 +162,18 @@ def _plant(src: Path, mutant: Mutant) -> None:
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
+def _verdict(code: int) -> str | None:
+    """killed (the tests ran and failed), SURVIVED (they passed), or None (pytest's error)."""
+    return {1: "killed", 0: "SURVIVED"}.get(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", nargs="*", help="mutants by number (1-based) or name; default all")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once (default: one per CPU)"
+    )
     args = parser.parse_args(argv)
     if args.list:
         for i, m in enumerate(MUTANTS, 1):
@@ -173,35 +183,47 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         parser.error(f"no mutant matches {args.which}")
     start = time.perf_counter()
-    survivors = []
     with tempfile.TemporaryDirectory(prefix="probust-mutation-") as tmp:
         # Every planted line must be found in the real code before anything runs.
+        sources = {}
         for m in chosen:
-            _plant(_copy_src(Path(tmp) / "probe" / m.name), m)
+            sources[m.name] = _copy_src(Path(tmp) / m.name)
+            _plant(sources[m.name], m)
         tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-        code, out = _run_tests(_copy_src(Path(tmp) / "real"), tests)
-        if code != 0:
-            print(out[-4000:])
-            print(f"the tests fail on the unplanted code (exit {code}): fix them before counting kills")
-            return 1
-        print(f"unplanted: the {len(tests)} test selections pass ({time.perf_counter() - start:.0f} s)")
-        for m in chosen:
+        real = _copy_src(Path(tmp) / "real")
+
+        def timed(src: Path, selection: tuple[str, ...]) -> tuple[int, str, float]:
             t0 = time.perf_counter()
-            src = _copy_src(Path(tmp) / m.name)
-            _plant(src, m)
-            code, out = _run_tests(src, m.tests)
-            if code == 1:  # tests ran and failed: killed
-                verdict = "killed"
-            elif code == 0:
-                verdict = "SURVIVED"
-                survivors.append(m.name)
-            else:
+            code, out = _run_tests(src, selection)
+            return code, out, time.perf_counter() - t0
+
+        # The unplanted run and the mutants side by side (each a pytest process on one CPU); the
+        # verdicts count only once the tests are seen to pass on the unplanted code.
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            unplanted = pool.submit(timed, real, tests)
+            runs = {m.name: pool.submit(timed, sources[m.name], m.tests) for m in chosen}
+            code, out, seconds = unplanted.result()
+            if code != 0:
                 print(out[-4000:])
-                print(f"{m.name}: pytest exit {code} (an error, not a verdict)")
+                print(f"the tests fail on the unplanted code (exit {code}): fix them before counting kills")
                 return 1
-            failed = [line for line in out.splitlines() if line.startswith("FAILED")]
-            print(f"{verdict:8s} {m.name} ({time.perf_counter() - t0:.0f} s) {failed[0] if failed else ''}")
-    print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed in {time.perf_counter() - start:.0f} s")
+            print(f"unplanted: the {len(tests)} test selections pass ({seconds:.0f} s)")
+            survivors = []
+            for m in chosen:
+                code, out, seconds = runs[m.name].result()
+                verdict = _verdict(code)
+                if verdict is None:
+                    print(out[-4000:])
+                    print(f"{m.name}: pytest exit {code} (an error, not a verdict)")
+                    return 1
+                if verdict == "SURVIVED":
+                    survivors.append(m.name)
+                failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+                print(f"{verdict:8s} {m.name} ({seconds:.0f} s) {failed[0] if failed else ''}")
+    print(
+        f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed in {time.perf_counter() - start:.0f} s "
+        f"({args.jobs} at once)"
+    )
     if survivors:
         print("survived: " + ", ".join(survivors))
         return 1
