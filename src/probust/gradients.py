@@ -28,6 +28,7 @@ the other rows of its pass.
 from __future__ import annotations
 
 import contextlib
+import enum
 import warnings
 import weakref
 from collections.abc import Callable
@@ -79,8 +80,37 @@ def cannot_trace(exc: BaseException) -> bool:
     return any(words in message for words in _TRACE_MESSAGES)
 
 
-#: The strategies, as :class:`probust.execution.tuning.JacobianPlan` and the settings name them.
-STRATEGIES = ("loop", "vmap", "forward")
+class Strategy(str, enum.Enum):
+    """How gradients are taken; each value is the name the ``jacobian`` setting gives it.
+
+    The members compare equal to their names (a ``str`` subclass) and print as them.
+    """
+
+    LOOP = "loop"
+    VMAP = "vmap"
+    FORWARD = "forward"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def traced(self) -> bool:
+        """Whether it runs through torch.func (whose first use imports its compiler stack, and
+        which some models cannot trace)."""
+        return self is not Strategy.LOOP
+
+    @property
+    def whole_jacobian(self) -> bool:
+        """Whether one pass gives every class's gradient (forward mode: one probe per input
+        coordinate), whatever margins were asked for."""
+        return self is Strategy.FORWARD
+
+
+#: The strategies' names, as the settings take them.
+STRATEGIES = tuple(strategy.value for strategy in Strategy)
 
 
 class TraceFallbackWarning(RuntimeWarning):
@@ -138,11 +168,13 @@ class Pullback:
         features: [R, F], detached (F = d, the head's inputs, or C).
     """
 
-    def __init__(self, model: nn.Module, rows: Tensor, head: nn.Linear | None, *, strategy: str = "loop") -> None:
+    def __init__(
+        self, model: nn.Module, rows: Tensor, head: nn.Linear | None, *, strategy: Strategy | str = Strategy.LOOP
+    ) -> None:
         self.shape = rows.shape[1:]
         run = features_and_logits(model, head)
         self._pullback: Callable[[Tensor], tuple[Tensor, ...]] | None = None
-        if strategy == "vmap":
+        if Strategy(strategy) is Strategy.VMAP:
             try:
                 # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
                 features, pullback, *aux = torch.func.vjp(run, rows, has_aux=True)
@@ -249,7 +281,7 @@ def pull(
     x: Tensor,
     cotangents_of: Callable[[Tensor], Tensor],
     *,
-    strategy: str,
+    strategy: Strategy | str,
     chunk_size: int | None = None,
     differentiable: bool = False,
     fallback: bool = True,
@@ -265,7 +297,7 @@ def pull(
         fallback: where torch.func cannot trace the model (:func:`cannot_trace`), "vmap" runs
             as "loop" with a :class:`TraceFallbackWarning`; False raises instead.
     """
-    if strategy == "loop":
+    if Strategy(strategy) is Strategy.LOOP:
         return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
     try:
         return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)

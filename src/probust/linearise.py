@@ -20,6 +20,7 @@ from probust import _forward_mode as forward_mode
 from probust import gradients
 from probust._checks import check_target
 from probust._segments import add_rows
+from probust.gradients import Strategy
 
 
 def margins(logits: Tensor, target: Tensor) -> Tensor:
@@ -39,7 +40,7 @@ def logit_jacobian(
     *,
     class_chunk_size: int | None = None,
     differentiable: bool = False,
-    strategy: str = "vmap",
+    strategy: Strategy | str = Strategy.VMAP,
     classes: Tensor | None = None,
     fallback: bool = True,
 ) -> tuple[Tensor, Tensor]:
@@ -62,7 +63,7 @@ def logit_jacobian(
         fallback: on a model torch.func cannot trace, fall back to "loop" with a
             :class:`~probust.gradients.TraceFallbackWarning` (False: raise).
     """
-    if strategy == "forward":
+    if Strategy(strategy).whole_jacobian:
         logits, grads = gradients.forward_jacobian(
             model, x, chunk_size=class_chunk_size, differentiable=differentiable, fallback=fallback
         )
@@ -97,7 +98,7 @@ def margin_jacobian(
     *,
     class_chunk_size: int | None = None,
     differentiable: bool = False,
-    strategy: str = "vmap",
+    strategy: Strategy | str = Strategy.VMAP,
     fallback: bool = True,
     limit: int | None = None,
     classes: Tensor | None = None,
@@ -138,7 +139,7 @@ def margin_jacobian(
             cot = cot * (others.T != t).unsqueeze(2)
         return cot
 
-    if strategy == "forward":
+    if Strategy(strategy).whole_jacobian:
         logits, jacobian = gradients.forward_jacobian(
             model, x, chunk_size=class_chunk_size, differentiable=differentiable, fallback=fallback
         )
@@ -210,7 +211,7 @@ def smoothed_margin_jacobian(
     batch_size: int,
     class_chunk_size: int | None = None,
     differentiable: bool = False,
-    strategy: str = "vmap",
+    strategy: Strategy | str = Strategy.VMAP,
     to_rows: Callable[[Tensor], Tensor] | None = None,
     classes: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:

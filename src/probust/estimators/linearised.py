@@ -26,6 +26,7 @@ from probust.execution import cost_model
 from probust.execution.budget import row_cost
 from probust.execution.costs import pull_strategy
 from probust.execution.tuning import JacobianPlan, forward_mode_pays, to_format, weights_in_format
+from probust.gradients import Strategy
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -84,7 +85,7 @@ def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: i
             to_format(rows, plan.channels_last),
             class_chunk_size=plan.class_chunk,
             strategy=plan.strategy,
-            limit=None if plan.strategy == "forward" else margins,
+            limit=None if plan.strategy.whole_jacobian else margins,
             fallback=False,
         )
 
@@ -141,7 +142,7 @@ class Linearised(Estimator):
                 listed = [part for i, reason in enumerate(reasons) for part in ((", ",) if i else ()) + (reason,)]
                 raise OptionError("'on' cannot be combined with ", *listed, "; use 'auto' or 'off'", field="prune")
         check_choice(route, routes.ROUTE_CHOICES, "route")
-        if route != "auto" and (self.prune == "off" or differentiable or self.jacobian == "forward"):
+        if route != "auto" and (self.prune == "off" or differentiable or self.jacobian == Strategy.FORWARD):
             raise OptionError(
                 f"{route!r} needs ",
                 Setting("prune"),
@@ -277,7 +278,7 @@ class Linearised(Estimator):
         Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
         before anything is timed: C, the head's width, the input size and the probes'
         declared cost. Forward mode counts only where one untimed probe shows it runs."""
-        if self.prune == "off" or self.differentiable or self.execution.jacobian == "forward":
+        if self.prune == "off" or self.differentiable or self.jacobian == Strategy.FORWARD:
             return None
         if not isinstance(self.model, nn.Module):
             return None
@@ -337,7 +338,7 @@ class Linearised(Estimator):
         """Whether :meth:`linearise` takes every gradient by forward mode: asked for, or by
         counts (:func:`probust.execution.tuning.forward_mode_pays`) where ``jacobian="auto"``."""
         if self.jacobian != "auto" or self.differentiable or not isinstance(self.model, nn.Module):
-            return self.jacobian == "forward"
+            return self.jacobian == Strategy.FORWARD
         return forward_mode_pays(self.model, x, x[0].numel(), row_cost(self.model, x).classes)
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:

@@ -49,7 +49,7 @@ from probust.errors import OptionError
 from probust.estimators import pruning
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
 from probust.execution.tuning import JacobianPlan, to_format
-from probust.gradients import Pullback, features_and_logits
+from probust.gradients import Pullback, Strategy, features_and_logits
 from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
 from probust.noise import Noise
 
@@ -78,7 +78,7 @@ class Context:
     Attributes:
         model: in eval mode (weights already in the plan's memory format).
         head: the model's linear head, or None.
-        plan: rows per pass, strategy ("loop", "vmap" or "forward"), format.
+        plan: rows per pass, strategy (:class:`probust.gradients.Strategy`), format.
         noise: Gaussian or not (the covariance S of the variances).
         tol: the mvn-cdf's tolerance (pruning shares of it).
         seed: the estimator's seed (probes' random streams).
@@ -88,7 +88,7 @@ class Context:
             inf where forward mode was found not to run through the model. Where it was not
             probed yet, a point whose route wants the sketch probes it first
             (:func:`probust.gradients.forward_mode_runs`).
-        pull: how the pulls run, "loop" or "vmap" (:func:`probust.execution.costs.pull_strategy`:
+        pull: how the pulls run, by loop or vmap (:func:`probust.execution.costs.pull_strategy`:
             speed and rounding only).
         probe_rows: rows per forward-mode pass of the sketch
             (:meth:`probust.execution.Execution.forward_mode_rows`).
@@ -108,7 +108,7 @@ class Context:
     seed: int
     prune: bool
     jvp: float
-    pull: str
+    pull: Strategy
     probe_rows: int
     pull_rows: int
     graph_rows: int
@@ -577,7 +577,7 @@ def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:
             ctx.model,
             to_format(rows[block], ctx.plan.channels_last),
             row_target[block],
-            strategy="forward",
+            strategy=Strategy.FORWARD,
             class_chunk_size=ctx.plan.class_chunk,
         )
         parts.append(u)

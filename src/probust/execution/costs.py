@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from probust.execution import plan_cache
 from probust.execution.tuning import VMAP_PAYS, JacobianPlan, sync, to_format
-from probust.gradients import VMAP_STEP, Pullback
+from probust.gradients import VMAP_STEP, Pullback, Strategy
 
 
 @dataclass(frozen=True)
@@ -44,21 +44,22 @@ class PullCosts:
         return self.vmapped <= VMAP_PAYS * self.loop
 
 
-def pull_strategy(model: nn.Module, head: nn.Linear | None, x: Tensor, plan: JacobianPlan) -> str:
-    """How the routes pull on rows like ``x``: "loop" unless the plan takes vmap and the measured
+def pull_strategy(model: nn.Module, head: nn.Linear | None, x: Tensor, plan: JacobianPlan) -> Strategy:
+    """How the routes pull on rows like ``x``: by loop unless the plan takes vmap and the measured
     :class:`PullCosts` show it pays (measured only then, once per model, shape and plan)."""
-    if plan.strategy != "vmap":
-        return "loop"
+    if plan.strategy is not Strategy.VMAP:
+        return Strategy.LOOP
     key = ("pull-costs", x.device, x.dtype, tuple(x.shape[1:]), plan.channels_last, head is None)
     cache_key = plan_cache.plan_key(model, x.device, key)
     costs = plan_cache.lookup(model, cache_key, PullCosts)
     if not isinstance(costs, PullCosts):
         rows = to_format(x[:1].expand(2, *x.shape[1:]).contiguous(), plan.channels_last)
         costs = PullCosts(
-            vmapped=_pull_seconds(model, head, rows, "vmap"), loop=_pull_seconds(model, head, rows, "loop")
+            vmapped=_pull_seconds(model, head, rows, Strategy.VMAP),
+            loop=_pull_seconds(model, head, rows, Strategy.LOOP),
         )
         plan_cache.store(model, cache_key, costs)
-    return "vmap" if costs.vmap_pays else "loop"
+    return Strategy.VMAP if costs.vmap_pays else Strategy.LOOP
 
 
 #: A first timed pull at least this long is kept: the set-up a first call pays (kernels, caches) is
@@ -66,10 +67,10 @@ def pull_strategy(model: nn.Module, head: nn.Linear | None, x: Tensor, plan: Jac
 _SETTLED_SECONDS = 0.5
 
 
-def _pull_seconds(model: nn.Module, head: nn.Linear | None, rows: Tensor, strategy: str) -> float:
+def _pull_seconds(model: nn.Module, head: nn.Linear | None, rows: Tensor, strategy: Strategy | str) -> float:
     """Seconds per row and cotangent of pulls by ``strategy`` on ``rows``: vmap a full step (it
     pulls VMAP_STEP cotangents whatever fewer are asked for), the loop two cotangents."""
-    count = VMAP_STEP if strategy == "vmap" else 2
+    count = VMAP_STEP if Strategy(strategy) is Strategy.VMAP else 2
     pb = Pullback(model, rows, head, strategy=strategy)
     cotangents = torch.ones(count, *pb.features.shape, dtype=pb.features.dtype, device=rows.device)
     seconds = math.inf

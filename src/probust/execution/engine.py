@@ -40,6 +40,7 @@ from probust.execution.tuning import (
     plan_jacobian,
     weights_in_format,
 )
+from probust.gradients import Strategy
 
 #: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
 #: any memory limit.
@@ -235,11 +236,11 @@ class Execution:
         counting rows, 32 rows held 6 points of 5 copies and MMSE screened 16 points in 3 groups."""
         if self.batch_size is not None:
             return plan.rows
-        points = DEFAULT_JACOBIAN_ROWS if plan.strategy == "forward" else plan.rows
+        points = DEFAULT_JACOBIAN_ROWS if plan.strategy.whole_jacobian else plan.rows
         if points * copies <= plan.rows:
             return plan.rows
         cost = row_cost(model, x)
-        per_row = jacobian_row_bytes(cost, "loop", cost.classes, None)
+        per_row = jacobian_row_bytes(cost, Strategy.LOOP, cost.classes, None)
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
         return max(plan.rows, min(points * copies, fits))
 

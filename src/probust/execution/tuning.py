@@ -37,14 +37,14 @@ from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
 from probust.execution.cost_model import jvp_in_pulls
-from probust.gradients import cannot_trace, forward_mode_runs
+from probust.gradients import STRATEGIES, Strategy, cannot_trace, forward_mode_runs
 
 #: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
 #: "vmap" (torch.func: all classes' backward passes vectorised, in class chunks), "forward"
 #: (torch.func forward mode: one Jacobian-vector product per input coordinate; for inputs
 #: with fewer coordinates than classes). "auto": forward mode where the counts say it pays
 #: (:func:`forward_mode_pays`), else loop or vmap, whichever is measured faster.
-JACOBIANS = ("auto", "loop", "vmap", "forward")
+JACOBIANS = ("auto", *STRATEGIES)
 
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
 PLANNING_SHARE = 0.1
@@ -83,10 +83,14 @@ class ForwardPlan:
 class JacobianPlan:
     """How to compute input Jacobians: strategy, rows per pass, classes per vmapped pass."""
 
-    strategy: str
+    strategy: Strategy
     rows: int
     class_chunk: int | None
     channels_last: bool
+
+    def __post_init__(self) -> None:
+        # A plan read back from the plan cache names its strategy.
+        object.__setattr__(self, "strategy", Strategy(self.strategy))
 
 
 def _cached(model: nn.Module, key: tuple, kind: type) -> ForwardPlan | JacobianPlan | None:
@@ -315,15 +319,16 @@ def forward_mode_pays(model: nn.Module, x: Tensor, inputs: int, classes: int) ->
     return inputs * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
 
 
-def jacobian_row_bytes(cost: RowCost, strategy: str, classes: int, class_chunk: int | None) -> int:
+def jacobian_row_bytes(cost: RowCost, strategy: Strategy | str, classes: int, class_chunk: int | None) -> int:
     """Bytes per row of one Jacobian pass: the pass itself and the [C, *S] Jacobian it returns
     (about three copies of it live at once: per-class gradients, the stacked Jacobian and
     the margin gradients made from it)."""
     jacobian = 3 * classes * cost.input
-    if strategy == "loop":
+    strategy = Strategy(strategy)
+    if strategy is Strategy.LOOP:
         return cost.backward + jacobian
     chunk = classes if class_chunk is None else class_chunk
-    if strategy == "vmap":
+    if strategy is Strategy.VMAP:
         return cost.saved + chunk * (3 * cost.largest + 2 * cost.input) + jacobian
     return 2 * chunk * (3 * cost.largest + 2 * cost.input) + jacobian  # forward mode
 
@@ -365,21 +370,22 @@ def plan_jacobian(
     if differentiable or not can_use_channels_last(model, x):
         channels_last = False
     if strategy == "auto" and not differentiable and forward_mode_pays(model, x, d, classes):
-        strategies = ["forward"]  # decided by counts (a different computation), never timed
+        strategies = [Strategy.FORWARD]  # decided by counts (a different computation), never timed
     elif strategy == "auto":
         # The default (timed first, kept where there is no time to time more) by device: a CPU
         # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
         # Loop and vmap pull the same cotangents: timing them changes speed and rounding only.
-        strategies = ["vmap", "loop"] if x.device.type == "cuda" else ["loop", "vmap"]
+        pair = [Strategy.LOOP, Strategy.VMAP]
+        strategies = pair[::-1] if x.device.type == "cuda" else pair
     else:
-        strategies = [strategy]
+        strategies = [Strategy(strategy)]
     formats = [False, True] if channels_last is None else [channels_last]
 
-    def fitted(name: str, rows_wanted: int) -> JacobianPlan:
+    def fitted(name: Strategy, rows_wanted: int) -> JacobianPlan:
         chunk = class_chunk
-        if name in ("vmap", "forward") and chunk is None:
-            width = classes if name == "vmap" else d
-            per_class = (3 * cost.largest + 2 * cost.input) * (2 if name == "forward" else 1)
+        if name.traced and chunk is None:
+            width = d if name.whole_jacobian else classes
+            per_class = (3 * cost.largest + 2 * cost.input) * (2 if name.whole_jacobian else 1)
             fixed = rows_wanted * (cost.saved + 3 * classes * cost.input)
             chunk = max(1, min(width, (budget - fixed) // max(1, rows_wanted * per_class)))
             chunk = None if chunk >= width else int(chunk)
@@ -430,9 +436,9 @@ def _measure_jacobian(
     key: tuple,
     x: Tensor,
     classes: int,
-    strategies: list[str],
+    strategies: list[Strategy],
     formats: list[bool],
-    fitted: Callable[[str, int], JacobianPlan],
+    fitted: Callable[[Strategy, int], JacobianPlan],
     run: Callable[[JacobianPlan, Tensor, int], object],
     rows: int | None,
     total_rows: int,
@@ -461,7 +467,7 @@ def _measure_jacobian(
     candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
     default_rows = rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS)
 
-    def planned(strategy: str, channels_last: bool, rows_wanted: int) -> JacobianPlan:
+    def planned(strategy: Strategy, channels_last: bool, rows_wanted: int) -> JacobianPlan:
         base = fitted(strategy, rows_wanted)
         return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
 
@@ -479,7 +485,7 @@ def _measure_jacobian(
     def per_row(plan: JacobianPlan, seconds: float) -> float:
         # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
         # computes the whole Jacobian whatever the subset.
-        scale = 1.0 if plan.strategy == "forward" else max(passes, 1) / margins
+        scale = 1.0 if plan.strategy.whole_jacobian else max(passes, 1) / margins
         return seconds * scale / plan.rows
 
     failures: list[Exception] = []
@@ -494,7 +500,7 @@ def _measure_jacobian(
                 allowance.estimate = per_row(plan, seconds) * total_rows
                 others = candidates[index + 1 :]
                 # the first torch.func call imports its compiler stack: paid once per process
-                startup = torch_func_startup() if any(s in ("vmap", "forward") for s, _ in others) else 0.0
+                startup = torch_func_startup() if any(s.traced for s, _ in others) else 0.0
                 if not allowance.affords(len(others) * (1 + _TIMED_CALLS) * seconds + startup):
                     return planned(strategy, channels_last, default_rows), False
             else:
@@ -507,7 +513,7 @@ def _measure_jacobian(
             failures.append(exc)
             continue
         cost = per_row(plan, seconds)
-        if plan.strategy == "vmap" and x.device.type != "cuda":
+        if plan.strategy is Strategy.VMAP and x.device.type != "cuda":
             cost /= VMAP_PAYS  # the trial flatters vmap on a CPU (see the docstring)
         if best is None or cost < best[0]:
             best = (cost, plan)
