@@ -29,7 +29,7 @@ sigma: per model, head and method, set by bisection so that the K-class model's 
   the first K points and scales it to all (it costs C - 1 backward passes per point and copy);
 - agreement: max |p_auto - p_ref| and ``over``, the points where it exceeds the two runs' stated
   errors (+1e-5 for float rounding): the reference is ``prune="off"`` on the same model (on the
-  ``--direct-points``), and for the trained head also the 10-class model (the far classes cannot move
+  ``--direct-points``), and for the trained head also the K-class twin (the far classes cannot move
   p, so it is exact on every point; without ``direct`` in ``--alone`` it is the only one);
 - the peak memory each call adds (resident-set high-water mark, MB), the routes the points took and
   the boundaries they kept;
