@@ -49,6 +49,20 @@ class Linearisation(NamedTuple):
     normal: Tensor
 
 
+class _Problem(NamedTuple):
+    """The mvn problem of a group of points.
+
+    Attributes:
+        columns: int64 [n, K], each column's class (the target's column, and padding, hold the target).
+        normal: [n, K, *S], u in column order (0 at the target's column and on padding).
+        std: its standardised form (z [n, K], correlations of the columns other than the target's).
+    """
+
+    columns: Tensor
+    normal: Tensor
+    std: maps.Standardised
+
+
 def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
     """Refuse margins or margin gradients that are NaN or inf (a model whose Jacobian is not
     finite somewhere, e.g. sqrt at 0): p could not be linearised there, naming the points."""
@@ -211,16 +225,14 @@ class Linearised(Estimator):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
                 if ctx is None:
-                    linearisation = self.linearise(x[rows], chunk_target, indices[rows])
-                    _check_finite(linearisation, indices[rows])
-                    part = self._from_linearisation(*linearisation)
-                    part.route = torch.full_like(part.target, direct_route)
-                    _, margin, normal = linearisation
-                    classes = torch.arange(margin.shape[1], device=margin.device).expand_as(margin)
-                    self._check(part, x[rows], indices[rows], [(slice(None), classes, margin, normal)])
+                    # every margin's gradient directly: every boundary kept
+                    lin = self.linearise(x[rows], chunk_target, indices[rows])
+                    routed = routes.Routed(
+                        lin.target, lin.margin, None, lin.normal, torch.full_like(lin.target, direct_route)
+                    )
                 else:
-                    part = self._routed(ctx, x[rows], chunk_target, indices[rows])
-                parts.append(part)
+                    routed = self._routed(ctx, x[rows], chunk_target, indices[rows])
+                parts.append(self._from_routed(routed, x[rows], indices[rows]))
                 bar.update(rows.stop - rows.start)
         estimate = Estimate.cat(parts)
         # One warning per call, after every chunk: stacklevel 3 from here is the caller of __call__.
@@ -341,46 +353,73 @@ class Linearised(Estimator):
             return self.jacobian == Strategy.FORWARD
         return forward_mode_pays(self.model, x, x[0].numel(), row_cost(self.model, x).classes)
 
-    def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
-        """The estimate of a chunk of points by :func:`probust.estimators.routes.linearise`."""
+    def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> routes.Routed:
+        """The linearisation of a chunk of points by :func:`probust.estimators.routes.linearise`."""
         target = self._target(x, target)
         with self.execution.in_format(self.model, ctx.plan):
-            routed = routes.linearise(ctx, self._copies(x, indices), target, indices)
+            return routes.linearise(ctx, self._copies(x, indices), target, indices)
+
+    def _from_routed(self, routed: routes.Routed, x: Tensor, indices: Tensor) -> Estimate:
+        """The estimate of a chunk of points from its linearisation, whatever the route: the
+        boundaries each point keeps (every one where nothing was pruned) make its problem.
+
+        Points are grouped by their problem's width (a power of two, :func:`pruning.by_width`;
+        one group where every boundary is kept), each group standardised apart (its covariance's
+        matrix product has a shape that depends on the point alone), then one mvn-cdf call takes
+        them all: its values do not depend on the batch nor on +inf padding, and its fixed cost is
+        paid once per chunk.
+
+        Args:
+            routed: the chunk's :class:`probust.estimators.routes.Routed` (``kept`` None: every
+                boundary kept, ``normal`` [P, C, *S] in class order).
+            x: [P, *S], the chunk's points.
+            indices: int64 [P], their data-set indices.
+        """
         _check_finite(Linearisation(routed.target, routed.margin, routed.normal), indices)
-        if routed.kept is None:
-            part = self._from_linearisation(routed.target, routed.margin, routed.normal)
-            part.route = routed.route
-            classes = torch.arange(routed.margin.shape[1], device=x.device).expand_as(routed.margin)
-            self._check(part, x, indices, [(slice(None), classes, routed.margin, routed.normal)])
-            return part
-        # Each width group is standardised apart (its covariance's matrix product has a shape
-        # that depends on the point alone), then one mvn-cdf call takes them all: its values do
-        # not depend on the batch nor on +inf padding, and its fixed cost is paid once per chunk.
-        groups, order = [], []
-        for index, group in pruning.by_width(routed.kept, routed.target):
-            normal = _pad_or_cut(routed.normal[index], group.classes.shape[1])
-            groups.append(
-                (group, normal, self._standardise_kept(routed.target[index], routed.margin[index], normal, group))
-            )
-            order.append(index)
-        p, err = maps.mvn_probability(
-            maps.stack([std for _, _, std in groups]), tol=self.tol - routed.kept.reserved, seed=self.seed
+        groups: list[tuple[Tensor, pruning.Pruned | None]] = (
+            [(torch.arange(len(routed.target), device=x.device), None)]
+            if routed.kept is None
+            else list(pruning.by_width(routed.kept, routed.target))
         )
+        problems = [self._problem(routed, index, kept) for index, kept in groups]
+        std = maps.stack([problem.std for problem in problems])
+        p_fail = fail_error = None
+        if self.cdf == "mvn":
+            reserved = 0.0 if routed.kept is None else routed.kept.reserved
+            p, err = maps.mvn_probability(std, tol=self.tol - reserved, seed=self.seed)
+            if self.p_fail:
+                p_fail, fail_error = maps.mvn_fail_probability(std, rtol=self.fail_rtol, seed=self.seed)
+        else:
+            p, err = maps.mv_sigmoid(std.z_others), None
+            if self.p_fail:  # a closed form: exact up to rounding
+                p_fail = maps.mv_sigmoid_fail(std.z_others)
+                fail_error = torch.zeros_like(p_fail)
         parts, first = [], 0
-        for (group, normal, std), index in zip(groups, order):
+        for (index, kept), problem in zip(groups, problems):
             here = slice(first, first + len(index))
             first += len(index)
             parts.append(
-                self._from_kept(routed.target[index], routed.margin[index], normal, group, std, p[here], err[here])
+                self._result(
+                    routed.target[index],
+                    routed.margin[index],
+                    problem,
+                    kept,
+                    p[here],
+                    None if err is None else err[here],
+                    None if p_fail is None else p_fail[here],
+                    None if fail_error is None else fail_error[here],
+                )
             )
-        estimate = _in_order(parts, order)
+        estimate = parts[0] if routed.kept is None else _in_order(parts, [index for index, _ in groups])
         estimate.route = routed.route
-        # Each point's kept boundaries at its group's width (a shape that depends on the point alone).
         self._check(
             estimate,
             x,
             indices,
-            [(index, group.classes, routed.margin[index], normal) for (group, normal, _), index in zip(groups, order)],
+            [
+                (index, problem.columns, routed.margin[index], problem.normal)
+                for (index, _), problem in zip(groups, problems)
+            ],
         )
         return estimate
 
@@ -410,59 +449,55 @@ class Linearised(Estimator):
             passes=passes,
         )
 
-    def _from_linearisation(self, target: Tensor, c: Tensor, u: Tensor) -> Estimate:
-        std = maps.standardise(c, u, target, self.noise)
-        p_fail = fail_error = None
-        if self.cdf == "mvn":
-            p, err = maps.mvn_probability(std, tol=self.tol, seed=self.seed)
-            if self.p_fail:
-                p_fail, fail_error = maps.mvn_fail_probability(std, rtol=self.fail_rtol, seed=self.seed)
-        else:
-            p, err = maps.mv_sigmoid(std.z_others), None
-            if self.p_fail:  # a closed form: exact up to rounding
-                p_fail = maps.mv_sigmoid_fail(std.z_others)
-                fail_error = torch.zeros_like(p_fail)
-        return Estimate(
-            p=p,
-            target=target,
-            method=self.method,
-            margin=c,
-            grad_norm=u.detach().flatten(2).norm(dim=2),  # a diagnostic: no graph (norm'(0) is NaN)
-            z=std.z,
-            cdf_error=err,
-            p_fail=p_fail,
-            p_fail_error=fail_error,
-            boundaries_kept=torch.full_like(target, c.shape[1] - 1),
-        )
-
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""
         return x[:, None]
 
-    def _standardise_kept(self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned) -> maps.Standardised:
-        """The reduced problem of the kept boundaries: column 0 is the target; padding columns
-        get a positive margin and a zero gradient (z = +inf)."""
-        points = c.shape[0]
+    def _problem(self, routed: routes.Routed, index: Tensor, kept: pruning.Pruned | None) -> _Problem:
+        """The mvn problem of the points ``index`` of a chunk: every boundary in class order (the
+        target's own column, with its zero gradient, is no constraint), or the boundaries ``kept``
+        holds after a column for the target; padding columns get a positive margin and a zero
+        gradient (z = +inf)."""
+        if kept is None:  # the whole chunk, in order: its tensors as they are (no copy of the normals)
+            target, c, normal = routed.target, routed.margin, routed.normal
+            columns = torch.arange(c.shape[1], device=c.device).expand_as(c)
+            return _Problem(columns, normal, maps.standardise(c, normal, target, self.noise))
+        target, c = routed.target[index], routed.margin[index]
+        normal = _pad_or_cut(routed.normal[index], kept.classes.shape[1])
         pad = kept.classes == target[:, None]
-        reduced_c = torch.cat([c.new_zeros(points, 1), torch.where(pad, 1.0, c.gather(1, kept.classes))], dim=1)
-        reduced_u = torch.cat([torch.zeros_like(u[:, :1]), u], dim=1)
-        return maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
+        reduced_c = torch.cat([c.new_zeros(len(index), 1), torch.where(pad, 1.0, c.gather(1, kept.classes))], dim=1)
+        reduced_u = torch.cat([torch.zeros_like(normal[:, :1]), normal], dim=1)
+        std = maps.standardise(reduced_c, reduced_u, torch.zeros_like(target), self.noise)
+        return _Problem(torch.cat([target[:, None], kept.classes], dim=1), reduced_u, std)
 
-    def _from_kept(
-        self, target: Tensor, c: Tensor, u: Tensor, kept: pruning.Pruned, std: maps.Standardised, p: Tensor, err: Tensor
+    def _result(
+        self,
+        target: Tensor,
+        c: Tensor,
+        problem: _Problem,
+        kept: pruning.Pruned | None,
+        p: Tensor,
+        err: Tensor | None,
+        p_fail: Tensor | None,
+        fail_error: Tensor | None,
     ) -> Estimate:
-        """Like :meth:`_from_linearisation`, from the reduced problem's probability p and error."""
-        z = kept.z_lower.scatter(1, kept.classes, std.z[:, 1:])
-        norms = u.flatten(2).norm(dim=2)
-        # Padding scatters its zero norm onto the target, where it belongs.
-        grad_norm = torch.full_like(c, torch.nan).scatter(1, target[:, None], 0.0).scatter(1, kept.classes, norms)
+        """The estimate of a group of points from its problem's probability ``p`` and error
+        (None: the mv-sigmoid), in class space: z and the gradient norms of the boundaries the
+        problem holds; a dropped boundary's z is its lower bound and its norm NaN."""
+        floor = torch.full(c.shape, torch.inf, dtype=torch.float64, device=c.device) if kept is None else kept.z_lower
+        z = floor.scatter(1, problem.columns, problem.std.z)
+        norms = problem.normal.detach().flatten(2).norm(dim=2)  # a diagnostic: no graph (norm'(0) is NaN)
+        # The target's column (and padding) scatters its zero norm onto the target, where it belongs.
+        grad_norm = torch.full_like(c, torch.nan).scatter(1, problem.columns, norms)
         return Estimate(
             p=p,
             target=target,
             method=self.method,
             margin=c,
-            grad_norm=grad_norm,
+            grad_norm=grad_norm.detach(),
             z=z,
-            cdf_error=err + kept.bound,
-            boundaries_kept=kept.kept,
+            cdf_error=err if err is None or kept is None else err + kept.bound,
+            p_fail=p_fail,
+            p_fail_error=fail_error,
+            boundaries_kept=torch.full_like(target, c.shape[1] - 1) if kept is None else kept.kept,
         )
