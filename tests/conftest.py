@@ -1,5 +1,5 @@
 """Shared fixtures: small models whose exact p_robust is known, and the paper's Fashion-MNIST CNN
-(session-scoped, for the slow tests)."""
+(session-scoped, for the slow tests); and the slow suite's order, longest first."""
 
 from __future__ import annotations
 
@@ -10,6 +10,24 @@ import pytest
 import torch
 
 from tests._helpers import linear_model, require_fashion_mnist
+
+TRAINED_CNN = "fashion_mnist_cnn"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests sharing the trained CNN first, together, then the rest by their declared cost
+    (``@pytest.mark.slow(seconds=...)``: one thread, this project's 2-core machine), longest first.
+
+    CI's slow suite runs on 2 workers by work stealing: each takes half of this order and the idle
+    one steals the other's tail. Together and first, the trained-CNN tests stay on one worker, so
+    that no worker idles on the training's lock (82 s); longest first, no long test starts last.
+    Stable: tests with no declared cost (the whole fast suite) keep their order.
+    """
+
+    def seconds(item) -> float:
+        return max((float(m.kwargs.get("seconds", 0)) for m in item.iter_markers("slow")), default=0.0)
+
+    items.sort(key=lambda item: (TRAINED_CNN not in getattr(item, "fixturenames", ()), -seconds(item)))
 
 
 @pytest.fixture(autouse=True)

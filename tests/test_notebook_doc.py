@@ -54,7 +54,7 @@ def test_the_page_has_a_block_for_each_part():
     assert all(out is not None for _, out in blocks()), "every block shows its output"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=36)
 def test_every_block_runs_and_prints_what_the_page_shows(tmp_path):
     pairs = blocks()
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PROBUST_CACHE_DIR": "off", "MPLBACKEND": "Agg"}

@@ -108,7 +108,7 @@ def _files(folder):
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_demo_quick_end_to_end_then_reuses_everything(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0

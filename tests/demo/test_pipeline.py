@@ -90,7 +90,7 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, no_work):
     assert no_work["models"] == [] and not (tmp_path / "demo.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=41)
 def test_demo_numbers_do_not_depend_on_the_number_of_worker_processes(tmp_path, capfd):
     one = demo.run_demo(tmp_path / "one", data="digits", quick=True, jobs=1)
     two = demo.run_demo(tmp_path / "two", data="digits", quick=True, jobs=2, verbose=False)

@@ -56,7 +56,7 @@ def test_a_fixed_plan_gives_the_same_bits_whatever_the_clock():
         assert differ == [], differ
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=24)
 def test_defaults_give_the_same_routes_whatever_the_clock_and_p_within_rounding():
     """The defaults time loop against vmap and the memory format (speed and float rounding only):
     every point keeps its route, and p moves by float rounding at most."""

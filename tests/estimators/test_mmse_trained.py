@@ -34,7 +34,7 @@ MMSE_SAMPLES = 10
 MEAN_ABS_BOUND = {0.05: 0.0052, 0.1: 0.018, 0.2: 0.053}  # 1.5 x the measurement above
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 @pytest.mark.parametrize("sigma", list(MEAN_ABS_BOUND))
 def test_mmse_is_close_to_monte_carlo_on_the_trained_fashion_mnist_cnn(fashion_mnist_cnn, sigma):
     # One test per sigma: CI's workers take them as they free up (about 100 s each).

@@ -235,7 +235,7 @@ def test_the_runner_records_agreement(tmp_path):
     assert df[df.method == "mc"].agreement.isna().all()
 
 
-@pytest.mark.slow  # a fresh interpreter and a ResNet18 on the CPU (about a minute)
+@pytest.mark.slow(seconds=28)  # a fresh interpreter and a ResNet18 on the CPU
 def test_the_docs_snippet_prints_what_the_page_shows(tmp_path):
     # docs/estimators.md, "Can I trust this estimate?": the code block, then its output (the
     # warning, wrapped for the page, on stderr; the printed lines on stdout).

@@ -195,7 +195,7 @@ def scipy_singular_cdf(z: np.ndarray, u: np.ndarray) -> float:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=27)
 def test_scipys_singular_integrator_is_within_its_error_of_the_exact_rank2_values():
     # The reference of the rank-12 test below, checked against the exact rank-2 values of the
     # same kind of problem (measured 1.4e-6 to 3.5e-6 off at abseps 1e-6).
@@ -209,10 +209,16 @@ def test_scipys_singular_integrator_is_within_its_error_of_the_exact_rank2_value
 
 
 RANK12 = [i for i, (_, rank, _) in enumerate(SPECS) if rank == 12]
+RANK12_SECONDS = {60: 13, 82: 23, 120: 58}  # scipy's time grows with k
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("i", RANK12, ids=[f"k{SPECS[i][0]}" for i in RANK12])
+@pytest.mark.parametrize(
+    "i",
+    [
+        pytest.param(i, id=f"k{SPECS[i][0]}", marks=pytest.mark.slow(seconds=RANK12_SECONDS.get(SPECS[i][0], 5)))
+        for i in RANK12
+    ],
+)
 def test_in_batch_values_of_rank12_problems_match_scipy(i):
     # No closed form at rank 12: the reference is scipy's integrator (checked above). One test per
     # problem (scipy takes seconds to a minute each), so that CI's workers share them.

@@ -253,15 +253,15 @@ def test_a_point_stopped_by_max_samples_reports_an_error_above_tol_that_still_co
 @pytest.mark.parametrize(
     "family, k, tol, n",
     [
-        ("one-factor", 30, 1e-4, 150),
-        ("one-factor", 30, 1e-5, 60),
-        ("one-factor", 60, 1e-4, 120),
-        ("one-factor", 60, 1e-5, 30),
-        ("one-factor", 99, 1e-4, 120),
-        ("one-factor", 99, 1e-5, 20),
-        ("factor-chain", 30, 1e-4, 150),
-        ("factor-chain", 60, 1e-4, 120),
-        ("factor-chain", 99, 1e-4, 120),
+        pytest.param("one-factor", 30, 1e-4, 150, marks=pytest.mark.slow(seconds=7)),
+        pytest.param("one-factor", 30, 1e-5, 60, marks=pytest.mark.slow(seconds=6)),
+        pytest.param("one-factor", 60, 1e-4, 120, marks=pytest.mark.slow(seconds=26)),
+        pytest.param("one-factor", 60, 1e-5, 30, marks=pytest.mark.slow(seconds=8)),
+        pytest.param("one-factor", 99, 1e-4, 120, marks=pytest.mark.slow(seconds=67)),
+        pytest.param("one-factor", 99, 1e-5, 20, marks=pytest.mark.slow(seconds=13)),
+        pytest.param("factor-chain", 30, 1e-4, 150, marks=pytest.mark.slow(seconds=11)),
+        pytest.param("factor-chain", 60, 1e-4, 120, marks=pytest.mark.slow(seconds=38)),
+        pytest.param("factor-chain", 99, 1e-4, 120, marks=pytest.mark.slow(seconds=86)),
     ],
 )
 def test_coverage_study_at_high_dimension_and_mid_range_probabilities(family, k, tol, n):

@@ -124,7 +124,7 @@ def _one_process(model: Path, out: Path):
     return read_results(out).drop(columns="seconds")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=21)
 def test_two_gloo_processes_give_the_single_process_table(tmp_path):
     model = _checkpoint(tmp_path)
     out = tmp_path / "two"
@@ -170,7 +170,7 @@ CERTIFY_ARGS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=10)
 def test_two_gloo_processes_certify_the_single_process_table(tmp_path):
     from probust.run.certify import read_certified, tsv_name
 
@@ -198,7 +198,7 @@ def test_two_gloo_processes_certify_the_single_process_table(tmp_path):
         ]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=8)
 def test_a_tie_on_one_rank_stops_both_before_any_estimate(tmp_path):
     from probust.data import load
 
@@ -248,7 +248,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=18)
 def test_a_killed_rank_is_resumed_by_the_same_command_to_the_single_process_table(tmp_path):
     model = _checkpoint(tmp_path)
     out = tmp_path / "two"

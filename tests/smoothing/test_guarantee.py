@@ -117,7 +117,13 @@ def test_sequential_certify_is_wrong_for_at_most_alpha_of_points_whenever_it_sto
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("radii", "n", "repeats"), [(None, 2000, 8000), (RADII, 4000, 6000)])
+@pytest.mark.parametrize(
+    ("radii", "n", "repeats"),
+    [
+        pytest.param(None, 2000, 8000, marks=pytest.mark.slow(seconds=14)),
+        pytest.param(RADII, 4000, 6000, marks=pytest.mark.slow(seconds=22)),
+    ],
+)
 def test_the_guarantee_at_alpha_001_over_many_points(radii, n, repeats):
     alpha = 0.01
     model = _two_class_linear(d=8, seed=5)
