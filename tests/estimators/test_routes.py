@@ -235,16 +235,29 @@ def test_the_routes_pull_with_vmap_only_where_it_pays_for_its_padding():
     assert not tie.vmap_pays and cheap.vmap_pays
 
 
-@pytest.mark.parametrize(("jvp_in_pulls", "sketched"), [(7.5, True), (7.6, False)])
+def test_the_screening_share_is_declared_per_device_kind():
+    # On CUDA a forward-mode pass costs torch.func's per-layer Python work, which the counts do not
+    # see, while batched pulls are cheap: a smaller share keeps the sketch to where it saves more.
+    assert cost_model.SCREENING_SHARE == {"cpu": 0.5, "cuda": 0.2}
+    assert cost_model.screening_share(torch.device("cuda", 0)) == 0.2
+    assert cost_model.screening_share("cpu") == 0.5
+    assert cost_model.screening_share("mps") == 0.5  # a kind with no figure of its own: the CPU's
+
+
+@pytest.mark.parametrize(
+    ("jvp_in_pulls", "device_kind", "sketched"), [(7.5, "cpu", True), (7.6, "cpu", False), (7.5, "cuda", False)]
+)
 def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_best_route(
-    monkeypatch, jvp_in_pulls, sketched
+    monkeypatch, jvp_in_pulls, device_kind, sketched
 ):
     # 400 inputs and 500 classes with no linear head: the direct route (499 pullbacks) is the
     # only exact one, and a flat random map defeats the spectral screening (it keeps all). The
     # sketch (32 probes) then runs where its probes and the spectral ones together cost at most
-    # SCREENING_SHARE of 499: 8 + 32 * 7.5 = 248 <= 249.5; 8 + 32 * 7.6 = 251.2 is not. resnet50 at
-    # 224 x 224 sits in the first case (8 + 32 * 1.5 of 999).
+    # the device's screening share of 499: on the CPU (0.5) 8 + 32 * 7.5 = 248 <= 249.5 and
+    # 8 + 32 * 7.6 = 251.2 is not; at CUDA's share (0.2, run here on the CPU) 248 > 99.8. resnet50
+    # at 224 x 224 sits in the first case on the CPU (8 + 32 * 1.5 of 999).
     monkeypatch.setitem(cost_model.JVP_IN_PULLS, "cpu", jvp_in_pulls)
+    monkeypatch.setitem(cost_model.SCREENING_SHARE, "cpu", cost_model.screening_share(device_kind))
     model = Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())
     x = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
     calls = []
@@ -252,6 +265,7 @@ def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_be
     monkeypatch.setattr(routes, "_sketch", lambda *a, **k: calls.append(1) or original(*a, **k))
     r = probust.Taylor(model, 0.05, jacobian="loop")(x)
     assert bool(calls) == sketched
-    assert routes.SPECTRAL_PROBES + pruning.PROBES * 7.5 <= routes.SCREENING_SHARE * 499 < pruning.PROBES * 7.6 + 8
+    assert routes.SPECTRAL_PROBES + pruning.PROBES * 7.5 <= 0.5 * 499 < pruning.PROBES * 7.6 + 8
+    assert routes.SPECTRAL_PROBES + pruning.PROBES * 7.5 > 0.2 * 499
     full = probust.Taylor(model, 0.05, prune="off", jacobian="loop")(x)
     assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()

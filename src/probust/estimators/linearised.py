@@ -302,6 +302,7 @@ class Linearised(Estimator):
         # (untimed) here where it would decide the route (a forced one, or D probes below the
         # reverse routes' passes), else only once a point's route wants the sketch.
         jvp = cost_model.jvp_in_pulls(x.device)
+        share = cost_model.screening_share(x.device)
         forced_forward = self.route in ("forward", "sketch")
         if forced_forward or (
             self.route == "auto" and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)
@@ -321,7 +322,7 @@ class Linearised(Estimator):
             and routes.SPECTRAL_PROBES <= routes.RHO * routes.static_exact(head, classes, inputs, math.inf)
         )
         sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (
-            routes.SCREENING_SHARE * exact
+            share * exact
         )
         if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or sketch_could_pay):
             return None  # nothing pays but every gradient, one pass each: the direct path
@@ -339,6 +340,7 @@ class Linearised(Estimator):
             seed=self.seed,
             prune=prune,
             jvp=jvp,
+            share=share,
             pull=pull,
             route=self.route,
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),

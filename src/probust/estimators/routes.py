@@ -14,9 +14,10 @@ declared cost of a forward-mode probe (:mod:`probust.execution.cost_model`), nev
 - **candidates**: a screening bounds every boundary's z from below; only the boundaries whose
   tails do not fit the pruning budget get an exact gradient.
 
-Two screenings, run only where they cost at most :data:`SCREENING_SHARE` of the cheapest route
-together (so that unlucky screenings cost at most that much more than not screening), the first
-at most :data:`RHO` of it alone:
+Two screenings, run only where they cost together at most the declared share of the cheapest
+route (:data:`probust.execution.cost_model.SCREENING_SHARE`, per device kind; so that unlucky
+screenings cost at most that much more than not screening), the first at most :data:`RHO` of it
+alone:
 
 1. **spectral**: :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back on the
    same forward pass, bound the top eigenvalue of the features' covariance and with it every
@@ -24,8 +25,8 @@ at most :data:`RHO` of it alone:
    model and class count, so all points of a pass share it.
 2. **sketch**: :data:`probust.estimators.pruning.PROBES` forward-mode probes bound each
    boundary's variance separately (:func:`probust.estimators.pruning.sketch_z_lower`); decided
-   per point, where its probes and the first screening's together cost at most
-   :data:`SCREENING_SHARE` of the best route after the first screening.
+   per point, where its probes and the first screening's together cost at most that share of
+   the best route after the first screening.
 
 The dropped boundaries' tails and the screenings' failure probabilities are added to
 ``cdf_error`` (:mod:`probust.estimators.pruning`). A point's route depends only on the point
@@ -57,14 +58,6 @@ from probust.noise import Noise
 SPECTRAL_PROBES = 8
 #: The spectral screening runs only where its cost is at most this share of the cheapest exact route.
 RHO = 0.1
-#: The sketch runs only where it and the spectral screening before it cost at most this share of
-#: the best route after the spectral screening: where both screenings drop nothing, a point costs
-#: at most this much more than that route (the benchmark's "auto within 1.5x of the best route").
-#: At 0.2, one point in four of resnet18 at 224 x 224 (bench_imagenet, sigma 5.62), whose spectral
-#: screening kept 213 of 999 boundaries, went without the sketch and pulled 213 cotangents in its
-#: pass: 13.1 s for the 4 points (5.1x the 10-class twin), against 4.5 s at 0.5, where the sketch
-#: left the 9 that matter. (0.1 left resnet50 on the direct route, 999 pullbacks.)
-SCREENING_SHARE = 0.5
 
 #: Indices into :data:`ROUTE_NAMES`, the routes a point can take, as recorded in ``Estimate.route``.
 DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
@@ -90,6 +83,8 @@ class Context:
             inf where forward mode was found not to run through the model. Where it was not
             probed yet, a point whose route wants the sketch probes it first
             (:func:`probust.gradients.forward_mode_runs`).
+        share: the screenings' share of the best route
+            (:func:`probust.execution.cost_model.screening_share`).
         pull: how the pulls run, by loop or vmap (:func:`probust.execution.costs.pull_strategy`:
             speed and rounding only).
         probe_rows: rows per forward-mode pass of the sketch
@@ -110,6 +105,7 @@ class Context:
     seed: int
     prune: bool
     jvp: float
+    share: float
     pull: Strategy
     probe_rows: int
     pull_rows: int
@@ -291,7 +287,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
             sketch = torch.ones(points, dtype=torch.bool, device=c.device)
         else:
             spent = SPECTRAL_PROBES if screened is not None else 0
-            sketch = spent + pruning.PROBES * jvp <= SCREENING_SHARE * torch.minimum(exact_cost, candidates_cost)
+            sketch = spent + pruning.PROBES * jvp <= ctx.share * torch.minimum(exact_cost, candidates_cost)
             if bool(sketch.any()) and not gradients.forward_mode_runs(ctx.model, copies[:, 0]):
                 sketch.fill_(False)  # a fact about the model (untimed), the same for every point
         if bool(sketch.any()):

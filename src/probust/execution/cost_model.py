@@ -26,9 +26,28 @@ import torch
 JVP_IN_PULLS: dict[str, float] = {"cpu": 1.5, "cuda": 1.5}
 
 
+#: The share of the best route that the screenings may cost together, by device kind: where both
+#: drop nothing, a point costs at most this much more than that route. The sketch runs only where
+#: it and the spectral screening before it fit this share of the best route after the spectral one.
+#: CPU: at 0.2, one point in four of resnet18 at 224 x 224 (bench_imagenet, sigma 5.62), whose
+#: spectral screening kept 213 of 999 boundaries, went without the sketch and pulled 213
+#: cotangents: 13.1 s for the 4 points (5.1x the 10-class twin), against 4.5 s at 0.5, where the
+#: sketch left the 9 that matter (0.1 left resnet50 on the direct route, 999 pullbacks). CUDA: the
+#: same 213 pulls cost less than one forward-mode pass there (a pass costs torch.func's Python work
+#: per layer, which the counts do not see): on an H200 the same call took 0.20 and 0.33 s at 0.2
+#: against 0.47-0.52 s at 0.5 (3 runs each, alternating; docs/performance.md, "On a GPU").
+SCREENING_SHARE: dict[str, float] = {"cpu": 0.5, "cuda": 0.2}
+
+
 def jvp_in_pulls(device: torch.device) -> float:
     """A forward-mode probe's declared cost in pulls on ``device`` (:data:`JVP_IN_PULLS`)."""
     return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"])
 
 
-__all__ = ["JVP_IN_PULLS", "jvp_in_pulls"]
+def screening_share(device: torch.device | str) -> float:
+    """The screenings' declared share of the best route on ``device`` (:data:`SCREENING_SHARE`)."""
+    kind = torch.device(device).type
+    return SCREENING_SHARE.get(kind, SCREENING_SHARE["cpu"])
+
+
+__all__ = ["JVP_IN_PULLS", "SCREENING_SHARE", "jvp_in_pulls", "screening_share"]
