@@ -2,8 +2,8 @@
 
 probust keeps the execution plans it measures on disk (``probust.execution.plan_cache``). A
 benchmark reading them would time whatever plans earlier runs stored (another route, another
-commit), so its rows would depend on what ran before it (docs/performance.md, "MMSE's groups
-under a reverse-mode plan"). A caller that sets PROBUST_CACHE_DIR (``off`` included) keeps it.
+commit), so its rows would depend on what ran before it: an MMSE row once timed a reverse-mode
+plan stored by an earlier run. A caller that sets PROBUST_CACHE_DIR (``off`` included) keeps it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ needs rho >= 0.95, i.e. the two to disagree on well under a tenth of the draws t
 these ReLU CNNs the per-draw margin deviates from its linearisation by much more than the
 *mean* deviation that MMSE's small error reflects (MMSE's error averages out over draws; the
 control variate needs per-draw agreement). A stronger unbiased scheme, line sampling, was
-explored and fails for the same reason (docs/performance.md, "Explored: line sampling").
+explored and fails for the same reason (its measurements are in docs/performance.md's history:
+`git log -S "line sampling" -- docs/performance.md`).
 
 Run:  .venv/bin/python benchmarks/bench_control_variate.py [--quick]
 """
