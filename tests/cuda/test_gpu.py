@@ -30,9 +30,10 @@ import torch
 from torch import nn
 
 import probust
+from probust._memory_format import to_format, weights_in_format
 from probust.execution import tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
-from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian, to_format, weights_in_format
+from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
 from probust.linearise import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
 

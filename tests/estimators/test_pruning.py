@@ -36,7 +36,21 @@ def _select(model: nn.Module, x: torch.Tensor, target: torch.Tensor, sigma: floa
     keys = _rng.point_keys(seed, torch.arange(len(x)), _rng.STREAM_PRUNE)
     probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
     margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
-    return pruning.select(margin, derivatives, target, tol=tol)
+    return _sketch_select(margin, derivatives, target, tol=tol)
+
+
+def _sketch_select(
+    margin: torch.Tensor, derivatives: torch.Tensor, target: torch.Tensor, *, tol: float
+) -> pruning.Pruned:
+    """The sketch's bounds and the drop in one step, as the routes run them on a sketched point:
+    margins [B, C], probe derivatives [B, m, C], the failure and drop shares of ``tol``."""
+    budget, delta = pruning.shares(tol)
+    return pruning.drop(pruning.sketch_z_lower(margin, derivatives, delta), target, budget=budget, delta=delta)
+
+
+def _exact_select(margin: torch.Tensor, variance: torch.Tensor, target: torch.Tensor, *, tol: float) -> pruning.Pruned:
+    """The drop from exact z (the head route's case): no screening, so no failure probability."""
+    return pruning.drop(pruning.exact_z(margin, variance), target, budget=pruning.DROP_SHARE * tol, delta=0.0)
 
 
 @pytest.mark.parametrize("classes", [100, 1000])
@@ -76,8 +90,8 @@ def test_the_bound_check_catches_an_underestimated_variance():
     keys = _rng.point_keys(0, torch.arange(len(x)), _rng.STREAM_PRUNE)
     probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
     margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
-    honest = pruning.select(margin, derivatives, target, tol=tol)
-    broken = pruning.select(margin, derivatives / 10, target, tol=tol)
+    honest = _sketch_select(margin, derivatives, target, tol=tol)
+    broken = _sketch_select(margin, derivatives / 10, target, tol=tol)
     finite = torch.isfinite(z)
     assert (honest.z_lower[finite] <= z[finite] * (1 + 1e-5)).all()
     assert (broken.z_lower[finite] > z[finite]).any()
@@ -300,7 +314,7 @@ def test_exact_selection_drops_only_within_its_share_and_reserves_no_failure():
     variance[:, 5] = 0.0  # a boundary the noise cannot move: never crossed (c > 0)
     target = torch.randint(30, (50,), generator=gen)
     tol = 1e-3
-    kept = pruning.select_exact(margin, variance, target, tol=tol)
+    kept = _exact_select(margin, variance, target, tol=tol)
     z = margin.double() / variance.double().sqrt()
     z[:, 5] = torch.inf
     z = z.scatter(1, target[:, None], torch.inf)
@@ -323,7 +337,7 @@ def test_points_are_grouped_by_their_own_kept_count_rounded_up_to_a_power_of_two
     margin = torch.rand(40, 30, generator=gen) * torch.linspace(0.01, 4, 40).view(-1, 1)
     variance = torch.rand(40, 30, generator=gen) + 0.05
     target = torch.randint(30, (40,), generator=gen)
-    kept = pruning.select_exact(margin, variance, target, tol=1e-4)
+    kept = _exact_select(margin, variance, target, tol=1e-4)
     seen = torch.zeros(40, dtype=torch.bool)
     for index, group in pruning.by_width(kept, target):
         width = group.classes.shape[1]

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
 from probust._io import first_line
+from probust._memory_format import to_format
 from probust._model_output import (
     CONTRACT,
     LogitsOf,
@@ -35,7 +36,7 @@ from probust._model_output import (
 from probust.errors import OptionError
 from probust.estimators.result import Estimate
 from probust.execution.engine import Execution
-from probust.execution.tuning import ForwardPlan, to_format
+from probust.execution.tuning import ForwardPlan
 from probust.noise import Noise
 
 

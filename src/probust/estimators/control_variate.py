@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_positive_float, check_positive_int, finite_rows
+from probust._memory_format import to_format
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
@@ -27,7 +28,6 @@ from probust.estimators.base import check_noisy_copies
 from probust.estimators.linearised_mc import LinearisedMonteCarlo
 from probust.estimators.monte_carlo import DEFAULT_DRAWS
 from probust.estimators.result import Estimate
-from probust.execution.tuning import to_format
 from probust.linearise import plan_blocks, project
 from probust.noise import Noise
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
+from probust._memory_format import to_format, weights_in_format
 from probust._progress import progress
 from probust.errors import OptionError, Part, Setting
 from probust.estimators import maps, pruning, routes, trust
@@ -25,7 +26,7 @@ from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
 from probust.execution.costs import pull_strategy
-from probust.execution.tuning import JacobianPlan, forward_mode_pays, to_format, weights_in_format
+from probust.execution.tuning import JacobianPlan, forward_mode_pays
 from probust.gradients import Strategy
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian

@@ -7,9 +7,10 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_choice, check_positive_int, check_target
+from probust._memory_format import to_format
 from probust.estimators.base import noise_words
 from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import JacobianPlan, to_format
+from probust.execution.tuning import JacobianPlan
 from probust.linearise import smoothed_margin_jacobian
 from probust.noise import Noise
 

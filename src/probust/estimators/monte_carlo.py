@@ -40,7 +40,7 @@ def noisy_predictions(
     Copy j of point b is ``x[b] + noise.sample(keys[b], start + j)``: samples start..start+n-1
     of each point's stream, so a point's copies do not depend on how the points or the samples
     are split into passes. Call it with the model in eval mode, without autograd, with the
-    weights in the plan's memory format (:func:`probust.execution.tuning.weights_in_format`).
+    weights in the plan's memory format (:func:`probust._memory_format.weights_in_format`).
 
     Args:
         model: maps [R, *S] to logits [R, C].

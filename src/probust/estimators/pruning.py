@@ -21,8 +21,8 @@ The estimate's error grows by at most (sum of the dropped Phi(-z_lower)) + delta
 bounds the change of p when the bounds hold, the second the probability that they do not (p is
 in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf samples to the
 rest of ``tol``, so p keeps its stated tolerance. Where every exact z is known (the linear head's
-route, :mod:`probust.linear_head`), :func:`select_exact` drops by the exact tails (delta = 0).
-:func:`select` (sketch bound and drop in one call) is kept for tests of the bound.
+route, :mod:`probust.linear_head`), :func:`exact_z` gives them and :func:`drop` drops by the exact
+tails (delta = 0).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Pruned(NamedTuple):
         classes: int64 [B, K], the kept boundaries of each point, padded with its target (a
             zero gradient, so z = +inf there: no constraint).
         kept: int64 [B], how many boundaries each point keeps (<= C - 1).
-        z_lower: float64 [B, C], the lower bounds on z (+inf at the target; exact from :func:`select_exact`).
+        z_lower: float64 [B, C], the lower bounds on z (+inf at the target; exact ones from :func:`exact_z`).
         bound: float64 [B], what pruning may cost p: the dropped tails plus the failure probability.
         reserved: the share of ``tol`` set aside for ``bound``: the mvn-cdf samples to the rest.
     """
@@ -86,19 +86,6 @@ class Pruned(NamedTuple):
     z_lower: Tensor
     bound: Tensor
     reserved: float
-
-
-def select(margin: Tensor, derivatives: Tensor, target: Tensor, *, tol: float) -> Pruned:
-    """The boundaries whose exact gradients are needed, from margins and probe derivatives.
-
-    Args:
-        margin: [B, C], c_i (any value at the target).
-        derivatives: [B, m, C], u_i . v_k for probes v_k ~ N(0, S).
-        target: long [B].
-        tol: the mvn-cdf's tolerance (see :func:`shares`).
-    """
-    budget, delta = shares(tol)
-    return drop(sketch_z_lower(margin, derivatives, delta), target, budget=budget, delta=delta)
 
 
 def sketch_z_lower(margin: Tensor, derivatives: Tensor, failure: float) -> Tensor:
@@ -137,20 +124,6 @@ def _z_lower(margin: Tensor, var_upper: Tensor) -> Tensor:
     c = margin.to(torch.float64)
     # c > 0 with no variance: the noise cannot reach the boundary. c <= 0: always kept.
     return torch.where(c > 0, torch.where(var_upper > 0, c / var_upper.clamp_min(1e-300).sqrt(), torch.inf), -torch.inf)
-
-
-def select_exact(margin: Tensor, variance: Tensor, target: Tensor, *, tol: float) -> Pruned:
-    """The boundaries to keep from their exact z (e.g. through the model's linear head,
-    :mod:`probust.linear_head`): no sketch, so no failure probability; only the dropped tails
-    (at most ``DROP_SHARE * tol``) are added to the error.
-
-    Args:
-        margin: [B, C], c_i (any value at the target).
-        variance: [B, C], u_i S u_i^T (any value at the target).
-        target: long [B].
-        tol: the mvn-cdf's tolerance.
-    """
-    return drop(exact_z(margin, variance), target, budget=DROP_SHARE * tol, delta=0.0)
 
 
 def exact_z(margin: Tensor, variance: Tensor) -> Tensor:

@@ -45,11 +45,12 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients, linear_head
 from probust._checks import check_logits, check_target
+from probust._memory_format import to_format
 from probust._segments import add_rows
 from probust.errors import OptionError
 from probust.estimators import pruning
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
-from probust.execution.tuning import JacobianPlan, to_format
+from probust.execution.tuning import JacobianPlan
 from probust.gradients import Pullback, Strategy, features_and_logits
 from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
 from probust.noise import Noise

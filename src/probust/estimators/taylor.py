@@ -6,8 +6,9 @@ import torch
 from torch import Tensor
 
 from probust._checks import check_logits
+from probust._memory_format import to_format
 from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import JacobianPlan, to_format
+from probust.execution.tuning import JacobianPlan
 from probust.linearise import margin_jacobian, margins
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from probust._memory_format import to_format
 from probust.execution import plan_cache
-from probust.execution.tuning import VMAP_PAYS, JacobianPlan, sync, to_format
+from probust.execution.tuning import VMAP_PAYS, JacobianPlan, sync
 from probust.gradients import VMAP_STEP, Pullback, Strategy
 
 

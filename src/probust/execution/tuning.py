@@ -26,13 +26,14 @@ import functools
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from probust._memory_format import to_format, weights_in_format
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
@@ -109,38 +110,6 @@ def forget(model: nn.Module) -> None:
 def can_use_channels_last(model: nn.Module, x: Tensor) -> bool:
     """channels_last applies to 4-D inputs of models with 4-D (convolution) weights."""
     return x.ndim == 4 and isinstance(model, nn.Module) and any(p.ndim == 4 for p in model.parameters())
-
-
-@contextlib.contextmanager
-def weights_in_format(model: nn.Module, channels_last: bool) -> Iterator[None]:
-    """Hold the model's 4-D parameters and buffers in channels_last, then give the originals back.
-
-    The model's tensors are swapped (``.data``), not copied into: the caller's model, its
-    optimiser state and its parameters' identities are untouched once the block exits.
-    """
-    if not channels_last:
-        yield
-        return
-    swapped: list[tuple[Tensor, Tensor]] = []
-    try:
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.ndim != 4:
-                continue
-            # Compared by strides, not is_contiguous: a weight with one input channel (a first
-            # convolution on grey images) counts as channels_last-contiguous in its plain strides,
-            # and convolving channels_last inputs with it takes a path about 2x slower.
-            restrided = torch.empty_like(tensor.data, memory_format=torch.channels_last)
-            if restrided.stride() != tensor.data.stride():
-                swapped.append((tensor, tensor.data))
-                tensor.data = restrided.copy_(tensor.data)
-        yield
-    finally:
-        for tensor, original in swapped:
-            tensor.data = original
-
-
-def to_format(x: Tensor, channels_last: bool) -> Tensor:
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
 def sync(device: torch.device) -> None:
