@@ -5,6 +5,8 @@ PYTHON ?= python3
 CORE_PYTHON ?= python3.11
 VENV := .venv
 CORE_VENV := .venv-core
+CORE_STAMP := $(CORE_VENV)/.dependencies-stamp
+CORE_DEPENDENCIES := "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))"
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
@@ -13,7 +15,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-all test-slow test-cuda test-core mutation lint bench install clean
+.PHONY: demo test test-all test-slow test-cuda test-core core-deps mutation lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -46,12 +48,20 @@ test-cuda: $(STAMP)
 # The core alone (what `pip install probust` gives: torch, numpy, scipy): a fresh venv holding
 # probust built from this tree with its own dependencies only, then every estimator on a small
 # model and the errors that name a missing extra (tests/core_only/check_core.py).
-test-core:
-	rm -rf $(CORE_VENV)
-	$(CORE_PYTHON) -m venv $(CORE_VENV)
+test-core: $(CORE_STAMP)
 	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt .
 	cd tests/core_only && PROBUST_CACHE_DIR=off ../../$(CORE_VENV)/bin/python check_core.py
 	rm -rf $(CORE_VENV)
+
+# The core's fresh venv with pyproject's [project] dependencies and nothing else: it reads no file
+# that .venv's install writes, so CI builds it beside that install (`make core-deps`).
+core-deps: $(CORE_STAMP)
+
+$(CORE_STAMP): pyproject.toml constraints.txt
+	rm -rf $(CORE_VENV)
+	$(CORE_PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt $$($(CORE_PYTHON) -c $(CORE_DEPENDENCIES))
+	touch $(CORE_STAMP)
 
 # The suite's strength: single-line bugs planted one at a time in a temporary copy of src/
 # (benchmarks/mutation_check.py lists them); fails if the tests named for one pass on it.
