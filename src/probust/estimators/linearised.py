@@ -495,7 +495,7 @@ class Linearised(Estimator):
             target=target,
             method=self.method,
             margin=c,
-            grad_norm=grad_norm.detach(),
+            grad_norm=grad_norm,
             z=z,
             cdf_error=err if err is None or kept is None else err + kept.bound,
             p_fail=p_fail,
