@@ -31,8 +31,9 @@ from torch import nn
 
 import probust
 from probust._memory_format import to_format, weights_in_format
-from probust.execution import tuning
+from probust.execution import cost_model, tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
+from probust.execution.engine import FORWARD_MODE_ROWS
 from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
 from probust.linearise import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
@@ -147,6 +148,26 @@ def test_estimates_are_bitwise_reproducible_on_the_same_gpu(method):
     for name in ("cdf_error", "ci_low", "ci_high", "p_fail"):
         a, b = getattr(first, name), getattr(again, name)
         assert (a is None and b is None) or torch.equal(a, b), name
+
+
+def test_routes_take_the_declared_figures_of_their_device_kind():
+    # The screenings' share and the sketch's rows per forward-mode pass are declared per device kind
+    # (CUDA: 0.2 and 512, the CPU: 0.5 and 8; docs/performance.md, "On a GPU"). A 1,000-class model
+    # with a narrow head routes, and its context carries the figures of the device it runs on.
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(128, 1000)
+    )
+    model = model.to(DEVICE).eval()
+    x = torch.randn(4, 3, 16, 16, device=DEVICE)
+    ctx = probust.Taylor(model, 0.1).route_context(x)
+    assert ctx is not None
+    assert ctx.share == cost_model.SCREENING_SHARE[DEVICE.type]
+    # A tiny model: the budget holds the device's rows, so they are the plan's raised to them.
+    assert ctx.probe_rows == max(ctx.plan.rows, FORWARD_MODE_ROWS[DEVICE.type])
+    if ON_CUDA:
+        assert ctx.share < cost_model.SCREENING_SHARE["cpu"]
+        assert FORWARD_MODE_ROWS["cuda"] > FORWARD_MODE_ROWS["cpu"]
 
 
 @cuda_only
