@@ -2,8 +2,8 @@
 
 Each point's route (:mod:`probust.estimators.routes`) weighs passes against each other in
 backward passes of one row ("pulls"). A pull and a forward-mode probe (one Jacobian-vector
-product of one row) are the two units; their ratio is declared here per device kind, not
-measured, so that what is computed (which boundaries get exact gradients, whether a screening
+product of one row) are the two units; their ratio, and the share of the best route that the
+screenings may cost, are declared here per device kind, not measured, so that what is computed (which boundaries get exact gradients, whether a screening
 runs, and so which are dropped) depends on the model's counts alone: C, the head's width and
 live features, the input size and ``tol``. Measured timings may still choose how the same passes
 run (rows per pass, memory format, loop or vmap), which changes speed and float rounding only.
@@ -35,7 +35,7 @@ JVP_IN_PULLS: dict[str, float] = {"cpu": 1.5, "cuda": 1.5}
 #: sketch left the 9 that matter (0.1 left resnet50 on the direct route, 999 pullbacks). CUDA: the
 #: same 213 pulls cost less than one forward-mode pass there (a pass costs torch.func's Python work
 #: per layer, which the counts do not see): on an H200 the same call took 0.20 and 0.33 s at 0.2
-#: against 0.47-0.52 s at 0.5 (3 runs each, alternating; docs/performance.md, "On a GPU").
+#: against 0.47-0.52 s at 0.5 (2 and 3 runs, alternating; docs/performance.md, "On a GPU").
 SCREENING_SHARE: dict[str, float] = {"cpu": 0.5, "cuda": 0.2}
 
 
