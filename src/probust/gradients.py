@@ -161,7 +161,9 @@ class Pullback:
         head: the model's linear head, or None (the features are then the logits).
         strategy: "loop" (one autograd backward pass per cotangent, on the retained graph) or
             "vmap" (torch.func's pullback, vectorised over :data:`VMAP_STEP` cotangents at a
-            time). A model torch.func cannot trace falls back to "loop" with a TraceFallbackWarning.
+            time).
+        fallback: where torch.func cannot trace the model (:func:`cannot_trace`), "vmap" runs as
+            "loop" with a :class:`TraceFallbackWarning`; False raises torch's error instead.
 
     Attributes:
         logits: [R, C], detached.
@@ -169,7 +171,13 @@ class Pullback:
     """
 
     def __init__(
-        self, model: nn.Module, rows: Tensor, head: nn.Linear | None, *, strategy: Strategy | str = Strategy.LOOP
+        self,
+        model: nn.Module,
+        rows: Tensor,
+        head: nn.Linear | None,
+        *,
+        strategy: Strategy | str = Strategy.LOOP,
+        fallback: bool = True,
     ) -> None:
         self.shape = rows.shape[1:]
         run = features_and_logits(model, head)
@@ -179,8 +187,8 @@ class Pullback:
                 # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
                 features, pullback, *aux = torch.func.vjp(run, rows, has_aux=True)
                 self._pullback, logits = pullback, aux[0]
-            except (RuntimeError, NotImplementedError) as exc:
-                if not cannot_trace(exc):
+            except RuntimeError as exc:  # NotImplementedError included
+                if not (fallback and cannot_trace(exc)):
                     raise
                 _warn_fallback(model, exc)
         if self._pullback is None:

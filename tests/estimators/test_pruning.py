@@ -280,9 +280,15 @@ def _trained_many_class_cnn(classes: int = 120) -> tuple[nn.Module, torch.Tensor
 
 @functools.cache
 def _unpruned_on_the_cnn(make: type, sigma: float, tempered: bool) -> probust.Estimate:
-    """The unpruned reference of every route on the CNN (or on it Tempered), computed once."""
+    """The unpruned reference of every route on the CNN (or on it Tempered), computed once.
+
+    In the standard memory format, as the pruned runs it is compared with: a plan measured for each
+    could put one in channels_last, whose float32 rounding moves p by up to 2.7e-6 at sigma 0.02,
+    which neither run's cdf_error covers."""
     model, x = _trained_many_class_cnn()
-    return make(Tempered(model) if tempered else model, sigma, prune="off", tol=1e-3, jacobian="vmap")(x)
+    return make(
+        Tempered(model) if tempered else model, sigma, prune="off", tol=1e-3, jacobian="vmap", channels_last=False
+    )(x)
 
 
 @pytest.mark.parametrize("route", ["auto", "head", "spectral", "sketch", "sketch-no-head"])
@@ -295,7 +301,7 @@ def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
         full = _unpruned_on_the_cnn(make, sigma, tempered)
-        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap", route=route)(x)
+        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap", route=route, channels_last=False)(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
         # + 1e-6: the head route sums the same float32 products in another order (z moves by

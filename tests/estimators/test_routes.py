@@ -13,7 +13,7 @@ from probust import gradients
 from probust.errors import OptionError
 from probust.estimators import pruning, routes
 from probust.estimators.routes import ROUTE_NAMES
-from probust.execution import cost_model, costs
+from probust.execution import cost_model
 from tests._helpers import Tempered, linear_model
 
 
@@ -184,55 +184,129 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
     def no_clock():
         raise AssertionError("a clock was read while deciding what to compute")
 
-    from probust.execution import costs, tuning
+    from probust.execution import tuning
 
     fresh, _ = _trained_like(400, near=10)
     monkeypatch.setattr(tuning.time, "perf_counter", no_clock)
-    monkeypatch.setattr(costs.time, "perf_counter", no_clock)
     after = probust.Taylor(fresh, 0.5, jacobian="loop", batch_size=8, channels_last=False)(x)
     assert torch.equal(after.route, before.route) and torch.equal(after.p, before.p)
 
 
-def test_measured_pull_costs_are_kept_per_model_and_only_measured_for_a_vmap_plan(monkeypatch):
-    from probust.execution.tuning import JacobianPlan
+def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeypatch):
+    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of a
+    vmapped step of boundary cotangents (the padding every narrow pull pays), never on the
+    Jacobian paths they do not run, and the routes then pull by the plan it chose."""
+    from probust.estimators import linearised
+    from probust.execution import tuning
+    from probust.gradients import VMAP_STEP, Pullback
 
-    calls = []
-    original = costs._pull_seconds
-    monkeypatch.setattr(costs, "_pull_seconds", lambda *a, **k: calls.append(1) or original(*a, **k))
-    model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
-    x = torch.randn(3, 6)
-    assert costs.pull_strategy(model, None, x, JacobianPlan("loop", 4, None, False)) == "loop"
-    assert calls == []  # a loop plan pulls by the loop: nothing to measure
-    vmap = JacobianPlan("vmap", 4, None, False)
-    first = costs.pull_strategy(model, None, x, vmap)
-    assert len(calls) == 2  # vmap and loop, once
-    assert costs.pull_strategy(model, None, x, vmap) == first and len(calls) == 2
+    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)  # every candidate is timed
+    timed, pulled = [], []
 
+    class Recording(Pullback):
+        def __init__(self, model, rows, head, *, strategy="loop", fallback=True):
+            super().__init__(model, rows, head, strategy=strategy, fallback=fallback)
+            self.timing, self.strategy = not fallback, str(strategy)
 
-@pytest.mark.parametrize("strategy", ["loop", "vmap"])
-def test_a_pulls_cost_is_timed_on_the_cotangents_a_pass_really_runs(monkeypatch, strategy):
-    # vmap pads every pull to VMAP_STEP cotangents: timing two would charge the padding to them.
-    from probust.gradients import VMAP_STEP
-
-    asked = []
-    original = costs.Pullback
-
-    class Recording(original):  # type: ignore[misc, valid-type]
         def pull(self, cotangents):
-            asked.append(cotangents.shape[0])
+            (timed if self.timing else pulled).append((self.strategy, cotangents.shape[0]))
             return super().pull(cotangents)
 
-    monkeypatch.setattr(costs, "Pullback", Recording)
-    model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
-    seconds = costs._pull_seconds(model, None, torch.randn(2, 6), strategy)
-    assert set(asked) == ({VMAP_STEP} if strategy == "vmap" else {2})
-    assert 0 < seconds < float("inf")
+    def imitation(*args, **kwargs):
+        raise AssertionError("the routes' plan timed a Jacobian path the routes do not run")
+
+    monkeypatch.setattr(routes, "Pullback", Recording)
+    monkeypatch.setattr(linearised, "margin_jacobian", imitation)
+    torch.manual_seed(0)
+    # The head route (33 pulls) beats the direct one (399), and 450 inputs keep the plan off forward mode.
+    model = nn.Sequential(nn.Linear(450, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
+    x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
+    est = probust.Taylor(model, 0.05, check_draws=0)
+    ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
+    assert ctx is not None and not pulled
+    assert {strategy for strategy, _ in timed} == {"loop", "vmap"}  # both timed, on a step's width
+    assert {width for _, width in timed} == {VMAP_STEP}
+    r = est(x[:2])  # the plan is kept: a smaller call pulls by it
+    assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
+    assert ctx.plan.strategy in ("loop", "vmap") and pulled
+    assert {strategy for strategy, _ in pulled} == {str(ctx.plan.strategy)}
 
 
-def test_the_routes_pull_with_vmap_only_where_it_pays_for_its_padding():
-    tie = costs.PullCosts(vmapped=0.12, loop=0.12)  # ViT on this CPU
-    cheap = costs.PullCosts(vmapped=0.05, loop=0.12)
-    assert not tie.vmap_pays and cheap.vmap_pays
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
+@pytest.mark.parametrize("with_head", [True, False])
+def test_what_the_routes_plan_times_is_their_work(strategy, with_head):
+    """timed_pulls computes what the routes compute: the first margins' gradients (a boundary
+    cotangent on the features, through the head where there is one), or forward mode's every
+    margin, the same gradients as the Jacobian paths up to rounding."""
+    from probust.execution.tuning import JacobianPlan
+    from probust.linear_head import find_linear_head
+    from probust.linearise import margin_jacobian
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)).eval()
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
+    head = find_linear_head(model, x[:1]) if with_head else None
+    assert (head is not None) == with_head
+    got = routes.timed_pulls(model, head, JacobianPlan(strategy, 4, None, False), x, 3)
+    _, _, every = margin_jacobian(model, x, strategy="loop")
+    if strategy == "forward":
+        torch.testing.assert_close(got, every, rtol=1e-5, atol=1e-6)
+    else:
+        _, target, first = margin_jacobian(model, x, strategy="loop", limit=3)
+        assert got.shape == (4, 3, 6)
+        torch.testing.assert_close(got, first, rtol=1e-5, atol=1e-6)
+
+
+def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timing_its_fallback():
+    """Timed with ``fallback=False``: a model torch.func cannot trace raises torch's own error in
+    the vmap timing (which the plan's measuring reads as "no candidate"), rather than timing the
+    loop under vmap's name with a fallback warning."""
+    from probust.execution.tuning import JacobianPlan
+    from probust.gradients import cannot_trace
+
+    class OldStyleSquare(torch.autograd.Function):  # without setup_context: torch.func cannot transform it
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    class Squared(nn.Module):
+        def forward(self, x):
+            return OldStyleSquare.apply(x)
+
+    model = nn.Sequential(nn.Linear(6, 16), Squared(), nn.Linear(16, 12)).eval()
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError) as refused:
+        routes.timed_pulls(model, None, JacobianPlan("vmap", 4, None, False), x, 3)
+    assert cannot_trace(refused.value)
+    assert routes.timed_pulls(model, None, JacobianPlan("loop", 4, None, False), x, 3).shape == (4, 3, 6)
+
+
+@pytest.mark.parametrize(("planned", "pulls"), [("loop", "loop"), ("vmap", "vmap"), ("forward", "loop")])
+def test_the_routes_pull_by_their_plans_strategy(planned, pulls):
+    from probust.execution.tuning import JacobianPlan
+    from probust.noise import as_noise
+
+    ctx = routes.Context(
+        model=nn.Linear(3, 4),
+        head=None,
+        plan=JacobianPlan(planned, 4, None, False),
+        noise=as_noise(0.1),
+        tol=1e-4,
+        seed=0,
+        prune=True,
+        jvp=1.5,
+        share=0.5,
+        probe_rows=8,
+        pull_rows=4,
+        graph_rows=4,
+    )
+    assert ctx.pull == pulls
 
 
 def test_the_screening_share_is_declared_per_device_kind():

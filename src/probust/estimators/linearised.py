@@ -25,9 +25,8 @@ from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.costs import pull_strategy
 from probust.execution.tuning import JacobianPlan, forward_mode_pays
-from probust.gradients import Strategy
+from probust.gradients import VMAP_STEP, Strategy
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -92,8 +91,9 @@ def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
 
 
 def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
-    """What a Jacobian plan is timed on: the gradients of ``margins`` margins of ``rows`` under
-    ``plan`` (all of them in forward mode), the weights and rows in its memory format."""
+    """What :meth:`Linearised.linearise`'s plan is timed on, its own work: the gradients of
+    ``margins`` margins of ``rows`` by :func:`probust.linearise.margin_jacobian` under ``plan`` (all
+    of them in forward mode), the weights and rows in its memory format."""
     with weights_in_format(model, plan.channels_last):
         return margin_jacobian(
             model,
@@ -325,11 +325,18 @@ class Linearised(Estimator):
         sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (share * exact)
         if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or sketch_could_pay):
             return None  # nothing pays but every gradient, one pass each: the direct path
-        # The measuring is bounded by the work it serves: at least the screening's probes per row.
-        passes = routes.SPECTRAL_PROBES if spectral else exact
-        plan = self._jacobian_plan(x, x.shape[0] * self.copies, passes=passes)
-        with self.execution.in_format(self.model, plan):
-            pull = pull_strategy(self.model, head, x, plan)
+        # Loop or vmap is timed on the routes' own pulls, a vmapped step's worth of cotangents
+        # (the padding every narrow pull pays), bounded by the work it serves: at least the
+        # screening's probes per row.
+        plan = self.execution.jacobian_plan(
+            self.model,
+            x,
+            x.shape[0] * self.copies,
+            run=functools.partial(routes.timed_pulls, self.model, head),
+            passes=routes.SPECTRAL_PROBES if spectral else exact,
+            work="pulls",
+            calibration=VMAP_STEP,
+        )
         return routes.Context(
             model=self.model,
             head=head,
@@ -340,7 +347,6 @@ class Linearised(Estimator):
             prune=prune,
             jvp=jvp,
             share=share,
-            pull=pull,
             route=self.route,
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
@@ -438,16 +444,15 @@ class Linearised(Estimator):
         inputs take at most half the memory budget."""
         return self.execution.points_per_chunk(self.model, x, self.copies)
 
-    def _jacobian_plan(self, x: Tensor, rows: int, passes: float | None = None) -> JacobianPlan:
-        """How to differentiate ``rows`` rows like ``x`` (:meth:`probust.execution.Execution.jacobian_plan`);
-        ``passes``: backward passes per row the call runs (default C - 1), which bounds the measuring."""
+    def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
+        """How :meth:`linearise` differentiates ``rows`` rows like ``x``
+        (:meth:`probust.execution.Execution.jacobian_plan`, timed on :func:`timed_margins`)."""
         return self.execution.jacobian_plan(
             self.model,
             x,
             rows,
             run=functools.partial(timed_margins, self.model),
             differentiable=self.differentiable,
-            passes=passes,
         )
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients, linear_head
 from probust._checks import check_logits, check_target
-from probust._memory_format import to_format
+from probust._memory_format import to_format, weights_in_format
 from probust._segments import add_rows
 from probust.errors import OptionError
 from probust.estimators import pruning
@@ -86,8 +86,6 @@ class Context:
             (:func:`probust.gradients.forward_mode_runs`).
         share: the screenings' share of the best route
             (:func:`probust.execution.cost_model.screening_share`).
-        pull: how the pulls run, by loop or vmap (:func:`probust.execution.costs.pull_strategy`:
-            speed and rounding only).
         probe_rows: rows per forward-mode pass of the sketch
             (:meth:`probust.execution.Execution.forward_mode_rows`).
         pull_rows: rows per pass of pullbacks, and so the points linearised together
@@ -107,11 +105,16 @@ class Context:
     prune: bool
     jvp: float
     share: float
-    pull: Strategy
     probe_rows: int
     pull_rows: int
     graph_rows: int
     route: str = "auto"
+
+    @property
+    def pull(self) -> Strategy:
+        """How the pulls run: by the plan's loop or vmap, whichever was timed faster on them
+        (:func:`timed_pulls`; speed and rounding only); a forward-mode plan pulls by the loop."""
+        return Strategy.LOOP if self.plan.strategy.whole_jacobian else self.plan.strategy
 
 
 class Routed(NamedTuple):
@@ -569,19 +572,50 @@ def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:
     points, n = copies.shape[:2]
     rows = copies.reshape(points * n, *copies.shape[2:])
     row_target = target.repeat_interleave(n)
-    parts = []
-    for first in range(0, len(rows), ctx.plan.rows):
-        block = slice(first, first + ctx.plan.rows)
-        _, _, u = margin_jacobian(
-            ctx.model,
-            to_format(rows[block], ctx.plan.channels_last),
-            row_target[block],
-            strategy=Strategy.FORWARD,
-            class_chunk_size=ctx.plan.class_chunk,
+    parts = [
+        _forward_block(
+            ctx.model, ctx.plan, rows[first : first + ctx.plan.rows], row_target[first : first + ctx.plan.rows]
         )
-        parts.append(u)
+        for first in range(0, len(rows), ctx.plan.rows)
+    ]
     u = torch.cat(parts)
     return u.view(points, n, *u.shape[1:]).mean(1) if n > 1 else u
+
+
+def _forward_block(
+    model: nn.Module, plan: JacobianPlan, rows: Tensor, target: Tensor | None, *, fallback: bool = True
+) -> Tensor:
+    """u [R, C, *S] of one pass of rows by forward mode (the forward route), in the plan's format
+    and tangent chunks; ``target`` None: each row's prediction; ``fallback`` as in
+    :func:`probust.linearise.margin_jacobian`."""
+    return margin_jacobian(
+        model,
+        to_format(rows, plan.channels_last),
+        target,
+        strategy=Strategy.FORWARD,
+        class_chunk_size=plan.class_chunk,
+        fallback=fallback,
+    )[2]
+
+
+def timed_pulls(model: nn.Module, head: nn.Linear | None, plan: JacobianPlan, rows: Tensor, count: int) -> Tensor:
+    """What the routes' plan is timed on (:meth:`probust.execution.Execution.jacobian_plan`): their own
+    work on ``rows`` [R, *S] under ``plan``, the weights and rows in its memory format.
+
+    A loop or vmap plan: one :class:`probust.gradients.Pullback` pass (as :class:`_Rows` runs it) and
+    a pull of ``count`` boundary cotangents on its features, so that vmap pays its padding to
+    :data:`probust.gradients.VMAP_STEP` as the routes' narrow pulls do. A forward-mode plan: the
+    forward route's pass (every margin's gradient). Where torch.func cannot run the plan's strategy
+    through the model, torch's error propagates (the plan's measuring skips that strategy).
+    """
+    with weights_in_format(model, plan.channels_last):
+        if plan.strategy.whole_jacobian:
+            return _forward_block(model, plan, rows, None, fallback=False)
+        pullback = Pullback(model, to_format(rows, plan.channels_last), head, strategy=plan.strategy, fallback=False)
+        target = pullback.logits.argmax(1)
+        classes = other_classes(target, pullback.logits.shape[1])[:, :count]
+        cotangents = _boundary_cotangents(target, classes, head, pullback.logits.shape[1]).transpose(0, 1)
+        return pullback.pull(cotangents)
 
 
 def _pad_width(normal: Tensor, width: int) -> Tensor:

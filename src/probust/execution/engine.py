@@ -189,6 +189,8 @@ class Execution:
         run: Callable[[JacobianPlan, Tensor, int], object],
         differentiable: bool = False,
         passes: float | None = None,
+        work: str = "margins",
+        calibration: int | None = None,
     ) -> JacobianPlan:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
         (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
@@ -197,9 +199,13 @@ class Execution:
             model: in eval mode.
             x: the batch [B, *S] (a few of its rows are timed).
             total_rows: rows the call will differentiate.
-            run: ``run(plan, rows, k)`` computes the gradients of k margins of ``rows``: what is timed.
+            run: ``run(plan, rows, k)``: the call's own work on ``rows`` for k margins (or
+                cotangents), which is what is timed.
             differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
             passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
+            work: names what ``run`` does (plans of different work are timed and kept apart).
+            calibration: the k each timed call runs (None: the default of
+                :func:`probust.execution.tuning.plan_jacobian`).
         """
         return plan_jacobian(
             model,
@@ -214,6 +220,8 @@ class Execution:
             differentiable=differentiable,
             run=run,
             passes=None if passes is None else max(1, int(passes)),
+            work=work,
+            **({} if calibration is None else {"calibration": calibration}),
         )
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:

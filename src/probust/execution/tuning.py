@@ -54,11 +54,10 @@ _MAX_JACOBIAN_ROWS = 256
 _FIRST_FORWARD_ROWS = 64  # the forward ladder's first (and default) rows per pass
 DEFAULT_JACOBIAN_ROWS = 32
 _TRIAL_ROWS = 4  # rows of a timed Jacobian pass
-_CALIBRATION_CLASSES = 2  # class (or tangent) subset timed; cost is linear in it
+_CALIBRATION_CLASSES = 2  # margins (or tangents) timed by default; cost is linear in them
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
-#: vmap is taken only where it costs at most this share of the loop per cotangent, wherever what
-#: was timed flatters it: on a CPU, the Jacobian trial (:func:`_measure_jacobian`), and the
-#: routes' narrow pulls, which vmap pads to VMAP_STEP cotangents (:mod:`probust.execution.costs`).
+#: On a CPU vmap is taken only where it costs at most this share of the loop per cotangent: what is
+#: timed, a trial of a few rows, flatters it (:func:`_measure_jacobian`).
 VMAP_PAYS = 2 / 3
 #: What torch.func's first call in a process costs (vjp, vmap and jvp alike, torch 2.14): it
 #: imports torch._dynamo, about 1.6 s on this project's 2-core CPU (2.5 s was measured with
@@ -316,6 +315,8 @@ def plan_jacobian(
     differentiable: bool = False,
     run: Callable[[JacobianPlan, Tensor, int], object],
     passes: int | None = None,
+    work: str = "margins",
+    calibration: int = _CALIBRATION_CLASSES,
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
@@ -330,9 +331,13 @@ def plan_jacobian(
         class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
         channels_last: the user's choice of format; None measures it (off when differentiable).
         differentiable: the Jacobian must keep its graph (forward mode is not offered).
-        run: ``run(plan, rows, k)`` computes the gradients of k margins of ``rows`` for timing.
+        run: ``run(plan, rows, k)``: the call's own work on ``rows`` for k margins (or cotangents),
+            which is what is timed.
         passes: backward passes per row the call will run (default C - 1; fewer where the
             caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
+        work: names what ``run`` does, in the plan's key: plans of different work are timed and
+            kept apart.
+        calibration: the k each timed call runs (at most C - 1); the cost is linear in it.
     """
     cost = row_cost(model, x)
     d = cost.input // x.element_size()
@@ -377,6 +382,7 @@ def plan_jacobian(
         tuple(formats),
         differentiable,
         rows,
+        work,
     )
     plan = _cached(model, key, JacobianPlan)
     if plan is None:
@@ -384,7 +390,6 @@ def plan_jacobian(
             model,
             key,
             x,
-            classes,
             strategies,
             formats,
             fitted,
@@ -392,6 +397,7 @@ def plan_jacobian(
             rows,
             total_rows,
             classes - 1 if passes is None else passes,
+            min(classes - 1, calibration),
         )
         if complete:
             _remember(model, key, plan)
@@ -404,7 +410,6 @@ def _measure_jacobian(
     model: nn.Module,
     key: tuple,
     x: Tensor,
-    classes: int,
     strategies: list[Strategy],
     formats: list[bool],
     fitted: Callable[[Strategy, int], JacobianPlan],
@@ -412,6 +417,7 @@ def _measure_jacobian(
     rows: int | None,
     total_rows: int,
     passes: int,
+    margins: int,
 ) -> tuple[JacobianPlan, bool]:
     """(plan, whether every candidate was timed): each (strategy, format) timed on a few rows and
     a class subset, the default first; the others only if timing them all fits the planning
@@ -429,9 +435,9 @@ def _measure_jacobian(
     Args:
         passes: backward passes per row the call will run (C - 1 margins, or fewer where
             pruned): with ``total_rows``, the size of the work the allowance is a share of.
+        margins: the margins (or cotangents) each timed call runs.
     """
     allowance = _Allowance()
-    margins = min(classes - 1, _CALIBRATION_CLASSES)
     trial_rows = rows if rows is not None else min(_TRIAL_ROWS, total_rows)
     candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
     default_rows = rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS)
