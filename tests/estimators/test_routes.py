@@ -193,12 +193,12 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
 
 
 def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeypatch):
-    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of a
-    vmapped step of boundary cotangents (the padding every narrow pull pays), never on the
+    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
+    boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
     Jacobian paths they do not run, and the routes then pull by the plan it chose."""
     from probust.estimators import linearised
     from probust.execution import tuning
-    from probust.gradients import VMAP_STEP, Pullback
+    from probust.gradients import Pullback
 
     monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)  # every candidate is timed
     timed, pulled = [], []
@@ -224,8 +224,8 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     est = probust.Taylor(model, 0.05, check_draws=0)
     ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
     assert ctx is not None and not pulled
-    assert {strategy for strategy, _ in timed} == {"loop", "vmap"}  # both timed, on a step's width
-    assert {width for _, width in timed} == {VMAP_STEP}
+    assert {strategy for strategy, _ in timed} == {"loop", "vmap"}  # both timed
+    assert {width for _, width in timed} == {tuning._CALIBRATION_CLASSES}
     r = est(x[:2])  # the plan is kept: a smaller call pulls by it
     assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
     assert ctx.plan.strategy in ("loop", "vmap") and pulled

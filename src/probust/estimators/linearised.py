@@ -26,7 +26,7 @@ from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
 from probust.execution.tuning import JacobianPlan, forward_mode_pays
-from probust.gradients import VMAP_STEP, Strategy
+from probust.gradients import Strategy
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -325,8 +325,8 @@ class Linearised(Estimator):
         sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (share * exact)
         if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or sketch_could_pay):
             return None  # nothing pays but every gradient, one pass each: the direct path
-        # Loop or vmap is timed on the routes' own pulls, a vmapped step's worth of cotangents
-        # (the padding every narrow pull pays), bounded by the work it serves: at least the
+        # Loop or vmap and the format are timed on the routes' own pulls (vmap pays its padding
+        # to a full step, as their narrow pulls do), bounded by the work they serve: at least the
         # screening's probes per row.
         plan = self.execution.jacobian_plan(
             self.model,
@@ -335,7 +335,6 @@ class Linearised(Estimator):
             run=functools.partial(routes.timed_pulls, self.model, head),
             passes=routes.SPECTRAL_PROBES if spectral else exact,
             work="pulls",
-            calibration=VMAP_STEP,
         )
         return routes.Context(
             model=self.model,

@@ -190,7 +190,6 @@ class Execution:
         differentiable: bool = False,
         passes: float | None = None,
         work: str = "margins",
-        calibration: int | None = None,
     ) -> JacobianPlan:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
         (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
@@ -204,8 +203,6 @@ class Execution:
             differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
             passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
             work: names what ``run`` does (plans of different work are timed and kept apart).
-            calibration: the k each timed call runs (None: the default of
-                :func:`probust.execution.tuning.plan_jacobian`).
         """
         return plan_jacobian(
             model,
@@ -221,7 +218,6 @@ class Execution:
             run=run,
             passes=None if passes is None else max(1, int(passes)),
             work=work,
-            **({} if calibration is None else {"calibration": calibration}),
         )
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:

@@ -316,7 +316,6 @@ def plan_jacobian(
     run: Callable[[JacobianPlan, Tensor, int], object],
     passes: int | None = None,
     work: str = "margins",
-    calibration: int = _CALIBRATION_CLASSES,
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
@@ -337,7 +336,6 @@ def plan_jacobian(
             caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
         work: names what ``run`` does, in the plan's key: plans of different work are timed and
             kept apart.
-        calibration: the k each timed call runs (at most C - 1); the cost is linear in it.
     """
     cost = row_cost(model, x)
     d = cost.input // x.element_size()
@@ -397,7 +395,7 @@ def plan_jacobian(
             rows,
             total_rows,
             classes - 1 if passes is None else passes,
-            min(classes - 1, calibration),
+            min(classes - 1, _CALIBRATION_CLASSES),
         )
         if complete:
             _remember(model, key, plan)
