@@ -296,3 +296,17 @@ class Tempered(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x) / 2.0
+
+
+class OldStyleSquare(torch.autograd.Function):
+    """x * x without ``setup_context``: torch.func cannot transform it, plain autograd can."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad

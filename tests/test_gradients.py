@@ -19,6 +19,7 @@ from probust.gradients import (
     forward_jacobian,
     forward_mode_runs,
 )
+from tests._helpers import OldStyleSquare
 
 
 def _net(classes: int = 7, seed: int = 0) -> nn.Module:
@@ -127,26 +128,13 @@ def test_vmapped_pulls_keep_no_graph_back_to_the_parameters(pull):
         assert gradients.pull(model, x.flatten(1), ones, strategy="vmap", differentiable=True)[1].requires_grad
 
 
-class _OldStyleSquare(torch.autograd.Function):
-    # Without setup_context: torch.func cannot transform it, plain autograd can.
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
-
-
 def test_cannot_trace_reads_torch_funcs_own_errors_and_nothing_else():
     """The fallback's condition: torch.func's error about a transform (caught from the real
     failure) or a NotImplementedError; a TypeError, an AttributeError or a RuntimeError of
     shapes is a bug, in probust or the model, and must propagate."""
     x = torch.randn(3, 4)
     with pytest.raises(RuntimeError) as real:
-        torch.func.vjp(lambda t: _OldStyleSquare.apply(t), x)
+        torch.func.vjp(lambda t: OldStyleSquare.apply(t), x)
     assert cannot_trace(real.value)
     flash = NotImplementedError("Trying to use forward AD with _scaled_dot_product_flash_attention_for_cpu")
     assert cannot_trace(flash)
@@ -178,7 +166,7 @@ def test_a_bug_in_the_model_is_raised_as_it_is_not_read_as_a_tracing_limit(strat
 def test_a_model_torch_func_cannot_transform_falls_back_with_the_same_gradients():
     class Square(nn.Module):
         def forward(self, x):
-            return _OldStyleSquare.apply(x) @ torch.ones(4, 3)
+            return OldStyleSquare.apply(x) @ torch.ones(4, 3)
 
     model, x = Square(), torch.randn(2, 4)
     cotangents = torch.randn(5, 2, 3)

@@ -14,7 +14,7 @@ from probust.errors import OptionError
 from probust.estimators import pruning, routes
 from probust.estimators.routes import ROUTE_NAMES
 from probust.execution import cost_model
-from tests._helpers import Tempered, linear_model
+from tests._helpers import OldStyleSquare, Tempered, linear_model
 
 
 def _violations(spectrum: torch.Tensor, probes: int, failure: float, trials: int, seed: int) -> float:
@@ -264,17 +264,6 @@ def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timin
     from probust.execution.tuning import JacobianPlan
     from probust.gradients import cannot_trace
 
-    class OldStyleSquare(torch.autograd.Function):  # without setup_context: torch.func cannot transform it
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, grad):
-            (x,) = ctx.saved_tensors
-            return 2 * x * grad
-
     class Squared(nn.Module):
         def forward(self, x):
             return OldStyleSquare.apply(x)
@@ -285,6 +274,21 @@ def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timin
         routes.timed_pulls(model, None, JacobianPlan("vmap", 4, None, False), x, 3)
     assert cannot_trace(refused.value)
     assert routes.timed_pulls(model, None, JacobianPlan("loop", 4, None, False), x, 3).shape == (4, 3, 6)
+
+
+def test_a_routed_plan_takes_forward_mode_only_where_the_forward_route_is_the_cheapest():
+    # 64 inputs and 400 classes: forward mode's 96 probes beat the direct route's 399 pulls but not
+    # the head route's 33, so no point takes forward mode and the plan must not be one (its pulls
+    # would run by the loop, untimed). Without the head (Tempered), forward mode is the cheapest.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    ctx = probust.Taylor(model, 0.05).route_context(x)
+    assert ctx is not None and ctx.plan.strategy in ("loop", "vmap")
+    forced = probust.Taylor(model, 0.05, route="forward").route_context(x)
+    assert forced is not None and forced.plan.strategy == "forward"
+    headless = probust.Taylor(Tempered(model), 0.05).route_context(x)
+    assert headless is not None and headless.head is None and headless.plan.strategy == "forward"
 
 
 @pytest.mark.parametrize(("planned", "pulls"), [("loop", "loop"), ("vmap", "vmap"), ("forward", "loop")])

@@ -335,6 +335,10 @@ class Linearised(Estimator):
             run=functools.partial(routes.timed_pulls, self.model, head),
             passes=routes.SPECTRAL_PROBES if spectral else exact,
             work="pulls",
+            # A forward-mode plan serves only the forward route; where another exact route is
+            # cheaper no point takes it (per point the head's cost only falls), and the pulls
+            # would run by the loop, untimed.
+            offer_forward=self.route == "forward" or (math.isfinite(jvp) and inputs * jvp <= exact),
         )
         return routes.Context(
             model=self.model,

@@ -190,6 +190,7 @@ class Execution:
         differentiable: bool = False,
         passes: float | None = None,
         work: str = "margins",
+        offer_forward: bool = True,
     ) -> JacobianPlan:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
         (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
@@ -203,6 +204,7 @@ class Execution:
             differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
             passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
             work: names what ``run`` does (plans of different work are timed and kept apart).
+            offer_forward: whether ``jacobian="auto"`` may take forward mode by counts.
         """
         return plan_jacobian(
             model,
@@ -218,6 +220,7 @@ class Execution:
             run=run,
             passes=None if passes is None else max(1, int(passes)),
             work=work,
+            offer_forward=offer_forward,
         )
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:

@@ -316,6 +316,7 @@ def plan_jacobian(
     run: Callable[[JacobianPlan, Tensor, int], object],
     passes: int | None = None,
     work: str = "margins",
+    offer_forward: bool = True,
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
@@ -336,12 +337,14 @@ def plan_jacobian(
             caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
         work: names what ``run`` does, in the plan's key: plans of different work are timed and
             kept apart.
+        offer_forward: whether "auto" may take forward mode where the counts say it pays (False:
+            loop or vmap only, e.g. for routes whose forward route is not their cheapest).
     """
     cost = row_cost(model, x)
     d = cost.input // x.element_size()
     if differentiable or not can_use_channels_last(model, x):
         channels_last = False
-    if strategy == "auto" and not differentiable and forward_mode_pays(model, x, d, classes):
+    if strategy == "auto" and not differentiable and offer_forward and forward_mode_pays(model, x, d, classes):
         strategies = [Strategy.FORWARD]  # decided by counts (a different computation), never timed
     elif strategy == "auto":
         # The default (timed first, kept where there is no time to time more) by device: a CPU

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from probust.estimators.mmse import DEFAULT_COPIES
 from probust.run import distributed
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, agree
@@ -71,7 +72,7 @@ class Grid:
     request: dict[str, Any]
     recorded: dict[str, Any]
     noise: Any = None
-    linearisation_samples: int = 5
+    linearisation_samples: int = DEFAULT_COPIES
 
 
 def prepare(

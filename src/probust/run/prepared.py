@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from probust.estimators.mmse import DEFAULT_COPIES
 from probust.run.distributed import World
 from probust.run.store import ResultStore
 
@@ -66,7 +67,7 @@ class PreparedRun:
     world: World
     settings: Any  # a RunSettings, or another command's settings (CertifySettings)
     show_progress: bool = True
-    linearisation_samples: int = 5
+    linearisation_samples: int = DEFAULT_COPIES
     warnings: list[str] = field(default_factory=list)
     noise: Any = None
 
