@@ -54,7 +54,7 @@ _MAX_JACOBIAN_ROWS = 256
 _FIRST_FORWARD_ROWS = 64  # the forward ladder's first (and default) rows per pass
 DEFAULT_JACOBIAN_ROWS = 32
 _TRIAL_ROWS = 4  # rows of a timed Jacobian pass
-_CALIBRATION_CLASSES = 2  # margins (or tangents) timed by default; cost is linear in them
+_CALIBRATION_CLASSES = 2  # margins (or tangents) per timed call; cost is linear in them
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
 #: On a CPU vmap is taken only where it costs at most this share of the loop per cotangent: what is
 #: timed, a trial of a few rows, flatters it (:func:`_measure_jacobian`).
