@@ -226,6 +226,8 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     assert ctx is not None and not pulled
     assert {strategy for strategy, _ in timed} == {"loop", "vmap"}  # both timed
     assert {width for _, width in timed} == {tuning._CALIBRATION_CLASSES}
+    measured = len(timed)
+    assert est.route_context(x).plan == ctx.plan and len(timed) == measured  # kept: not timed again
     r = est(x[:2])  # the plan is kept: a smaller call pulls by it
     assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
     assert ctx.plan.strategy in ("loop", "vmap") and pulled
@@ -248,11 +250,11 @@ def test_what_the_routes_plan_times_is_their_work(strategy, with_head):
     head = find_linear_head(model, x[:1]) if with_head else None
     assert (head is not None) == with_head
     got = routes.timed_pulls(model, head, JacobianPlan(strategy, 4, None, False), x, 3)
-    _, _, every = margin_jacobian(model, x, strategy="loop")
     if strategy == "forward":
+        _, _, every = margin_jacobian(model, x, strategy="loop")
         torch.testing.assert_close(got, every, rtol=1e-5, atol=1e-6)
     else:
-        _, target, first = margin_jacobian(model, x, strategy="loop", limit=3)
+        _, _, first = margin_jacobian(model, x, strategy="loop", limit=3)
         assert got.shape == (4, 3, 6)
         torch.testing.assert_close(got, first, rtol=1e-5, atol=1e-6)
 
