@@ -66,7 +66,7 @@ from torch import Tensor, nn
 
 import probust
 from probust.errors import OptionError
-from probust.estimators.routes import ROUTE_CHOICES, ROUTE_NAMES
+from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution.budget import peak_memory
 from probust.execution.cost_model import screening_share
 from probust.linear_head import find_linear_head
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
                 for route in _routes_alone(big, x):
                     if route in args.alone:
                         try:
-                            _, alone[route], memory[route] = _timed(_estimator(method, big, sigma, route=route), x)
+                            _, alone[route], memory[route] = _timed(_estimator(method, big, sigma, **FORCING[route]), x)
                         except OptionError as exc:  # e.g. the sketch where forward mode cannot run
                             print(f"{name} {head} {method}: route {route} does not apply: {exc}", flush=True)
                 best = min(alone, key=alone.__getitem__) if alone else None
@@ -330,8 +330,8 @@ def main() -> None:
     parser.add_argument(
         "--alone",
         nargs="*",
-        default=list(ROUTE_CHOICES[1:]),
-        choices=ROUTE_CHOICES[1:],
+        default=[r for r in FORCING if r != "auto"],
+        choices=[r for r in FORCING if r != "auto"],
         help="the routes timed alone for auto/best (default: every one that applies; none: no auto/best)",
     )
     parser.add_argument("--first-use", action="store_true", help="also time a fresh process's first call")

@@ -8,7 +8,7 @@ does) against the default ``prune="auto"``. For these models "auto" takes the gr
 the CNN's linear head (50 features < C - 1 margins: 50 backward passes give every margin's
 gradient and its exact z) and keeps only the boundaries that can matter; ``--route sketch``
 hides the head (logits / 1, computed after it) and forces the forward-mode sketch of 32 probes
-(``route="sketch"``), ``--route spectral`` the reverse-mode screening, for comparison.
+(``prune="sketch"``), ``--route spectral`` the reverse-mode screening, for comparison.
 
 Printed per row: the time ratio full / pruned (each timed once, after one warm-up call that
 measures the Jacobian plan), the peak memory each call added (resident-set high-water mark,
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import probust
-from probust.estimators.routes import ROUTE_NAMES
+from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution.budget import peak_memory
 
 TARGETS = {100: 3.0, 1000: 15.0}  # pruned over full, per class count
@@ -97,7 +97,7 @@ def main() -> None:
             for sigma in args.sigmas:
                 make = probust.Taylor if method == "taylor" else probust.MMSE
                 full, t_full, mb_full = _timed(make(model, sigma, prune="off", tol=args.tol, show_progress=False), x)
-                estimator = make(model, sigma, route=args.route, tol=args.tol, show_progress=False)
+                estimator = make(model, sigma, **FORCING[args.route], tol=args.tol, show_progress=False)
                 pruned, t_pruned, mb_pruned = _timed(estimator, x)
                 route = "direct" if pruned.route is None else ROUTE_NAMES[int(pruned.route.mode().values)]
                 assert pruned.boundaries_kept is not None and pruned.cdf_error is not None

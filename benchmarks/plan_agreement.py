@@ -18,8 +18,9 @@ and torch build prints the same table. Columns, per method and dtype, over all m
   model.
 - plans: the largest |dp| and |dz| (the z-scores, or the margins for the methods without z)
   between the reference plan (rows per pass 32, Jacobian "loop", contiguous format) and each
-  other plan: rows per pass 1 / 7 / 128, Jacobian "vmap" / "forward", channels_last (CNNs),
-  the gradient routes "direct" / "head" / "forward" (taylor, mmse).
+  other plan: rows per pass 1 / 7 / 128, Jacobian "vmap", every gradient by forward mode
+  (``gradients="forward", prune="off"``), channels_last (CNNs), the gradient routes "direct" /
+  "head" / "forward" (taylor, mmse).
 - routes: the routes "head" and "forward" against "direct", all three with pruning on (the
   dropped boundaries are the same whichever route computes the kept ones).
 - pruning: |dp| between pruning on (route "direct") and the reference (the full sum at C = 10),
@@ -47,6 +48,7 @@ from tests._helpers import TinyCNN, linear_model, points_near_boundaries  # noqa
 
 import probust  # noqa: E402
 from probust.estimators import REGISTRY, Estimate, LinearisedMonteCarlo, make_estimator  # noqa: E402
+from probust.estimators.routes import FORCING  # noqa: E402
 from probust.models import build  # noqa: E402
 
 POINTS = 8
@@ -173,11 +175,13 @@ def plans(name: str, model: nn.Module, x: Tensor, sigma: float, quick: bool) -> 
     spec = REGISTRY[name]
     out: list[dict] = [dict(batch_size=rows) for rows in ((7, 128) if quick else (1, 7, 128))]
     if "jacobian" in spec.run_options:
-        out += [dict(jacobian="vmap")] + ([] if quick else [dict(jacobian="forward")])
+        out += [dict(jacobian="vmap")]
+    if "gradients" in spec.run_options and not quick:
+        out += [dict(gradients="forward", prune="off")]
     if x.ndim == 4 and any(p.ndim == 4 for p in model.parameters()):
         out.append(dict(channels_last=True))
     if "prune" in spec.run_options and not quick:
-        out += [dict(route=r, prune="on") for r in ("direct", "head", "forward")]
+        out += [dict(FORCING[r]) for r in ("direct", "head", "forward")]
     return out
 
 
@@ -204,16 +208,16 @@ def main() -> None:
                 reference = call(name, model, x, sigma)
                 pruned = None
                 for plan in plans(name, model, x, sigma, args.quick):
-                    key = ",".join(f"{k}={v}" for k, v in plan.items() if k != "prune")
+                    key = ",".join(f"{k}={v}" for k, v in plan.items())
                     try:
                         other = call(name, model, x, sigma, **plan)
                     except (ValueError, RuntimeError) as exc:
                         print(f"  {model_name} {name} {dname} {key}: not run ({str(exc)[:80]})")
                         continue
-                    if plan.get("prune") == "on":
+                    if "gradients" in plan and "prune" not in plan:
                         # Pruning drops boundaries (their mass is in cdf_error): a route is compared
                         # with the direct route under the same pruning, and pruning with the full sum.
-                        if plan["route"] == "direct":  # listed first: the routes' reference
+                        if plan["gradients"] == "direct":  # listed first: the routes' reference
                             pruned = other
                             prune_check(table, name, dname, model_name, reference, pruned)
                             continue

@@ -117,7 +117,7 @@ def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(make, jacobia
         features = model[:3](x)
     assert (features == 0).float().mean() > 0.3  # the premise: many dead features
     # mv-sigmoid: nothing pruned, so every boundary's gradient comes out and can be compared.
-    on_head = make(model, 0.2, cdf="mv-sigmoid", route="head", jacobian=jacobian)(x)
+    on_head = make(model, 0.2, cdf="mv-sigmoid", gradients="head", jacobian=jacobian)(x)
     direct = make(model, 0.2, cdf="mv-sigmoid", prune="off", jacobian=jacobian)(x)
     assert (on_head.route == ROUTE_NAMES.index("head")).all()
     torch.testing.assert_close(on_head.grad_norm, direct.grad_norm, rtol=1e-5, atol=1e-6)
@@ -127,7 +127,7 @@ def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(make, jacobia
 def test_a_feature_at_zero_with_a_gradient_is_not_skipped():
     model, x = _ZeroValuedFeatures().eval(), _inputs(3)
     assert linear_head.find_linear_head(model, x[:1]) is model.head
-    on_head = probust.Taylor(model, 0.2, cdf="mv-sigmoid", route="head")(x)
+    on_head = probust.Taylor(model, 0.2, cdf="mv-sigmoid", gradients="head")(x)
     direct = probust.Taylor(model, 0.2, cdf="mv-sigmoid", prune="off")(x)
     torch.testing.assert_close(on_head.grad_norm, direct.grad_norm, rtol=1e-5, atol=1e-6)
     assert (direct.grad_norm.sum(1) > 0).all()  # the premise: the features at 0 carry gradients

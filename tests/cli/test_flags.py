@@ -151,6 +151,7 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
         "p_fail": True,
         "mc_half_width": 0.05,
         "prune": "off",
+        "gradients": "direct",
         "eval_batch_size": 17,
         "memory_budget": "1GB",
         "jacobian": "loop",
@@ -216,6 +217,8 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "0.2",
         "--prune",
         "off",
+        "--gradients",
+        "direct",
         "--noise",
         "uniform",
         "--mean",
@@ -237,6 +240,7 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "p_fail": True,
         "mc_half_width": 0.2,
         "prune": "off",
+        "gradients": "direct",
         "noise": {"kind": "uniform"},
         "mean": [0.5],
         "std": [0.25],
@@ -581,7 +585,7 @@ def test_tol_bounds_cdf_error_and_prune_off_keeps_every_boundary(in_root):
     loose = _estimate(in_root, "p1", *common, "--tol", "0.01", "--prune", "off")
     assert (loose["cdf_error"] <= 0.01).all()
     assert (loose["boundaries_kept"] == 4).all()
-    tight = _estimate(in_root, "p2", *common, "--tol", "1e-5", "--prune", "on")
+    tight = _estimate(in_root, "p2", *common, "--tol", "1e-5", "--prune", "spectral")
     assert (tight["cdf_error"] <= 1e-5 + 1e-12).all()
     assert (tight["boundaries_kept"] <= 4).all()
     assert np.allclose(tight["p"], loose["p"], atol=0.02)

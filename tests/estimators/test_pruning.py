@@ -13,7 +13,7 @@ from torch import nn
 import probust
 from probust import _rng
 from probust.estimators import pruning
-from probust.estimators.routes import ROUTE_NAMES
+from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution import cost_model
 from probust.linearise import margin_sketch
 from probust.mvn.numerics import ndtr
@@ -124,7 +124,7 @@ def test_pruned_p_equals_unpruned_p_within_the_bound_on_linear_models(method, ro
     make = probust.Taylor if method == "taylor" else probust.MMSE
     for sigma in (0.02, 0.05, 0.1):
         full = _unpruned_on_the_segment(method, sigma, tol)
-        pruned = make(model, sigma, tol=tol, prune="on", route=route)(x)
+        pruned = make(model, sigma, tol=tol, **FORCING[route])(x)
         assert torch.equal(full.target, pruned.target)
         if route not in ("auto", "spectral", "sketch"):
             assert (pruned.route == ROUTE_NAMES.index(route)).all()
@@ -180,36 +180,49 @@ def test_routes_are_chosen_by_counted_cost():
         kwargs = {"sigma": 0.3, **options}
         full = probust.Taylor(many, **kwargs)(x)
         assert (full.route == ROUTE_NAMES.index("forward")).all() and (full.boundaries_kept == 999).all()
-        head = probust.Taylor(many, route="head", **kwargs)(x)
+        head = probust.Taylor(many, gradients="head", **kwargs)(x)
         assert (head.route == ROUTE_NAMES.index("head")).all()
         torch.testing.assert_close(head.p, full.p, rtol=0, atol=1e-5)
-    # Not pruned: every gradient by the cheapest exact way the plan knows, by counts forward mode.
-    assert (probust.Taylor(many, 0.3, prune=False)(x).route == ROUTE_NAMES.index("forward")).all()
-    assert (probust.Taylor(many, 0.3, prune=False, jacobian="loop")(x).route == ROUTE_NAMES.index("direct")).all()
+    # Not pruned: every gradient directly or, by counts, by forward mode; or by the source asked for.
+    off = probust.Taylor(many, 0.3, prune="off")(x)
+    assert (off.route == ROUTE_NAMES.index("forward")).all() and (off.boundaries_kept == 999).all()
+    assert (probust.Taylor(many, 0.3, prune="off", jacobian="loop")(x).route == ROUTE_NAMES.index("direct")).all()
+    for source in ("direct", "head", "forward"):
+        forced = probust.Taylor(many, 0.3, prune="off", gradients=source)(x)
+        assert (forced.route == ROUTE_NAMES.index(source)).all() and (forced.boundaries_kept == 999).all()
+        torch.testing.assert_close(forced.p, off.p, rtol=0, atol=1e-5)
 
 
 def test_a_forced_route_that_cannot_apply_is_refused():
     model = _far_classes_mlp(50)
-    with pytest.raises(ValueError, match="^route: must be one of"):
-        probust.Taylor(model, 0.1, route="fastest")
-    with pytest.raises(ValueError, match="^route: 'head' needs prune"):
-        probust.Taylor(model, 0.1, route="head", prune="off")
-    with pytest.raises(ValueError, match="^route: 'spectral' prunes"):
-        probust.Taylor(model, 0.1, route="spectral", cdf="mv-sigmoid")
+    with pytest.raises(ValueError, match="^gradients: must be one of"):
+        probust.Taylor(model, 0.1, gradients="fastest")
+    with pytest.raises(ValueError, match="^gradients: 'head' does not keep the autograd graph"):
+        probust.Taylor(model, 0.1, gradients="head", differentiable=True)
+    with pytest.raises(ValueError, match="^gradients: 'forward' takes no backward passes"):
+        probust.Taylor(model, 0.1, gradients="forward", jacobian="vmap")
+    with pytest.raises(ValueError, match="^prune: 'spectral' screens the boundaries, which cannot be combined with"):
+        probust.Taylor(model, 0.1, prune="spectral", cdf="mv-sigmoid")
+    with pytest.raises(ValueError, match="^prune: 'sketch' screens .* gradients='head'"):
+        probust.Taylor(model, 0.1, prune="sketch", gradients="head")
+    with pytest.raises(ValueError, match="^jacobian: must be one of"):
+        probust.Taylor(model, 0.1, jacobian="forward")  # forward mode is a source: gradients="forward"
     with pytest.raises(ValueError, match="needs a model whose logits come from an nn.Linear head"):
-        probust.Taylor(Tempered(model), 0.1, route="head")(torch.randn(2, 30))
+        probust.Taylor(Tempered(model), 0.1, gradients="head")(torch.randn(2, 30))
 
 
 @pytest.mark.parametrize(
     "options", [{"cdf": "mv-sigmoid"}, {"p_fail": True}, {"differentiable": True}, {"sigma": probust.Uniform(0.1)}]
 )
-def test_prune_on_refuses_what_it_cannot_bound(options):
+def test_a_forced_screening_refuses_what_it_cannot_bound(options):
     model = linear_model(10, 60, seed=0)
     kwargs = {"sigma": 0.1, **options}
-    with pytest.raises(ValueError, match="prune"):
-        probust.Taylor(model, prune="on", **kwargs)
-    with pytest.raises(ValueError, match="^prune: must be"):
-        probust.Taylor(model, 0.1, prune="sometimes")
+    for screening in ("spectral", "sketch"):
+        with pytest.raises(ValueError, match="^prune: "):
+            probust.Taylor(model, prune=screening, **kwargs)
+    for unknown in ("sometimes", "on", True, False, None):
+        with pytest.raises(ValueError, match="^prune: must be"):
+            probust.Taylor(model, 0.1, prune=unknown)
 
 
 class _Square(torch.autograd.Function):
@@ -251,7 +264,7 @@ def test_a_model_forward_mode_cannot_run_is_screened_in_reverse_mode_only():
     assert auto.route is not None and (auto.route != ROUTE_NAMES.index("forward")).all()
     assert ((auto.p - full.p).abs() <= auto.cdf_error + full.cdf_error + 1e-6).all()
     with pytest.raises(ValueError, match="forward mode"):
-        probust.Taylor(model, 0.1, jacobian="loop", route="sketch")(x)
+        probust.Taylor(model, 0.1, jacobian="loop", prune="sketch")(x)
 
 
 @functools.cache
@@ -301,7 +314,7 @@ def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
         full = _unpruned_on_the_cnn(make, sigma, tempered)
-        pruned = make(model, sigma, prune="on", tol=1e-3, jacobian="vmap", route=route, channels_last=False)(x)
+        pruned = make(model, sigma, tol=1e-3, jacobian="vmap", channels_last=False, **FORCING[route])(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
         # + 1e-6: the head route sums the same float32 products in another order (z moves by
@@ -367,7 +380,7 @@ def test_screened_estimates_do_not_depend_on_the_batch_split(make, route):
     x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
         -1, 1, 1, 1
     )
-    estimator = make(model, 0.3, batch_size=4, prune="on", jacobian="vmap", route=route)
+    estimator = make(model, 0.3, batch_size=4, jacobian="vmap", **FORCING[route])
     whole = estimator(x)
     assert len(set(whole.boundaries_kept.tolist())) > 2  # points of different widths
     for k in (4, 8):

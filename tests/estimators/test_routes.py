@@ -12,7 +12,7 @@ import probust
 from probust import gradients
 from probust.errors import OptionError
 from probust.estimators import pruning, routes
-from probust.estimators.routes import ROUTE_NAMES
+from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution import cost_model
 from tests._helpers import OldStyleSquare, Tempered, linear_model
 
@@ -65,7 +65,7 @@ def test_spectral_lower_bounds_hold_on_linear_models():
             with torch.no_grad():
                 model.bias.mul_(sigma)
             x = x * sigma
-        r = probust.Taylor(model, sigma, route="spectral", tol=1e-2)(x)
+        r = probust.Taylor(model, sigma, prune="spectral", tol=1e-2)(x)
         w, b = model.weight.double(), model.bias.double()
         logits = x.double() @ w.T + b
         c = logits.gather(1, r.target[:, None]) - logits
@@ -118,11 +118,11 @@ def test_mmse_with_more_copies_than_a_pass_holds(route):
         model, route = Tempered(model), "sketch"
     x = torch.randn(5, 30, generator=torch.Generator().manual_seed(4)) * 0.1
     full = probust.MMSE(model, 0.05, n_samples=6, prune="off", batch_size=4)(x)
-    got = probust.MMSE(model, 0.05, n_samples=6, batch_size=4, route=route)(x)
+    got = probust.MMSE(model, 0.05, n_samples=6, batch_size=4, **FORCING[route])(x)
     assert torch.equal(got.target, full.target)
     assert ((got.p - full.p).abs() <= got.cdf_error + full.cdf_error + 1e-6).all()
     # Whole points per pass (batch_size >= copies): the same numbers.
-    whole = probust.MMSE(model, 0.05, n_samples=6, batch_size=12, route=route)(x)
+    whole = probust.MMSE(model, 0.05, n_samples=6, batch_size=12, **FORCING[route])(x)
     torch.testing.assert_close(whole.p, got.p, rtol=0, atol=1e-6)
 
 
@@ -130,7 +130,7 @@ def test_the_forward_route_is_every_gradient_by_forward_mode():
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 50)).eval())
     x = torch.randn(7, 6, generator=torch.Generator().manual_seed(0))
     full = probust.Taylor(model, 0.3, cdf="mv-sigmoid", prune="off", jacobian="loop")(x)
-    forward = probust.Taylor(model, 0.3, cdf="mv-sigmoid", route="forward")(x)
+    forward = probust.Taylor(model, 0.3, cdf="mv-sigmoid", gradients="forward")(x)
     assert (forward.route == ROUTE_NAMES.index("forward")).all()
     torch.testing.assert_close(forward.grad_norm, full.grad_norm, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(forward.p, full.p, rtol=1e-5, atol=1e-7)
@@ -163,7 +163,7 @@ def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkey
     r = probust.Taylor(model, 0.02, jacobian="loop")(x)
     assert not (r.route == ROUTE_NAMES.index("forward")).any()
     with pytest.raises(OptionError, match="cannot run through this model"):
-        probust.Taylor(model, 0.02, route="sketch")(x)
+        probust.Taylor(model, 0.02, prune="sketch")(x)
 
     def bug(*args, **kwargs):
         raise TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
@@ -287,7 +287,7 @@ def test_a_routed_plan_takes_forward_mode_only_where_the_forward_route_is_the_ch
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
     ctx = probust.Taylor(model, 0.05).route_context(x)
     assert ctx is not None and ctx.plan.strategy in ("loop", "vmap")
-    forced = probust.Taylor(model, 0.05, route="forward").route_context(x)
+    forced = probust.Taylor(model, 0.05, gradients="forward").route_context(x)
     assert forced is not None and forced.plan.strategy == "forward"
     headless = probust.Taylor(Tempered(model), 0.05).route_context(x)
     assert headless is not None and headless.head is None and headless.plan.strategy == "forward"

@@ -44,7 +44,7 @@ def test_a_screened_points_cdf_error_holds_the_screenings_failure_share(method, 
     w, b = model.weight.detach().double(), model.bias.detach().double()
     for tol in (1e-4, 1e-2):  # failure shares 1e-6 (the comparisons' slack) and 1e-4
         make = probust.Taylor if method == "taylor" else lambda *a, **k: probust.MMSE(*a, n_samples=4, **k)
-        r = make(model, sigma, tol=tol, route=route)(x)
+        r = make(model, sigma, tol=tol, prune=route)(x)
         # The premise: every point screened, one boundary kept (a closed form with no error).
         assert (r.route == ROUTE_NAMES.index("candidates")).all()
         assert (r.boundaries_kept == 1).all()

@@ -461,6 +461,6 @@ def test_prune_is_part_of_the_folders_identity(tmp_path):
     assert (df.boundaries_kept == 2).all()  # 3 classes: both other boundaries
     assert read_config(out)["run"]["prune"] == "off"
     with pytest.raises(ConfigMismatchError, match="prune"):
-        run(out, methods=["taylor"], limit=4, prune="on")
+        run(out, methods=["taylor"], limit=4, prune="spectral")
     with pytest.raises(ConfigError, match="prune"):
         run(tmp_path / "bad", methods=["taylor"], limit=4, prune="sometimes")

@@ -87,11 +87,12 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
         "mc_half_width": None,
         "noise": {"kind": "gaussian"},
         "prune": "auto",
+        "gradients": "auto",
         "model_args": {},
         "mean": None,  # no normalisation was recorded: the model ran as given
         "std": None,
     }
-    assert s.prune == "auto"
+    assert s.prune == "auto" and s.gradients == "auto"
     assert cfg.model.file == "/models/cnn.pt" and cfg.model.class_name is None
     assert cfg.model_meta == {"dataset": "fashion-mnist", "arch": "cnn"}
     assert cfg.data.input_shape is None and cfg.data.num_classes is None and cfg.classes == ()

@@ -41,6 +41,9 @@ BAD = [
     ("eval_batch_size", 0),
     ("memory_budget", "lots"),
     ("jacobian", "magic"),
+    ("jacobian", "forward"),
+    ("prune", "on"),
+    ("gradients", "spectral"),
     ("channels_last", "on"),
     ("seed", 1.5),
     ("seed", True),
@@ -230,6 +233,9 @@ WRONG_TYPE = [
     ("noise_scale", None),
     ("prune", 3),
     ("prune", None),
+    ("gradients", 3),
+    ("gradients", None),
+    ("gradients", True),
     ("mean", object()),
     ("mean", True),
     ("mean", {"r": 0.5}),
@@ -283,3 +289,26 @@ def test_noise_settings_that_cannot_go_together_are_refused_before_any_file_is_r
     with pytest.raises(ConfigError, match=message):
         settings(**changes)
     settings(noise="uniform", methods=["mc", "taylor", "mmse"])  # the analytic methods take its covariance
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"prune": "spectral", "p_fail": True},
+            "^prune: 'spectral' screens the boundaries, which cannot be combined with",
+        ),
+        ({"prune": "sketch", "noise": "uniform"}, "^prune: 'sketch' screens .* non-Gaussian noise"),
+        ({"prune": "sketch", "gradients": "head"}, "^prune: 'sketch' screens .* gradients"),
+        ({"gradients": "forward", "jacobian": "loop"}, "^gradients: 'forward' takes no backward passes"),
+        ({"prune": "on"}, "^prune: "),
+        ({"jacobian": "forward"}, "^jacobian: "),
+    ],
+)
+def test_prune_and_gradients_are_checked_by_the_estimators_rule_before_any_work(changes, message):
+    """The run's prune, gradients and jacobian are the estimators' arguments under the same names,
+    checked by the same function when the settings are built (not once the first unit runs)."""
+    with pytest.raises(ConfigError, match=message):
+        settings(methods=["taylor"], **changes)
+    # A method that takes neither leaves them unchecked against each other, as its estimator would.
+    settings(methods=["mc"], prune="sketch", gradients="head")

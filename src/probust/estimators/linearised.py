@@ -19,14 +19,13 @@ from probust import _rng, gradients
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
 from probust._memory_format import to_format, weights_in_format
 from probust._progress import progress
-from probust.errors import OptionError, Part, Setting
+from probust.errors import OptionError
 from probust.estimators import maps, pruning, routes, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
 from probust.execution.tuning import JacobianPlan, forward_mode_pays
-from probust.gradients import Strategy
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -122,8 +121,8 @@ class Linearised(Estimator):
         differentiable: bool = False,
         p_fail: bool = False,
         fail_rtol: float = 1e-2,
-        prune: str | bool | None = "auto",
-        route: str = "auto",
+        prune: str = "auto",
+        gradients: str = "auto",
         check_draws: int | None = None,
         **kwargs,
     ) -> None:
@@ -144,41 +143,19 @@ class Linearised(Estimator):
         self.differentiable = differentiable
         self.p_fail = p_fail
         self.fail_rtol = check_fraction(fail_rtol, "fail_rtol")
-        self.prune = pruning.as_prune(prune)
-        if self.prune == "on":
-            unsupported: dict[Part, bool] = {
-                Setting("cdf", "mv-sigmoid"): cdf != "mvn",
-                Setting("differentiable", True): differentiable,
-                Setting("p_fail", True): p_fail,
-                "non-Gaussian noise": not self.noise.is_gaussian,
-            }
-            reasons = [name for name, bad in unsupported.items() if bad]
-            if reasons:
-                listed = [part for i, reason in enumerate(reasons) for part in ((", ",) if i else ()) + (reason,)]
-                raise OptionError("'on' cannot be combined with ", *listed, "; use 'auto' or 'off'", field="prune")
-        check_choice(route, routes.ROUTE_CHOICES, "route")
-        if route != "auto" and (self.prune == "off" or differentiable or self.jacobian == Strategy.FORWARD):
-            raise OptionError(
-                f"{route!r} needs ",
-                Setting("prune"),
-                " 'auto' or 'on', ",
-                Setting("differentiable", False),
-                " and a ",
-                Setting("jacobian"),
-                " other than 'forward' (those compute every gradient directly); use 'auto'",
-                field="route",
-            )
-        prunable = cdf == "mvn" and not p_fail and self.noise.is_gaussian
-        if route in ("spectral", "sketch") and not prunable:
-            raise OptionError(
-                f"{route!r} prunes boundaries, which needs ",
-                Setting("cdf", "mvn"),
-                ", ",
-                Setting("p_fail", False),
-                " and Gaussian noise",
-                field="route",
-            )
-        self.route = route
+        routes.check_settings(
+            prune,
+            gradients,
+            cdf=cdf,
+            differentiable=differentiable,
+            p_fail=p_fail,
+            gaussian=self.noise.is_gaussian,
+            jacobian=self.jacobian,
+        )
+        self.prune = prune
+        self.gradients = gradients
+        #: Whether boundaries may be left out at all (the mvn-cdf's error budget, Gaussian tails).
+        self._prunable = cdf == "mvn" and not p_fail and self.noise.is_gaussian and not differentiable
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -282,48 +259,50 @@ class Linearised(Estimator):
 
     def route_context(self, x: Tensor) -> routes.Context | None:
         """How the margin gradients of points like ``x`` are computed: None where every margin's
-        gradient is taken directly (:meth:`linearise`: ``prune="off"``, ``differentiable``, a
-        fixed ``jacobian="forward"``, or a model too small in classes for any other route to
-        pay), else the settings of :func:`probust.estimators.routes.linearise`, which chooses a
-        route per point from counts (the model's linear head, screenings that prune the
-        boundaries that cannot matter, forward mode, or every gradient).
+        gradient is taken directly or by forward mode (:meth:`linearise`: ``prune="off"`` with
+        ``gradients`` "auto", "direct" or "forward", ``differentiable``, or a model too small in
+        classes for any other route to pay), else the settings of
+        :func:`probust.estimators.routes.linearise`, which chooses a route per point from counts
+        (the model's linear head, screenings that prune the boundaries that cannot matter,
+        forward mode, or every gradient), or takes the forced one.
 
         Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
         before anything is timed: C, the head's width, the input size and the probes'
         declared cost. Forward mode counts only where one untimed probe shows it runs."""
-        if self.prune == "off" or self.differentiable or self.jacobian == Strategy.FORWARD:
+        if self.differentiable or not isinstance(self.model, nn.Module):
             return None
-        if not isinstance(self.model, nn.Module):
+        if self.prune == "off" and self.gradients != "head":
             return None
         classes = row_cost(self.model, x).classes
         inputs = x[0].numel()
-        prune = self.prune == "on" or (self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian)
+        prune = self.prune != "off" and self._prunable
+        # Each point's route is chosen (by counts) only where neither setting forces one.
+        chooses = self.gradients == "auto" and self.prune == "auto"
         head = find_linear_head(self.model, x[:1])
         # Forward mode at its declared cost, unless it cannot run through the model: probed
         # (untimed) here where it would decide the route (a forced one, or D probes below the
         # reverse routes' passes), else only once a point's route wants the sketch.
         jvp = cost_model.jvp_in_pulls(x.device)
         share = cost_model.screening_share(x.device)
-        forced_forward = self.route in ("forward", "sketch")
-        if forced_forward or (
-            self.route == "auto" and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)
-        ):
+        forced_forward = self.gradients == "forward" or self.prune == "sketch"
+        if forced_forward or (chooses and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)):
             if not gradients.forward_mode_runs(self.model, x):
                 if forced_forward:
+                    field = "gradients" if self.gradients == "forward" else "prune"
                     raise OptionError(
-                        f"{self.route!r} needs forward mode (torch.func.jvp), which cannot run through this model; "
-                        "use 'spectral' or 'auto'",
-                        field="route",
+                        f"{getattr(self, field)!r} needs forward mode (torch.func.jvp), which cannot run through "
+                        "this model; use " + ("'auto' or 'direct'" if field == "gradients" else "'spectral' or 'auto'"),
+                        field=field,
                     )
                 jvp = math.inf
         exact = routes.static_exact(head, classes, inputs, jvp)
-        spectral = self.route == "spectral" or (
-            self.route == "auto"
+        spectral = self.prune == "spectral" or (
+            chooses
             and prune
             and routes.SPECTRAL_PROBES <= routes.RHO * routes.static_exact(head, classes, inputs, math.inf)
         )
         sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (share * exact)
-        if self.route == "auto" and not (self.prune == "on" or exact < classes - 1 or spectral or sketch_could_pay):
+        if chooses and not (exact < classes - 1 or spectral or sketch_could_pay):
             return None  # nothing pays but every gradient, one pass each: the direct path
         # Loop or vmap and the format are timed on the routes' own pulls (vmap pays its padding
         # to a full step, as their narrow pulls do), bounded by the work they serve: at least the
@@ -338,7 +317,8 @@ class Linearised(Estimator):
             # A forward-mode plan serves only the forward route; where another exact route is
             # cheaper no point takes it (per point the head's cost only falls), and the pulls
             # would run by the loop, untimed.
-            offer_forward=self.route == "forward" or (math.isfinite(jvp) and inputs * jvp <= exact),
+            forward=self.gradients == "forward",
+            offer_forward=chooses and math.isfinite(jvp) and inputs * jvp <= exact,
         )
         return routes.Context(
             model=self.model,
@@ -350,17 +330,22 @@ class Linearised(Estimator):
             prune=prune,
             jvp=jvp,
             share=share,
-            route=self.route,
+            gradients=self.gradients,
+            screening=self.prune if self.prune in ("spectral", "sketch") else "auto",
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),
         )
 
     def _forward_jacobian(self, x: Tensor) -> bool:
-        """Whether :meth:`linearise` takes every gradient by forward mode: asked for, or by
-        counts (:func:`probust.execution.tuning.forward_mode_pays`) where ``jacobian="auto"``."""
-        if self.jacobian != "auto" or self.differentiable or not isinstance(self.model, nn.Module):
-            return self.jacobian == Strategy.FORWARD
+        """Whether :meth:`linearise` takes every gradient by forward mode: asked for
+        (``gradients="forward"``), or by counts
+        (:func:`probust.execution.tuning.forward_mode_pays`) where neither ``gradients`` nor
+        ``jacobian`` is fixed."""
+        if self.gradients != "auto" or self.jacobian != "auto" or self.differentiable:
+            return self.gradients == "forward"
+        if not isinstance(self.model, nn.Module):
+            return False
         return forward_mode_pays(self.model, x, x[0].numel(), row_cost(self.model, x).classes)
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> routes.Routed:
@@ -456,6 +441,8 @@ class Linearised(Estimator):
             rows,
             run=functools.partial(timed_margins, self.model),
             differentiable=self.differentiable,
+            forward=self.gradients == "forward",
+            offer_forward=self.gradients == "auto",
         )
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:

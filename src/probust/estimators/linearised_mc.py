@@ -73,7 +73,8 @@ class LinearisedMonteCarlo(Estimator):
         tol: absolute tolerance of the linearisation's mvn-cdf.
         jacobian_batch_size: rows per Jacobian pass of the linearisation (None: measured).
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
-        jacobian: the linearisation's Jacobian strategy (see :class:`probust.Taylor`).
+        jacobian: how the linearisation's backward passes run (see :class:`probust.Taylor`); its
+            gradients are taken directly, or by forward mode where the counts say it pays.
     """
 
     def __init__(

@@ -25,7 +25,7 @@ class MMSE(Linearised):
 
     Args:
         model, sigma, cdf, tol, jacobian, class_chunk_size, batch_size, memory_budget, channels_last,
-            seed, show_progress, execution, differentiable, p_fail, fail_rtol, prune, route: see
+            seed, show_progress, execution, differentiable, p_fail, fail_rtol, prune, gradients: see
             :class:`Taylor`. The routes and screenings work on the averaged linearisation
             (gradients, probes' pullbacks and derivatives averaged over the N copies, exactly the
             smoothed boundary's), so they keep the same guarantee. Differentiable MMSE

@@ -34,28 +34,19 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from probust.errors import OptionError
 from probust.mvn.numerics import ndtr
 
-#: ``prune`` settings: "auto" prunes where it can apply and pays, "on", "off".
-PRUNE_CHOICES = ("auto", "on", "off")
+#: The ``prune`` setting of Taylor and MMSE: "auto" drops the boundaries that cannot matter and
+#: screens where the counts say it pays (:mod:`probust.estimators.routes`); "off" keeps every
+#: boundary; "spectral" and "sketch" run that screening on every point, then compute the exact
+#: gradients of only the boundaries it leaves within reach.
+PRUNE_CHOICES = ("auto", "off", "spectral", "sketch")
 #: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
 #: lower quantile over m grows towards 1) at a linear cost.
 PROBES = 32
 #: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
 DROP_SHARE = 0.05
 FAILURE_SHARE = 0.01
-
-
-def as_prune(prune: str | bool | None) -> str:
-    """The ``prune`` argument as one of :data:`PRUNE_CHOICES` (True: "on", False: "off", None: "auto")."""
-    if prune is None:
-        return "auto"
-    if isinstance(prune, bool):
-        return "on" if prune else "off"
-    if prune not in PRUNE_CHOICES:
-        raise OptionError(f"must be one of {PRUNE_CHOICES}, True, False or None, got {prune!r}", field="prune")
-    return prune
 
 
 def shares(tol: float) -> tuple[float, float]:

@@ -31,6 +31,7 @@ RUN_OPTIONS = (
     "sampling",
     "temperature",
     "jacobian",
+    "gradients",
     "mmse_samples",
     "p_fail",
     "target_half_width",
@@ -79,7 +80,7 @@ class MethodSpec:
 
 
 #: The mvn-cdf methods also take "prune" (the mv-sigmoid has no error budget to spend on it).
-_ANALYTIC = frozenset({"tol", "jacobian", "p_fail", "prune"})
+_ANALYTIC = frozenset({"tol", "jacobian", "gradients", "p_fail", "prune"})
 
 #: Every method, in the order tables and figures show them: the paper's six, then those beyond it.
 REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(

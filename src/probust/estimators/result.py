@@ -48,7 +48,8 @@ class Estimate:
             index into :data:`ROUTE_NAMES` ("direct": one backward pass per boundary; "head":
             through the model's linear head; "forward": forward mode; "candidates": a screening,
             then the boundaries still within reach). Decided from counts, never from timings
-            (:mod:`probust.execution.cost_model`).
+            (:mod:`probust.execution.cost_model`), unless forced: ``gradients`` names the first
+            three, ``prune="spectral"`` or ``"sketch"`` gives "candidates".
         agreement: float64 [B], Taylor and MMSE: the fraction of checked noise draws eps on
             which the model's verdict (argmax f(x + eps) = target) and the linearisation's
             (every kept c_i + u_i . eps > 0) agree. 1 - agreement estimates a bound on the

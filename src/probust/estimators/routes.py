@@ -32,6 +32,11 @@ The dropped boundaries' tails and the screenings' failure probabilities are adde
 ``cdf_error`` (:mod:`probust.estimators.pruning`). A point's route depends only on the point
 (its margins, features and the model), and its gradients come from passes whose rows do not
 interact, so its numbers do not depend on the other points of its batch.
+
+Two settings of Taylor and MMSE can force a route on every point, each checked once
+(:func:`check_settings`): ``gradients`` an exact source (:data:`GRADIENTS`), ``prune`` a
+screening whose candidates get exact gradients, or no pruning ("off"). :data:`FORCING` maps a
+route's name to them.
 """
 
 from __future__ import annotations
@@ -44,10 +49,10 @@ import torch
 from torch import Tensor, nn
 
 from probust import _rng, gradients, linear_head
-from probust._checks import check_logits, check_target
+from probust._checks import check_choice, check_logits, check_target
 from probust._memory_format import to_format, weights_in_format
 from probust._segments import add_rows
-from probust.errors import OptionError
+from probust.errors import OptionError, Part, Setting
 from probust.estimators import pruning
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
 from probust.execution.tuning import JacobianPlan
@@ -62,9 +67,72 @@ RHO = 0.1
 
 #: Indices into :data:`ROUTE_NAMES`, the routes a point can take, as recorded in ``Estimate.route``.
 DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
-#: The ``route`` argument of Taylor and MMSE: "auto" chooses per point by counted cost; the others force
-#: one route on every point ("spectral" and "sketch": that screening, then the candidates).
-ROUTE_CHOICES = ("auto", "direct", "head", "forward", "spectral", "sketch")
+#: The ``gradients`` setting of Taylor and MMSE, where the exact margin gradients come from: "auto"
+#: chooses per point by counted cost; the others are routes of :data:`ROUTE_NAMES`, forced on
+#: every point (with no screening: they give every boundary's gradient). The screenings are the
+#: ``prune`` setting's (:data:`probust.estimators.pruning.PRUNE_CHOICES`).
+GRADIENTS = ("auto", "direct", "head", "forward")
+#: The Taylor/MMSE settings that force each route on every point (to compare them): an exact
+#: source (``gradients``), or a screening then its candidates (``prune``); "auto": neither.
+FORCING: dict[str, dict[str, str]] = {
+    "auto": {},
+    **{source: {"gradients": source} for source in GRADIENTS[1:]},
+    "spectral": {"prune": "spectral"},
+    "sketch": {"prune": "sketch"},
+}
+
+
+def check_settings(
+    prune: str,
+    gradients: str,
+    *,
+    cdf: str = "mvn",
+    differentiable: bool = False,
+    p_fail: bool = False,
+    gaussian: bool = True,
+    jacobian: str = "auto",
+) -> None:
+    """Check Taylor's and MMSE's ``prune`` (:data:`probust.estimators.pruning.PRUNE_CHOICES`) and
+    ``gradients`` (:data:`GRADIENTS`) and what they are combined with; the one check, run by the
+    estimators and by the runner before any work (which names its settings the same).
+
+    Raises:
+        OptionError: a value not offered, or a forced screening or source that cannot apply
+            (``field`` "prune" or "gradients"; the message names the setting in the way).
+    """
+    check_choice(prune, pruning.PRUNE_CHOICES, "prune")
+    check_choice(gradients, GRADIENTS, "gradients")
+    if prune in ("spectral", "sketch"):
+        unsupported: dict[Part, bool] = {
+            Setting("cdf", "mv-sigmoid"): cdf != "mvn",
+            Setting("differentiable", True): differentiable,
+            Setting("p_fail", True): p_fail,
+            "non-Gaussian noise": not gaussian,
+            Setting("gradients", gradients): gradients != "auto",
+        }
+        reasons = [name for name, bad in unsupported.items() if bad]
+        if reasons:
+            listed = [part for i, reason in enumerate(reasons) for part in ((", ",) if i else ()) + (reason,)]
+            raise OptionError(
+                f"{prune!r} screens the boundaries, which cannot be combined with ",
+                *listed,
+                "; use 'auto' or 'off'",
+                field="prune",
+            )
+    if differentiable and gradients == "head":
+        raise OptionError(
+            "'head' does not keep the autograd graph that ",
+            Setting("differentiable", True),
+            " needs; use 'auto', 'direct' or 'forward'",
+            field="gradients",
+        )
+    if gradients == "forward" and jacobian != "auto":
+        raise OptionError(
+            "'forward' takes no backward passes for ",
+            Setting("jacobian"),
+            " to batch; leave it 'auto'",
+            field="gradients",
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +161,10 @@ class Context:
         graph_rows: rows whose forward graph fits the budget: a group of points (at least one
             point's copies) within it runs one forward pass for all its pulls
             (:meth:`probust.execution.Execution.graph_rows`).
-        route: one of :data:`ROUTE_CHOICES`: "auto", or the route forced on every point.
+        gradients: one of :data:`GRADIENTS`: "auto", or the exact route forced on every point
+            (no screening runs).
+        screening: "auto" (where it pays, by counts), or "spectral" / "sketch": that screening
+            on every point, then the exact gradients of its candidates (``prune`` only).
     """
 
     model: nn.Module
@@ -108,7 +179,8 @@ class Context:
     probe_rows: int
     pull_rows: int
     graph_rows: int
-    route: str = "auto"
+    gradients: str = "auto"
+    screening: str = "auto"
 
     @property
     def pull(self) -> Strategy:
@@ -140,8 +212,8 @@ def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
     """Whether the spectral screening runs: its probes cost at most RHO of the cheapest reverse-mode
     route that gives every gradient (a property of the model and the class count, not of the
     points; the forward route then competes with its candidates point by point)."""
-    if ctx.route != "auto":
-        return ctx.route == "spectral"
+    if ctx.gradients != "auto" or ctx.screening != "auto":
+        return ctx.screening == "spectral"
     return ctx.prune and SPECTRAL_PROBES <= RHO * static_exact(ctx.head, classes, inputs, math.inf)
 
 
@@ -253,7 +325,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     inputs = copies[0, 0].numel()
 
     # The exact routes' costs in pullbacks per copy (inf where a route does not apply).
-    forced = ctx.route
+    forced = ctx.gradients
     direct_cost = torch.full((points,), float(classes - 1), dtype=torch.float64, device=c.device)
     head_cost = torch.full_like(direct_cost, math.inf)
     alive = None
@@ -268,7 +340,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
         if forced == "head" and ctx.head is None:
             raise OptionError(
-                "'head' needs a model whose logits come from an nn.Linear head; none was found", field="route"
+                "'head' needs a model whose logits come from an nn.Linear head; none was found", field="gradients"
             )
         for cost in (direct_cost, head_cost, forward_cost):
             if cost is not keep:
@@ -286,8 +358,9 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         delta += share
         screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = screened.kept.double()
-    if forced == "sketch" or (forced == "auto" and ctx.prune and math.isfinite(jvp)):
-        if forced == "sketch":
+    screening = ctx.screening
+    if screening == "sketch" or (forced == screening == "auto" and ctx.prune and math.isfinite(jvp)):
+        if screening == "sketch":
             sketch = torch.ones(points, dtype=torch.bool, device=c.device)
         else:
             spent = SPECTRAL_PROBES if screened is not None else 0
@@ -301,7 +374,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
             delta[which] += share
             screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
             candidates_cost = torch.where(sketch, screened.kept.double(), candidates_cost)
-    if forced in ("spectral", "sketch"):
+    if screening != "auto":
         exact_cost = torch.full_like(exact_cost, math.inf)
         direct_cost = head_cost = forward_cost = exact_cost
     route = torch.stack([direct_cost, head_cost, forward_cost, candidates_cost]).argmin(0)

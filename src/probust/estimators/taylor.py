@@ -24,9 +24,10 @@ class Taylor(Linearised):
             :class:`probust.noise.Noise` (its covariance S enters as u S u^T).
         cdf: "mvn" (multivariate normal CDF) or "mv-sigmoid" (the paper's closed form).
         tol: absolute error tolerance of the mvn-cdf.
-        jacobian: how the input gradients are computed: "loop", "vmap", "forward", or "auto"
-            (measured); with ``class_chunk_size`` (classes per vmapped backward pass, which bounds
-            memory for large C) an execution setting (:class:`probust.execution.Execution`).
+        jacobian: how the backward passes run: "loop", "vmap", or "auto" (measured); with
+            ``class_chunk_size`` (classes per vmapped backward pass, which bounds memory for large
+            C) an execution setting (:class:`probust.execution.Execution`): speed and rounding
+            only.
         differentiable: keep the autograd graph, so that ``r.p`` (and ``r.z``, ``r.margin``)
             can be differentiated with respect to the model's parameters and, when it requires
             grad, the input x (double backpropagation through the margins' Jacobian, then
@@ -39,25 +40,30 @@ class Taylor(Linearised):
         prune: whether the mvn-cdf may leave out decision boundaries that cannot matter (a
             boundary z noise standard deviations away changes p by at most Phi(-z)), and with
             them their gradients. "auto" (default): where that can apply (the mvn-cdf under
-            Gaussian noise, without ``differentiable`` or ``p_fail``); "on" / True: the same, an
-            error where it cannot apply; "off" / False: every margin's gradient, by its own
-            backward pass (the paper's computation) or, where ``jacobian`` takes it, forward mode
-            (fewer input coordinates than 1/1.5 of the margins, by counts). The boundaries left out add their
-            tails, and any bound's failure probability, to ``r.cdf_error`` (at most 7% of
-            ``tol`` in all; the mvn-cdf samples to the rest), their ``r.z`` holds a lower bound
-            and their ``r.grad_norm`` NaN; ``r.boundaries_kept`` counts the others.
-        route: how each point's margin gradients are computed (:mod:`probust.estimators.routes`);
+            Gaussian noise, without ``differentiable`` or ``p_fail``) and a route other than
+            every gradient by its own pass is taken (a screening or the linear head pays by
+            counts, from about 81 classes or fewer than the head's features + 1 passes; or
+            ``gradients`` names a source), the boundaries whose tails fit the budget are left
+            out. A screening bounds every boundary's z at once (8 reverse-mode probes on the
+            features, or 32 forward-mode probes), and then only the boundaries still within
+            reach get exact gradients. "spectral" and "sketch" run that screening on every point (to compare
+            them; an error where pruning cannot apply). "off": every boundary is kept. The
+            boundaries left out add their tails, and any screening's failure probability, to
+            ``r.cdf_error`` (at most 7% of ``tol`` in all; the mvn-cdf samples to the rest),
+            their ``r.z`` holds a lower bound and their ``r.grad_norm`` NaN;
+            ``r.boundaries_kept`` counts the others.
+        gradients: where the exact margin gradients come from (:mod:`probust.estimators.routes`).
             "auto" (default) takes per point the cheapest, counted in backward passes from the
-            model's counts and a declared cost of a forward-mode probe (never timed, so the same
-            on every run: :mod:`probust.execution.cost_model`): every boundary
-            directly, the rows of the features' Jacobian through the model's linear head (where
-            its d features are fewer than the C - 1 margins: every gradient exactly, ~1e-7
-            relative from the direct ones), forward mode (few input coordinates), or, where
-            boundaries may be left out, a screening that bounds every boundary's z at once (8
-            reverse-mode probes on the features, or 32 forward-mode probes) and then the exact
-            gradients of only the boundaries still within reach. "direct", "head", "forward",
-            "spectral" and "sketch" force one route on every point (to compare them).
-            ``r.route`` records each point's.
+            model's counts and a declared cost of a forward-mode probe (never timed, so the
+            same on every run: :mod:`probust.execution.cost_model`): "direct" (one backward
+            pass per boundary, the paper's computation), "head" (the rows of the features'
+            Jacobian through the model's linear head, where its d features are fewer than the
+            C - 1 margins: every gradient exactly, ~1e-7 relative from the direct ones) or
+            "forward" (forward mode, for inputs with few coordinates), and, where ``prune``
+            screens, only the screening's candidates. Any other value forces that source on
+            every point (no screening runs). With ``prune="off"``, "auto" takes every
+            gradient directly, or by forward mode where the counts say it pays. ``r.route``
+            records each point's ("candidates": a screening's).
         check_draws: fresh noise draws per point on which the model's verdict (argmax
             f(x + eps) = t) is compared with the linearisation's (every c_i + u_i . eps > 0):
             ``r.agreement`` is the fraction that agree, and 1 - agreement estimates a bound on

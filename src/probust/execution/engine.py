@@ -82,9 +82,10 @@ class Execution:
         channels_last: run convolutional models with weights and inputs in channels_last memory
             format (True), or not (False); None: measured with the rest of the plan. The model's
             weights are given back in their own format after each call.
-        jacobian: how input gradients are computed, one of :data:`~probust.execution.tuning.JACOBIANS`:
-            "loop" (one backward pass per class), "vmap" (torch.func, vectorised over classes),
-            "forward" (forward mode, one pass per input coordinate); "auto" (default) measures.
+        jacobian: how the backward passes run, one of :data:`~probust.execution.tuning.JACOBIANS`:
+            "loop" (one backward pass per class), "vmap" (torch.func, vectorised over classes);
+            "auto" (default) measures. Speed and rounding only: where the gradients come from
+            (forward mode among them) is the estimators' ``gradients``.
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C); None:
             chosen from the budget.
 
@@ -190,6 +191,7 @@ class Execution:
         differentiable: bool = False,
         passes: float | None = None,
         work: str = "margins",
+        forward: bool = False,
         offer_forward: bool = True,
     ) -> JacobianPlan:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
@@ -204,6 +206,7 @@ class Execution:
             differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
             passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
             work: names what ``run`` does (plans of different work are timed and kept apart).
+            forward: forward mode, asked for by the estimator (its ``gradients="forward"``).
             offer_forward: whether ``jacobian="auto"`` may take forward mode by counts.
         """
         return plan_jacobian(
@@ -212,7 +215,7 @@ class Execution:
             row_cost(model, x).classes,
             budget=self.budget(x) // 2,
             total_rows=total_rows,
-            strategy=self.jacobian,
+            strategy=Strategy.FORWARD.value if forward else self.jacobian,
             rows=self.batch_size,
             class_chunk=self.class_chunk_size,
             channels_last=self.channels_last,

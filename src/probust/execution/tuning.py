@@ -40,12 +40,13 @@ from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, ro
 from probust.execution.cost_model import jvp_in_pulls
 from probust.gradients import STRATEGIES, Strategy, cannot_trace, forward_mode_runs
 
-#: Jacobian strategies: "loop" (one forward with autograd, one backward pass per class),
-#: "vmap" (torch.func: all classes' backward passes vectorised, in class chunks), "forward"
-#: (torch.func forward mode: one Jacobian-vector product per input coordinate; for inputs
-#: with fewer coordinates than classes). "auto": forward mode where the counts say it pays
-#: (:func:`forward_mode_pays`), else loop or vmap, whichever is measured faster.
-JACOBIANS = ("auto", *STRATEGIES)
+#: The ``jacobian`` setting, how the backward passes run: "loop" (one forward with autograd, one
+#: backward pass per class), "vmap" (torch.func: the classes' backward passes vectorised, in class
+#: chunks), or "auto" (whichever is measured faster). Forward mode (torch.func, one
+#: Jacobian-vector product per input coordinate) is not a way to run backward passes but another
+#: source of the gradients: the estimators' ``gradients="forward"``, or their counts
+#: (:func:`forward_mode_pays`), ask for it.
+JACOBIANS = ("auto", *(s for s in STRATEGIES if not Strategy(s).whole_jacobian))
 
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
 PLANNING_SHARE = 0.1
@@ -326,7 +327,8 @@ def plan_jacobian(
         classes: C, the number of logits.
         budget: bytes the passes may hold.
         total_rows: rows the caller will differentiate; tiny jobs get a default plan.
-        strategy: one of :data:`JACOBIANS`; anything but "auto" is used as given.
+        strategy: "auto", or a :class:`~probust.gradients.Strategy` value used as given
+            (forward mode where the caller asks for it).
         rows: the user's rows per pass (checked against the budget).
         class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
         channels_last: the user's choice of format; None measures it (off when differentiable).

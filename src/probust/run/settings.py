@@ -36,6 +36,7 @@ from probust.estimators.mmse import DEFAULT_COPIES
 from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS
 from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import RUN_OPTIONS
+from probust.estimators.routes import GRADIENTS, check_settings
 from probust.execution.budget import check_budget
 from probust.execution.tuning import JACOBIANS
 from probust.mvn import DEFAULT_TOL
@@ -640,16 +641,27 @@ class EstimatorOptions(SeedOptions):
     )
     prune: str = option(
         "auto",
-        help=f"{_with('prune')}: skip the decision boundaries that cannot matter (a screening bounds every "
-        "boundary's distance: 8 reverse-mode probes, or 32 forward-mode ones, then exact gradients for those "
-        "still within reach; what the others could cost is added to cdf_error; columns boundaries_kept and "
-        "route): where it pays by counts (auto: about 81 classes on, fewer than a linear head's features + 1 "
-        "passes), always (on) or never (off: every margin's gradient, one backward pass each, or forward mode "
-        "for inputs with few coordinates)",
+        help=f"{_with('prune')}: leave out the decision boundaries that cannot matter (what they could cost is "
+        "added to cdf_error; column boundaries_kept): auto (where it applies: leave out those whose tails fit "
+        "the budget, and screen where it pays by counts, from about 81 classes or fewer than a linear head's "
+        "features + 1: a screening bounds every boundary's distance, by 8 reverse-mode probes or 32 "
+        "forward-mode ones, then only those still within reach get exact gradients), spectral or sketch (that "
+        "screening on every point), or off (every boundary kept)",
         choices=PRUNE_CHOICES,
         record="prune",
         implied="auto",
         param="prune",
+    )
+    gradients: str = option(
+        "auto",
+        help=f"where {_with('gradients')} take the exact margin gradients from (column route): auto (each "
+        "point's cheapest, by counts), direct (one backward pass per boundary, the paper's computation), head "
+        "(through the model's linear head, where its features are fewer than the classes), or forward "
+        "(forward mode, for inputs with few coordinates); a forced one runs no screening",
+        choices=GRADIENTS,
+        record="gradients",
+        implied="auto",
+        param="gradients",
     )
 
 
@@ -706,8 +718,8 @@ class ExecutionOptions(ComputeOptions):
 
     jacobian: str = option(
         "auto",
-        help="how the analytic methods get input gradients: measured once per model (auto), one backward pass "
-        "per class (loop), torch.func vmap, or forward mode (for inputs with fewer coordinates than classes)",
+        help="how the analytic methods run their backward passes: measured once per model (auto), one per "
+        "class (loop), or torch.func vmap (speed and rounding only; where the gradients come from is --gradients)",
         choices=JACOBIANS,
         param="jacobian",
     )
@@ -766,13 +778,17 @@ class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOption
 
     def __post_init__(self) -> None:
         check_declared(self)
-        if self.prune == "on" and self.p_fail:
-            raise ConfigError(
-                "'on' cannot be combined with ",
-                Setting("p_fail", True),
-                " (use 'auto', which keeps every boundary then)",
-                field="prune",
-            )
+        if any("prune" in REGISTRY[m].run_options for m in self.methods):
+            try:  # the estimators' own check, before any work (the run names these settings alike)
+                check_settings(
+                    self.prune,
+                    self.gradients,
+                    p_fail=self.p_fail,
+                    gaussian=self.noise == "gaussian",
+                    jacobian=self.jacobian,
+                )
+            except OptionError as exc:
+                raise ConfigError(*exc.parts, field=exc.field) from None
         gaussian = [m for m in self.methods if REGISTRY[m].needs_gaussian]
         check_noise(self.noise, self.noise_std, self.noise_cov, self.noise_scale, gaussian)
         if self.target == "label" and getattr(self.data, "labelled", True) is False:
