@@ -642,11 +642,12 @@ class EstimatorOptions(SeedOptions):
     prune: str = option(
         "auto",
         help=f"{_with('prune')}: leave out the decision boundaries that cannot matter (what they could cost is "
-        "added to cdf_error; column boundaries_kept): auto (where it applies: leave out those whose tails fit "
-        "the budget, and screen where it pays by counts, from about 81 classes or fewer than a linear head's "
-        "features + 1: a screening bounds every boundary's distance, by 8 reverse-mode probes or 32 "
-        "forward-mode ones, then only those still within reach get exact gradients), spectral or sketch (that "
-        "screening on every point), or off (every boundary kept)",
+        "added to cdf_error; column boundaries_kept): auto (where it applies and a route other than every "
+        "gradient by its own pass pays by counts, from about 81 classes or fewer than a linear head's features + "
+        "1, or --gradients names one: leave out those whose tails fit the budget; a screening bounds every "
+        "boundary's distance, by 8 reverse-mode probes or 32 forward-mode ones, then only those still within "
+        "reach get exact gradients), spectral or sketch (that screening on every point), or off (every boundary "
+        "kept)",
         choices=PRUNE_CHOICES,
         record="prune",
         implied="auto",
