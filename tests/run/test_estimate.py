@@ -464,3 +464,29 @@ def test_prune_is_part_of_the_folders_identity(tmp_path):
         run(out, methods=["taylor"], limit=4, prune="spectral")
     with pytest.raises(ConfigError, match="prune"):
         run(tmp_path / "bad", methods=["taylor"], limit=4, prune="sometimes")
+
+
+def test_gradients_is_part_of_the_folders_identity_and_older_folders_imply_auto(tmp_path):
+    import json
+
+    out = tmp_path / "r"
+    head = run(out, methods=["taylor"], limit=4, gradients="head")
+    assert (head.route == "head").all()
+    assert read_config(out)["run"]["gradients"] == "head"
+    with pytest.raises(ConfigMismatchError, match="gradients"):
+        run(out, methods=["taylor"], limit=4)
+    # A folder written before the setting records none: it is "auto", and resumes as such.
+    older = tmp_path / "older"
+    first = run(older, methods=["taylor"], limit=2)
+    config = json.loads((older / "config.json").read_text())
+    del config["run"]["gradients"]
+    (older / "config.json").write_text(json.dumps(config))
+    resumed = run(older, methods=["taylor"], limit=4, extend=True)
+    assert len(resumed) == 2 * len(first)
+    kept = resumed[resumed["index"] < 2].sort_values(["sigma", "index"])["p"].tolist()
+    assert kept == first.sort_values(["sigma", "index"])["p"].tolist()
+    # One written with prune "on", which no longer exists, is refused, naming the setting.
+    config["run"]["prune"] = "on"
+    (older / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigMismatchError, match="prune: on there, auto here"):
+        run(older, methods=["taylor"], limit=4)
