@@ -177,3 +177,60 @@ def test_a_model_torch_func_cannot_transform_falls_back_with_the_same_gradients(
     logits, jacobian = forward_jacobian(model, x)  # forward mode cannot run: the loop's Jacobian
     torch.testing.assert_close(jacobian, (2 * x)[:, None, :].expand(2, 3, 4))
     assert not forward_mode_runs(model, x)
+
+
+class _ItemInBackward(torch.autograd.Function):
+    """Transformable (it has setup_context), but its backward reads a value with .item(), which
+    vmap cannot batch: torch.func.vjp works and only the vmapped pullback fails."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (2.0 if grad.abs().max().item() >= 0 else 0.0)
+
+
+class _DoubleThenLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(_ItemInBackward.apply(x))
+
+
+def test_a_pullback_vmap_cannot_batch_falls_back_when_pulled():
+    torch.manual_seed(0)
+    model, x = _DoubleThenLinear().eval(), torch.randn(2, 4)
+    cotangents = torch.randn(3, 2, 3)
+    vmapped = Pullback(model, x, None, strategy="vmap")  # the vjp itself works
+    with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
+        got = vmapped.pull(cotangents)
+    assert torch.equal(got, Pullback(model, x, None, strategy="loop").pull(cotangents))
+    assert torch.equal(vmapped.pull(cotangents), got)  # later pulls take the loop, without a warning
+    with pytest.raises(RuntimeError, match="item"):  # fallback=False: torch's error (as timing wants)
+        Pullback(model, x, None, strategy="vmap", fallback=False).pull(cotangents)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_pull_keeps_the_graph_only_where_asked(strategy):
+    """gradients.pull is one Pullback on the logits: differentiable keeps the graph to the
+    parameters and to an input that requires grad (double backpropagation), else all detached."""
+    model = _net()
+    x = torch.randn(3, 3, 4, generator=torch.Generator().manual_seed(2))
+    cot = gradients.unit_cotangents
+    logits, grads = gradients.pull(model, x, cot, strategy=strategy)
+    assert not logits.requires_grad and not grads.requires_grad and grads.shape == (3, 7, 3, 4)
+    x_grad = x.clone().requires_grad_(True)
+    logits, grads = gradients.pull(model, x_grad, cot, strategy=strategy, differentiable=True)
+    assert logits.requires_grad and grads.requires_grad
+    to_weight, to_input = torch.autograd.grad(grads.square().sum(), [model[1].weight, x_grad])
+    assert to_weight.abs().sum() > 0 and to_input.abs().sum() > 0  # tanh'' != 0: both reach
+    oracle = _jacobian(model, x)
+    torch.testing.assert_close(grads.detach(), oracle, rtol=1e-5, atol=1e-6)

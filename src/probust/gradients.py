@@ -7,10 +7,11 @@ Three strategies compute the same input gradients (up to float rounding):
 - **forward**: torch.func's forward mode, one Jacobian-vector product per input coordinate (few
   coordinates) or per probe (the sketch, :mod:`probust._forward_mode`).
 
-:func:`pull` takes cotangents on the logits from one pass (the Jacobian paths of
-:mod:`probust.linearise`); :class:`Pullback` keeps the pass and pulls any number of batches of
-cotangents on the model's features (the routes of :mod:`probust.estimators.routes`): where the
-logits come from a linear head f = W h + b (:mod:`probust.linear_head`), u_i = J^T (W_t - W_i)
+:class:`Pullback` is the one implementation of loop and vmap: it keeps one forward pass and
+pulls any number of batches of cotangents on the model's features (the routes of
+:mod:`probust.estimators.routes`); :func:`pull` is a Pullback on the logits pulled once (the
+Jacobian paths of :mod:`probust.linearise`, with their graph where they are differentiated).
+Where the logits come from a linear head f = W h + b (:mod:`probust.linear_head`), u_i = J^T (W_t - W_i)
 with J = dh/dx, so every gradient the estimators need is a pullback of a cotangent on the
 features h: a boundary's (W_t - W_i), a basis vector e_k (row k of J), or a random probe.
 Without a head the features are the logits themselves and a boundary's cotangent is e_t - e_i.
@@ -160,14 +161,16 @@ class Pullback:
         rows: inputs [R, *S] (in the memory format the caller chose).
         head: the model's linear head, or None (the features are then the logits).
         strategy: "loop" (one autograd backward pass per cotangent, on the retained graph) or
-            "vmap" (torch.func's pullback, vectorised over :data:`VMAP_STEP` cotangents at a
-            time).
+            "vmap" (torch.func's pullback, vectorised over the cotangents).
         fallback: where torch.func cannot trace the model (:func:`cannot_trace`), "vmap" runs as
             "loop" with a :class:`TraceFallbackWarning`; False raises torch's error instead.
+        differentiable: keep the autograd graph of the logits, features and gradients (double
+            backpropagation, to the parameters and to ``rows`` where it requires grad); else
+            all three are detached.
 
     Attributes:
-        logits: [R, C], detached.
-        features: [R, F], detached (F = d, the head's inputs, or C).
+        logits: [R, C].
+        features: [R, F] (F = d, the head's inputs, or C).
     """
 
     def __init__(
@@ -178,53 +181,81 @@ class Pullback:
         *,
         strategy: Strategy | str = Strategy.LOOP,
         fallback: bool = True,
+        differentiable: bool = False,
     ) -> None:
         self.shape = rows.shape[1:]
-        run = features_and_logits(model, head)
+        self.differentiable = differentiable
+        self._model, self._rows, self._fallback = model, rows, fallback
+        self._run = features_and_logits(model, head)
         self._pullback: Callable[[Tensor], tuple[Tensor, ...]] | None = None
         if Strategy(strategy) is Strategy.VMAP:
             try:
                 # (features, pullback, logits): torch's annotation knows only the pair without has_aux.
-                features, pullback, *aux = torch.func.vjp(run, rows, has_aux=True)
+                features, pullback, *aux = torch.func.vjp(self._run, rows, has_aux=True)
                 self._pullback, logits = pullback, aux[0]
             except RuntimeError as exc:  # NotImplementedError included
                 if not (fallback and cannot_trace(exc)):
                     raise
                 _warn_fallback(model, exc)
         if self._pullback is None:
-            self._x = rows.detach().requires_grad_(True)
-            with torch.enable_grad():
-                features, logits = run(self._x)
-            self._graph = features
-        self.logits = logits.detach()
-        self.features = features.detach()
+            features, logits = self._record()
+        self.logits = logits if differentiable else logits.detach()
+        self.features = features if differentiable else features.detach()
 
-    def pull(self, cotangents: Tensor) -> Tensor:
+    def _record(self) -> tuple[Tensor, Tensor]:
+        """The forward pass with autograd that the loop pulls back through: (features, logits)."""
+        rows = self._rows
+        # Differentiated with respect to the input too: the caller's own tensor, not a copy.
+        self._x = rows if self.differentiable and rows.requires_grad else rows.detach().requires_grad_(True)
+        with torch.enable_grad():
+            features, logits = self._run(self._x)
+        self._graph = features
+        return features, logits
+
+    def pull(self, cotangents: Tensor, *, chunk_size: int | None = VMAP_STEP, pad: bool = True) -> Tensor:
         """The input gradients of cotangents [K, R, F] on the features: [R, K, *S].
 
         Row r of the result, k-th entry, is J_r^T cotangents[k, r] (J_r = dh/dx at row r).
         May be called any number of times.
+
+        Args:
+            chunk_size: cotangents per vmapped pullback (None: all at once); the loop takes one
+                at a time.
+            pad: pad the cotangents with zeros to a multiple of ``chunk_size``, so that every
+                vmapped pass has the same shape whatever the count (the routes' pulls).
         """
         count = cotangents.shape[0]
         cotangents = cotangents.to(self.features.dtype)
         if count == 0:
             return cotangents.new_zeros(cotangents.shape[1], 0, *self.shape)
-        if self._pullback is not None:
-            width = -(-count // VMAP_STEP) * VMAP_STEP
-            if width > count:
-                cotangents = torch.cat([cotangents, cotangents.new_zeros(width - count, *cotangents.shape[1:])])
-            # The result is detached, so no graph back to the parameters is wanted: without
-            # no_grad each part would keep its whole double-backward graph alive until the cat
-            # (about 260 MB per 8 cotangents on a 2-layer ViT-B/16, 24 GB at d = 768).
-            with torch.no_grad():
-                parts = [
-                    torch.func.vmap(self._pullback)(cotangents[k : k + VMAP_STEP])[0]
-                    for k in range(0, width, VMAP_STEP)
-                ]
-            grads = torch.cat(parts)[:count]
-        else:
-            grads = torch.stack([pull_back(self._graph, self._x, c, retain_graph=True)[0] for c in cotangents])
-        return grads.detach().transpose(0, 1)
+        if self._pullback is None:
+            # Stacked along the rows' dimension: [R, K, *S] contiguous, no copy to transpose.
+            return torch.stack(
+                [
+                    pull_back(self._graph, self._x, c, retain_graph=True, create_graph=self.differentiable)[0]
+                    for c in cotangents
+                ],
+                dim=1,
+            )
+        step = count if chunk_size is None else chunk_size
+        width = -(-count // step) * step if pad else count
+        if width > count:
+            cotangents = torch.cat([cotangents, cotangents.new_zeros(width - count, *cotangents.shape[1:])])
+        # Without a graph to keep, no_grad stops autograd recording the pullback itself: each part
+        # would keep its whole double-backward graph alive until the cat (about 260 MB per 8
+        # cotangents on a 2-layer ViT-B/16, 24 GB at d = 768).
+        try:
+            with contextlib.nullcontext() if self.differentiable else torch.no_grad():
+                parts = [torch.func.vmap(self._pullback)(cotangents[k : k + step])[0] for k in range(0, width, step)]
+        except RuntimeError as exc:  # a batching rule torch.func lacks shows only when vmapped
+            if not (self._fallback and cannot_trace(exc)):
+                raise
+            _warn_fallback(self._model, exc)
+            self._pullback = None
+            self._record()  # the same logits and features, now with the graph the loop needs
+            return self.pull(cotangents[:count])
+        grads = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return grads[:count].transpose(0, 1)
 
 
 def _warn_fallback(model: nn.Module, exc: Exception) -> None:
@@ -234,42 +265,6 @@ def _warn_fallback(model: nn.Module, exc: Exception) -> None:
         TraceFallbackWarning,
         stacklevel=4,
     )
-
-
-def _pull_vmap(
-    model: nn.Module,
-    x: Tensor,
-    cotangents_of: Callable[[Tensor], Tensor],
-    chunk_size: int | None,
-    differentiable: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
-    ``cotangents_of(logits)`` gives: torch.func's vjp, vectorised over K by vmap."""
-    vjp = torch.func.vjp(model, x)  # (output, pullback); indexed: the stubs type has_aux too
-    logits, pullback = vjp[0], vjp[1]
-    # torch.func transforms ignore an outer no_grad, which only stops autograd recording the
-    # pullback itself (a graph back to the parameters that every vmap chunk would keep alive):
-    # the gradients are the same, in less memory, unless the caller differentiates them.
-    with contextlib.nullcontext() if differentiable else torch.no_grad():
-        grads = torch.func.vmap(pullback, chunk_size=chunk_size)(cotangents_of(logits.detach()))[0]
-    return logits, grads.transpose(0, 1)
-
-
-def _pull_loop(
-    model: nn.Module, x: Tensor, cotangents_of: Callable[[Tensor], Tensor], create_graph: bool = False
-) -> tuple[Tensor, Tensor]:
-    """As :func:`_pull_vmap`, with one forward pass and one autograd backward pass per cotangent."""
-    if not (create_graph and x.requires_grad):
-        x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        logits = model(x)
-        cotangents = cotangents_of(logits.detach())
-        last = cotangents.shape[0] - 1
-        grads = [
-            pull_back(logits, x, cotangent, retain_graph=create_graph or k < last, create_graph=create_graph)[0]
-            for k, cotangent in enumerate(cotangents)
-        ]
-    return logits, torch.stack(grads, dim=1)
 
 
 def _jacobian_forward(
@@ -295,30 +290,19 @@ def pull(
     fallback: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Logits [B, C] and the input gradients [B, K, *S] of the K cotangents [K, B, C] that
-    ``cotangents_of(logits)`` gives, from one forward pass over the rows ``x`` [B, *S].
+    ``cotangents_of(logits)`` gives, from one forward pass over the rows ``x`` [B, *S]: a
+    :class:`Pullback` on the logits, pulled once.
 
     Args:
         strategy: "loop" (one autograd backward pass per cotangent on the kept graph) or "vmap"
-            (torch.func's vjp, vectorised over the cotangents, ``chunk_size`` at a time). Both
-            give the same gradients up to float rounding.
+            (torch.func's vjp, vectorised over the cotangents, ``chunk_size`` at a time; None:
+            all at once). Both give the same gradients up to float rounding.
         differentiable: keep the autograd graph (double backpropagation), else detached.
-        fallback: where torch.func cannot trace the model (:func:`cannot_trace`), "vmap" runs
-            as "loop" with a :class:`TraceFallbackWarning`; False raises instead.
+        fallback: as for :class:`Pullback`.
     """
-    if Strategy(strategy) is Strategy.LOOP:
-        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
-    try:
-        return _pull_vmap(model, x, cotangents_of, chunk_size, differentiable)
-    except RuntimeError as exc:  # NotImplementedError included
-        if not (fallback and cannot_trace(exc)):
-            raise
-        warnings.warn(
-            f"torch.func could not trace {type(model).__name__} ({exc.__class__.__name__}: {str(exc)[:120]}); "
-            "computing gradients with one backward pass per class instead",
-            TraceFallbackWarning,
-            stacklevel=4,
-        )
-        return _pull_loop(model, x, cotangents_of, create_graph=differentiable)
+    pullback = Pullback(model, x, None, strategy=strategy, fallback=fallback, differentiable=differentiable)
+    cotangents = cotangents_of(pullback.logits.detach())
+    return pullback.logits, pullback.pull(cotangents, chunk_size=chunk_size, pad=False)
 
 
 def forward_jacobian(
@@ -333,10 +317,11 @@ def forward_jacobian(
     except RuntimeError as exc:  # NotImplementedError included
         if not (fallback and cannot_trace(exc)):
             raise
-        return _pull_loop(model, x, _unit_cotangents, create_graph=differentiable)
+        pullback = Pullback(model, x, None, differentiable=differentiable)
+        return pullback.logits, pullback.pull(unit_cotangents(pullback.logits.detach()))
 
 
-def _unit_cotangents(logits: Tensor) -> Tensor:
+def unit_cotangents(logits: Tensor) -> Tensor:
     """e_c for every class c: [C, B, C]."""
     eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
     return eye[:, None, :].expand(-1, logits.shape[0], -1)

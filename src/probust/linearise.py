@@ -70,7 +70,7 @@ def logit_jacobian(
         return _finish(logits, grads if classes is None else grads[:, classes], differentiable)
 
     def unit_cotangents(logits: Tensor) -> Tensor:
-        every = _unit_cotangents(logits)
+        every = gradients.unit_cotangents(logits)
         return every if classes is None else every[classes]
 
     logits, grads = gradients.pull(
@@ -83,12 +83,6 @@ def logit_jacobian(
         fallback=fallback,
     )
     return _finish(logits, grads, differentiable)
-
-
-def _unit_cotangents(logits: Tensor) -> Tensor:
-    """e_c for every class c: [C, B, C]."""
-    eye = torch.eye(logits.shape[1], device=logits.device, dtype=logits.dtype)
-    return eye[:, None, :].expand(-1, logits.shape[0], -1)
 
 
 def margin_jacobian(

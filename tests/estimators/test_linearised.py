@@ -202,7 +202,7 @@ def test_models_torch_func_cannot_trace_fall_back_to_autograd():
     reference = nn.Sequential(model.a, nn.ReLU(), model.b)
     x = torch.randn(5, 6)
     expected = probust.Taylor(reference, 0.3, jacobian="loop")(x).p
-    with pytest.warns(RuntimeWarning, match="one backward pass per class"):
+    with pytest.warns(RuntimeWarning, match="one backward pass per cotangent"):
         got = probust.Taylor(model, 0.3, jacobian="vmap")(x).p
     assert torch.equal(got, expected)  # the fallback is the "loop" plan: the same bits
     # Measuring strategies ("auto") on enough work drops the one the model cannot run, silently.
@@ -222,7 +222,7 @@ def test_the_fallback_warning_is_a_standard_warning_without_module_state():
 
     model, x = _Untraceable(), torch.randn(3, 6)
     for _ in range(2):  # a new estimator warns again: no warn-once set left behind
-        with pytest.warns(TraceFallbackWarning, match="one backward pass per class"):
+        with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
             probust.Taylor(model, 0.3, jacobian="vmap")(x)
         with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
             Pullback(model, x, model.b, strategy="vmap")
