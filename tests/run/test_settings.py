@@ -312,3 +312,7 @@ def test_prune_and_gradients_are_checked_by_the_estimators_rule_before_any_work(
         settings(methods=["taylor"], **changes)
     # A method that takes neither leaves them unchecked against each other, as its estimator would.
     settings(methods=["mc"], prune="sketch", gradients="head")
+    # The mv-sigmoid methods take gradients and jacobian, not prune: checked as their estimators get them.
+    with pytest.raises(ConfigError, match="^gradients: 'forward' takes no backward passes"):
+        settings(methods=["taylor_mvs"], gradients="forward", jacobian="loop")
+    settings(methods=["taylor_mvs", "mmse_mvs"], prune="sketch", p_fail=True)

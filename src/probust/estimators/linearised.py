@@ -154,8 +154,6 @@ class Linearised(Estimator):
         )
         self.prune = prune
         self.gradients = gradients
-        #: Whether boundaries may be left out at all (the mvn-cdf's error budget, Gaussian tails).
-        self._prunable = cdf == "mvn" and not p_fail and self.noise.is_gaussian and not differentiable
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -275,7 +273,8 @@ class Linearised(Estimator):
             return None
         classes = row_cost(self.model, x).classes
         inputs = x[0].numel()
-        prune = self.prune != "off" and self._prunable
+        # Boundaries may be left out only within the mvn-cdf's error budget, under Gaussian tails.
+        prune = self.prune != "off" and self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian
         # Each point's route is chosen (by counts) only where neither setting forces one.
         chooses = self.gradients == "auto" and self.prune == "auto"
         head = find_linear_head(self.model, x[:1])
@@ -331,7 +330,7 @@ class Linearised(Estimator):
             jvp=jvp,
             share=share,
             gradients=self.gradients,
-            screening=self.prune if self.prune in ("spectral", "sketch") else "auto",
+            screening=self.prune if self.prune in pruning.SCREENINGS else "auto",
             probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),

@@ -40,7 +40,9 @@ from probust.mvn.numerics import ndtr
 #: screens where the counts say it pays (:mod:`probust.estimators.routes`); "off" keeps every
 #: boundary; "spectral" and "sketch" run that screening on every point, then compute the exact
 #: gradients of only the boundaries it leaves within reach.
-PRUNE_CHOICES = ("auto", "off", "spectral", "sketch")
+#: The screenings ``prune`` can force.
+SCREENINGS = ("spectral", "sketch")
+PRUNE_CHOICES = ("auto", "off", *SCREENINGS)
 #: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
 #: lower quantile over m grows towards 1) at a linear cost.
 PROBES = 32

@@ -77,8 +77,7 @@ GRADIENTS = ("auto", "direct", "head", "forward")
 FORCING: dict[str, dict[str, str]] = {
     "auto": {},
     **{source: {"gradients": source} for source in GRADIENTS[1:]},
-    "spectral": {"prune": "spectral"},
-    "sketch": {"prune": "sketch"},
+    **{screening: {"prune": screening} for screening in pruning.SCREENINGS},
 }
 
 
@@ -102,7 +101,7 @@ def check_settings(
     """
     check_choice(prune, pruning.PRUNE_CHOICES, "prune")
     check_choice(gradients, GRADIENTS, "gradients")
-    if prune in ("spectral", "sketch"):
+    if prune in pruning.SCREENINGS:
         unsupported: dict[Part, bool] = {
             Setting("cdf", "mv-sigmoid"): cdf != "mvn",
             Setting("differentiable", True): differentiable,

@@ -779,10 +779,11 @@ class RunSettings(FolderOptions, ExecutionOptions, EstimatorOptions, NoiseOption
 
     def __post_init__(self) -> None:
         check_declared(self)
-        if any("prune" in REGISTRY[m].run_options for m in self.methods):
+        takes = {option for m in self.methods for option in REGISTRY[m].run_options}
+        if "gradients" in takes:
             try:  # the estimators' own check, before any work (the run names these settings alike)
                 check_settings(
-                    self.prune,
+                    self.prune if "prune" in takes else "auto",  # as the methods that take it get it
                     self.gradients,
                     p_fail=self.p_fail,
                     gaussian=self.noise == "gaussian",
