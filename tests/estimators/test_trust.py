@@ -78,7 +78,8 @@ def test_agreement_is_exactly_one_for_linear_models(estimator, prune):
         warnings.simplefilter("error", trust.LinearisationWarning)
         r = estimator(model, 1.0, prune=prune)(x)
     assert torch.equal(r.agreement, torch.ones(12, dtype=torch.float64))
-    draws = trust.TAYLOR_CHECK_DRAWS if estimator is probust.Taylor else 5
+    # Taylor: no first draw disagrees, so no point gets the rest.
+    draws = trust.FIRST_CHECK_DRAWS if estimator is probust.Taylor else 5
     assert torch.equal(r.agreement_draws, torch.full((12,), draws))
     assert not trust.untrusted(r).any()
 
@@ -98,14 +99,16 @@ def test_agreement_is_one_on_the_kept_boundaries_of_a_pruned_linear_model(estima
 
 def test_taylor_disagreement_matches_the_exact_rate_on_a_quadratic_model():
     # At x = 0 the verdicts differ exactly where 0 < c + eps_1 < k ||eps||^2: the observed
-    # fraction over 150 points x 16 draws (independent, per-point streams) is binomial with the
-    # rate computed by quadrature, and that rate is p_lin - p_true exactly (the bound is tight).
+    # fraction over 200 points x 8 draws (independent, per-point streams; one stage, so the
+    # number of draws does not depend on what they show) is binomial with the rate computed by
+    # quadrature, and that rate is p_lin - p_true exactly (the bound is tight).
     d, c, k = 50, 1.0, 0.02
     model = Quadratic(d, c, k)
-    x = torch.zeros(150, d)
+    x = torch.zeros(200, d)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", trust.LinearisationWarning)
-        r = probust.Taylor(model, 1.0, prune="off")(x)
+        r = probust.Taylor(model, 1.0, prune="off", check_draws=trust.FIRST_CHECK_DRAWS)(x)
+    assert torch.equal(r.agreement_draws, torch.full((200,), trust.FIRST_CHECK_DRAWS))
     rate = quadratic_disagreement(d, c, k)
     p_lin = stats.norm.cdf(c)
     assert torch.allclose(r.p, torch.full_like(r.p, p_lin), atol=1e-6)
@@ -129,8 +132,9 @@ def test_disagreement_bounds_the_error_on_a_nonlinear_network():
         warnings.simplefilter("ignore", trust.LinearisationWarning)
         r = probust.Taylor(model, 1.5, check_draws=64, prune="off")(x)
     mc = probust.MonteCarlo(model, 1.5, n_samples=4000, interval="clopper-pearson", confidence=1 - 2e-4)(x)
-    k = torch.round((1 - r.agreement) * 64).numpy()
-    upper = torch.from_numpy(np.where(k >= 64, 1.0, stats.beta.ppf(1 - 1e-4, k + 1, np.maximum(64 - k, 1e-300))))
+    n = r.agreement_draws.numpy()  # 64 where a first draw disagreed, else the first 8
+    k = torch.round((1 - r.agreement) * r.agreement_draws).numpy()
+    upper = torch.from_numpy(np.where(k >= n, 1.0, stats.beta.ppf(1 - 1e-4, k + 1, np.maximum(n - k, 1e-300))))
     gap = torch.maximum(r.p - mc.ci_high, mc.ci_low - r.p).clamp(min=0)  # the smallest |p_true - p| allowed
     assert (gap <= upper + r.cdf_error).all()
     assert (r.agreement < 1).any()  # the network is not linear at this noise: the check sees it
@@ -201,6 +205,30 @@ def test_agreement_does_not_depend_on_batch_split(estimator):
     assert (whole.agreement < 1).any()  # non-trivial: a ReLU net at sigma 2 is not linear
 
 
+def test_the_rest_of_the_draws_go_only_where_a_first_draw_disagrees():
+    # A quadratic model at a disagreement rate of about 0.1: some points' first 8 draws all
+    # agree (they stop there, at agreement 1), the others get all 32, continuing the same stream.
+    d, c, k = 50, 2.0, 0.02
+    model, x = Quadratic(d, c, k), torch.zeros(80, d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.LinearisationWarning)
+        staged = probust.Taylor(model, 1.0, prune="off", check_draws=32)(x)
+        first = probust.Taylor(model, 1.0, prune="off", check_draws=trust.FIRST_CHECK_DRAWS)(x)
+    stopped = staged.agreement_draws == trust.FIRST_CHECK_DRAWS
+    assert set(staged.agreement_draws.tolist()) == {trust.FIRST_CHECK_DRAWS, 32}
+    assert 0 < int(stopped.sum()) < len(x)
+    # Where the first draws all agree the point stops; where one disagrees it goes on.
+    assert torch.equal(stopped, first.agreement == 1)
+    assert torch.equal(staged.agreement[stopped], first.agreement[stopped])
+    # The first 8 of the 32 are the first stage's own draws: their disagreements are among the 32's.
+    first_k = torch.round((1 - first.agreement) * trust.FIRST_CHECK_DRAWS)
+    staged_k = torch.round((1 - staged.agreement) * staged.agreement_draws)
+    assert (staged_k[~stopped] >= first_k[~stopped]).all() and (staged_k > first_k).any()
+    # The stages are what check_stages says, for any check_draws.
+    assert trust.check_stages(None) == (trust.FIRST_CHECK_DRAWS, trust.TAYLOR_CHECK_DRAWS - trust.FIRST_CHECK_DRAWS)
+    assert trust.check_stages(3) == (3, 0) and trust.check_stages(0) == (0, 0)
+
+
 def test_check_draws_is_validated():
     model = linear_model(4, 3)
     for bad in (-1, 1.5, True, "16"):
@@ -230,7 +258,7 @@ def test_the_runner_records_agreement(tmp_path):
     df = run_estimate(data, model, 0.1, ["taylor", "mmse", "mc"], out=tmp_path / "r", mc_samples=100)
     linear = df[df.method.isin(["taylor", "mmse"])]
     assert (linear.agreement == 1.0).all()  # a linear model
-    assert set(linear[linear.method == "taylor"].agreement_draws) == {trust.TAYLOR_CHECK_DRAWS}
+    assert set(linear[linear.method == "taylor"].agreement_draws) == {trust.FIRST_CHECK_DRAWS}
     assert set(linear[linear.method == "mmse"].agreement_draws) == {5}
     assert df[df.method == "mc"].agreement.isna().all()
 

@@ -25,7 +25,7 @@ from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.tuning import JacobianPlan, forward_mode_pays
+from probust.execution.tuning import ForwardPlan, JacobianPlan, forward_mode_pays
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -218,15 +218,16 @@ class Linearised(Estimator):
     #: What the trust warning suggests instead of this method.
     _instead = "use method 'mc' there, or a smaller sigma"
 
-    def _check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
-        """The draws the linearisation is checked on, [B, m, *S], or None (``check_draws=0``):
-        ``check_draws`` fresh draws of the points' own stream (:data:`probust._rng.STREAM_TRUST`;
-        None: :data:`probust.estimators.trust.TAYLOR_CHECK_DRAWS`)."""
-        draws = trust.TAYLOR_CHECK_DRAWS if self.check_draws is None else self.check_draws
-        if draws == 0:
-            return None
+    def _check_eps(self, x: Tensor, indices: Tensor, start: int, count: int) -> Tensor:
+        """Fresh check draws ``start .. start + count - 1`` of each point, [B, count, *S], from the
+        points' own stream (:data:`probust._rng.STREAM_TRUST`), so no other number depends on them."""
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_TRUST)
-        return self.noise.sample(keys, 0, draws, x.shape[1:])
+        return self.noise.sample(keys, start, count, x.shape[1:])
+
+    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
+        """Draws the linearisation already holds and checks whole, [B, m, *S], instead of fresh
+        ones (MMSE's noisy copies); None: fresh draws (:meth:`_check_eps`)."""
+        return None
 
     def _check(
         self, part: Estimate, x: Tensor, indices: Tensor, groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]]
@@ -234,6 +235,10 @@ class Linearised(Estimator):
         """Set ``part.agreement`` and ``part.agreement_draws``: the model's verdict against the
         linearisation's on the check draws (:mod:`probust.estimators.trust`); a diagnostic only,
         computed without autograd, that changes no other field.
+
+        Fresh draws come in two stages (:func:`probust.estimators.trust.check_stages`): every point
+        gets the first; the rest of ``check_draws`` go only to the points where a first draw's
+        verdicts differ. A point's draws depend on its own verdicts alone, not on its batch.
 
         Args:
             part: the chunk's estimate (points in the order of ``x``).
@@ -243,17 +248,56 @@ class Linearised(Estimator):
                 points: the boundaries each point's linearisation kept, the class of each
                 (its target on padding), the margins of every class and the kept normals.
         """
-        eps = self._check_eps(x, indices)
-        if eps is None:
+        own = self._own_check_eps(x, indices)
+        first, rest = (own.shape[1], 0) if own is not None else trust.check_stages(self.check_draws)
+        if first == 0:
             return
-        with torch.no_grad():
-            model_verdict = trust.model_survives(self.model, x, eps, part.target, self.execution.clean_rows)
-            linear_verdict = torch.empty_like(model_verdict)
-            for points, classes, margin, normal in groups:
-                active = classes != part.target[points, None]
-                linear_verdict[points] = trust.linear_survives(margin.gather(1, classes), normal, eps[points], active)
-        part.agreement = trust.agreement(model_verdict, linear_verdict)
-        part.agreement_draws = torch.full_like(part.target, eps.shape[1])
+        plan = self.execution.forward_plan(self.model, x, x.shape[0] * (first + rest))
+        every = torch.arange(x.shape[0], device=x.device)
+        with torch.no_grad(), self.execution.in_format(self.model, plan):
+            eps = own if own is not None else self._check_eps(x, indices, 0, first)
+            agree = self._verdicts_agree(x, every, eps, part.target, groups, plan)
+            agreeing, draws = agree.sum(1), torch.full_like(part.target, first)
+            again = every[~agree.all(1)] if rest else every[:0]
+            if len(again):
+                more = self._check_eps(x[again], indices[again], first, rest)
+                agreeing[again] += self._verdicts_agree(x, again, more, part.target, groups, plan).sum(1)
+                draws[again] += rest
+        part.agreement = agreeing.double() / draws
+        part.agreement_draws = draws
+
+    def _verdicts_agree(
+        self,
+        x: Tensor,
+        which: Tensor,
+        eps: Tensor,
+        target: Tensor,
+        groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
+        plan: ForwardPlan,
+    ) -> Tensor:
+        """bool [W, m]: whether the model's verdict and the linearisation's agree on the draws
+        ``eps`` [W, m, *S] of the points ``which`` (int64 [W], positions in ``x``), the model's by
+        forward passes of the plan's rows in its memory format."""
+        model = trust.model_survives(
+            self.model,
+            x[which],
+            eps,
+            target[which],
+            plan.rows,
+            to_rows=lambda rows: to_format(rows, plan.channels_last),
+        )
+        linear = torch.empty_like(model)
+        position = torch.full_like(target, -1).index_put_((which,), torch.arange(len(which), device=x.device))
+        for points, classes, margin, normal in groups:
+            at = position[points]
+            here = at >= 0
+            if not bool(here.any()):
+                continue
+            if not bool(here.all()):  # a copy of the normals only for a subset of the group
+                classes, margin, normal, at = classes[here], margin[here], normal[here], at[here]
+            active = classes != target[which[at], None]
+            linear[at] = trust.linear_survives(margin.gather(1, classes), normal, eps[at], active)
+        return model == linear
 
     def route_context(self, x: Tensor) -> routes.Context | None:
         """How the margin gradients of points like ``x`` are computed: None where every margin's

@@ -40,8 +40,9 @@ class MMSE(Linearised):
         check_draws: the noise draws on which the model's verdict is compared with the
             linearisation's (``r.agreement``, :mod:`probust.estimators.trust`). None (default):
             the N noisy copies themselves (their linearised margins are free; the model's verdict
-            costs one forward pass without autograd per copy); an int m > 0: m fresh draws of
-            their own stream instead; 0: no check (``r.agreement`` is None). p does not depend on it.
+            costs one forward pass without autograd per copy); an int m > 0: up to m fresh draws
+            of their own stream instead, in Taylor's two stages (:class:`Taylor`); 0: no check
+            (``r.agreement`` is None). p does not depend on it.
     """
 
     base_method = "mmse"
@@ -101,10 +102,10 @@ class MMSE(Linearised):
 
     _instead = "use method 'mc' there, a smaller sigma, or more noisy copies (n_samples)"
 
-    def _check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
+    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
         if self.check_draws is None:  # the copies the linearisation averaged over
             return self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
-        return super()._check_eps(x, indices)
+        return None
 
     def _target(self, x: Tensor, target: Tensor | None) -> Tensor:
         return check_target(target, self._clean_logits(x))  # the copies' predictions may differ

@@ -57,7 +57,9 @@ class Estimate:
             1, trust p; low, the linearisation does not describe the model at this noise
             (:mod:`probust.estimators.trust`). None where nothing was checked (``check_draws=0``).
         agreement_draws: int64 [B], the draws ``agreement`` counts: MMSE's own N noisy copies,
-            or Taylor's ``check_draws`` fresh draws.
+            or fresh draws (Taylor's, or ``check_draws``): the first 8 on every point, all of
+            ``check_draws`` where one of those disagreed
+            (:func:`probust.estimators.trust.check_stages`).
     """
 
     p: Tensor

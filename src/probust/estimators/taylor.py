@@ -69,9 +69,12 @@ class Taylor(Linearised):
             ``r.agreement`` is the fraction that agree, and 1 - agreement estimates a bound on
             the linearisation's error at the point (:mod:`probust.estimators.trust`); a
             :class:`~probust.estimators.trust.LinearisationWarning` names the points where it is
-            confidently above 5%. None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS`
-            (16: one forward pass without autograd per draw); 0: no check (``r.agreement`` is
-            None). The draws have a stream of their own: p does not depend on it.
+            confidently above 5%. The most draws per point: the first
+            :data:`~probust.estimators.trust.FIRST_CHECK_DRAWS` (8) on every point, the rest only
+            where one of those disagrees (a point whose first draws all agree cannot be flagged).
+            None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS` (32); one
+            forward pass without autograd per draw; 0: no check (``r.agreement`` is None). The
+            draws have a stream of their own: p does not depend on it.
     """
 
     base_method = "taylor"

@@ -14,15 +14,20 @@ right by luck, when the disagreements cancel).
 
 The draws: MMSE checks its own N noisy copies (their linearised margins cost nothing more; the
 model's verdict on them costs one forward pass without autograd per copy, against the 1 forward
-and up to C - 1 backward passes per copy of the linearisation). Taylor checks
-:data:`TAYLOR_CHECK_DRAWS` fresh draws of its own stream (:data:`probust._rng.STREAM_TRUST`), so
-no other number changes. Pruned boundaries (``prune``) are not checked: the probability that
-any of them is crossed is bounded by their part of ``cdf_error``.
+and up to C - 1 backward passes per copy of the linearisation). Taylor checks fresh draws of its
+own stream (:data:`probust._rng.STREAM_TRUST`), so no other number changes, in two stages
+(:func:`check_stages`): :data:`FIRST_CHECK_DRAWS` on every point, then the rest of its
+``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where one of the first disagrees.
+A point whose first draws all agree cannot be flagged whatever the rest show (zero
+disagreements never flag), and most points are such; the draws a flag needs go to the points
+that may earn one. Pruned boundaries (``prune``) are not checked: the probability that any of
+them is crossed is bounded by their part of ``cdf_error``.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -33,11 +38,12 @@ from probust.estimators.result import Estimate
 from probust.linearise import plan_blocks
 
 __all__ = [
+    "FIRST_CHECK_DRAWS",
     "TAYLOR_CHECK_DRAWS",
     "TRUST_CONFIDENCE",
     "TRUST_LEVEL",
     "LinearisationWarning",
-    "agreement",
+    "check_stages",
     "disagreement_lower",
     "linear_survives",
     "model_survives",
@@ -45,20 +51,22 @@ __all__ = [
     "warn_untrusted",
 ]
 
-#: Fresh noise draws Taylor checks per point by default (``check_draws``): the knee of cost
-#: against detection on the demo's models (benchmarks/bench_trust.py): 8 draws catch half of
-#: Taylor's errors above 0.1, 16 three quarters, 32 five sixths, each doubling adding about 50%
-#: of the cost of Taylor itself on a 10-class CNN (one forward pass per draw against Taylor's
-#: one forward and up to C - 1 backward passes; less, in share, at many classes).
-TAYLOR_CHECK_DRAWS = 16
+#: Fresh noise draws every checked point gets first (fewer where ``check_draws`` is smaller).
+FIRST_CHECK_DRAWS = 8
+#: The most fresh noise draws Taylor checks per point by default (``check_draws``): the first
+#: :data:`FIRST_CHECK_DRAWS` on every point, the rest only where one of those disagrees
+#: (benchmarks/bench_trust.py, docs/estimators.md: the recall of 32 fixed draws at about the
+#: cost of 8 where the linearisation holds; one forward pass without autograd per draw against
+#: Taylor's one forward and up to C - 1 backward passes per point).
+TAYLOR_CHECK_DRAWS = 32
 #: A point is flagged when its verdicts differ on more than this fraction of draws: the bound
 #: |p_true - p| <= P(verdicts differ) then no longer vouches for an error below 0.05, half the
 #: 0.1 the benchmark counts as large. (Testing against 0.1 itself cannot tell, from 16 draws,
 #: a rate of 0.1 from one of 0.25: it missed half the errors above 0.1, against a quarter.)
 TRUST_LEVEL = 0.05
 #: ... at this confidence (a one-sided Clopper-Pearson bound): a point whose verdicts differ on
-#: at most ``TRUST_LEVEL`` of draws is flagged with probability <= 5%, one at 1% (16 draws:
-#: 3 or more disagreements flag) with probability 5e-4.
+#: at most ``TRUST_LEVEL`` of draws is flagged with probability <= 5%, one at 1% (8 draws: 3 or
+#: more disagreements flag; 32 draws: 5 or more) with probability below 1e-3.
 TRUST_CONFIDENCE = 0.95
 
 
@@ -89,7 +97,23 @@ def linear_survives(margin: Tensor, normal: Tensor, eps: Tensor, active: Tensor)
     return out
 
 
-def model_survives(model: nn.Module, x: Tensor, eps: Tensor, target: Tensor, rows: int) -> Tensor:
+def check_stages(check_draws: int | None) -> tuple[int, int]:
+    """(first, rest): the fresh draws every point gets, and those added where one of the first
+    disagrees, for Taylor's (or MMSE's) ``check_draws`` (None: :data:`TAYLOR_CHECK_DRAWS`; 0:
+    (0, 0), no check)."""
+    most = TAYLOR_CHECK_DRAWS if check_draws is None else check_draws
+    first = min(most, FIRST_CHECK_DRAWS)
+    return first, most - first
+
+
+def model_survives(
+    model: nn.Module,
+    x: Tensor,
+    eps: Tensor,
+    target: Tensor,
+    rows: int,
+    to_rows: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """The model's verdict on each draw: argmax f(x + eps) = t with finite logits (as Monte Carlo).
 
     Args:
@@ -98,6 +122,7 @@ def model_survives(model: nn.Module, x: Tensor, eps: Tensor, target: Tensor, row
         eps: [B, m, *S].
         target: int64 [B].
         rows: rows per forward pass.
+        to_rows: puts a pass's rows in the model's memory format (None: as they are).
 
     Returns:
         bool [B, m].
@@ -107,16 +132,13 @@ def model_survives(model: nn.Module, x: Tensor, eps: Tensor, target: Tensor, row
     out = torch.zeros(points, draws, dtype=torch.bool, device=x.device)
     for block, first, count in plan_blocks(points, draws, rows):
         noisy = (x[block, None] + eps[block, first : first + count].to(x.dtype)).reshape(-1, *shape)
+        if to_rows is not None:
+            noisy = to_rows(noisy)
         with torch.no_grad():
             logits = model(noisy)
         survived = (logits.argmax(dim=1).view(-1, count) == target[block, None]) & finite_rows(logits, count)
         out[block, first : first + count] = survived
     return out
-
-
-def agreement(model_verdict: Tensor, linear_verdict: Tensor) -> Tensor:
-    """The fraction of draws on which the two verdicts are the same: float64 [B]."""
-    return (model_verdict == linear_verdict).double().mean(dim=1)
 
 
 def disagreement_lower(agreement: Tensor, draws: Tensor, confidence: float = TRUST_CONFIDENCE) -> Tensor:
