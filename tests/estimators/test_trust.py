@@ -205,9 +205,10 @@ def test_agreement_does_not_depend_on_batch_split(estimator):
     assert (whole.agreement < 1).any()  # non-trivial: a ReLU net at sigma 2 is not linear
 
 
-def test_the_rest_of_the_draws_go_only_where_a_first_draw_disagrees():
-    # A quadratic model at a disagreement rate of about 0.1: some points' first 8 draws all
-    # agree (they stop there, at agreement 1), the others get all 32, continuing the same stream.
+def test_the_rest_of_the_draws_go_only_where_the_first_leave_the_verdict_open():
+    # A quadratic model at a disagreement rate of about 0.15: some points' first 8 draws all
+    # agree (they stop there, at agreement 1), a few disagree on 3 or more (flagged, they stop
+    # too), the others get all 32, continuing the same stream.
     d, c, k = 50, 2.0, 0.02
     model, x = Quadratic(d, c, k), torch.zeros(80, d)
     with warnings.catch_warnings():
@@ -217,9 +218,12 @@ def test_the_rest_of_the_draws_go_only_where_a_first_draw_disagrees():
     stopped = staged.agreement_draws == trust.FIRST_CHECK_DRAWS
     assert set(staged.agreement_draws.tolist()) == {trust.FIRST_CHECK_DRAWS, 32}
     assert 0 < int(stopped.sum()) < len(x)
-    # Where the first draws all agree the point stops; where one disagrees it goes on.
-    assert torch.equal(stopped, first.agreement == 1)
+    # Where the first draws all agree, or already flag the point, it stops; otherwise it goes on.
+    cleared, flagged = first.agreement == 1, trust.untrusted(first)
+    assert cleared.any() and flagged.any()
+    assert torch.equal(stopped, cleared | flagged)
     assert torch.equal(staged.agreement[stopped], first.agreement[stopped])
+    assert torch.equal(trust.untrusted(staged)[flagged], flagged[flagged])
     # The first 8 of the 32 are the first stage's own draws: their disagreements are among the 32's.
     first_k = torch.round((1 - first.agreement) * trust.FIRST_CHECK_DRAWS)
     staged_k = torch.round((1 - staged.agreement) * staged.agreement_draws)

@@ -237,8 +237,9 @@ class Linearised(Estimator):
         computed without autograd, that changes no other field.
 
         Fresh draws come in two stages (:func:`probust.estimators.trust.check_stages`): every point
-        gets the first; the rest of ``check_draws`` go only to the points where a first draw's
-        verdicts differ. A point's draws depend on its own verdicts alone, not on its batch.
+        gets the first; the rest of ``check_draws`` go only to the points the first leave
+        undecided (:func:`probust.estimators.trust.undecided`: some disagree, too few to flag).
+        A point's draws depend on its own verdicts alone, not on its batch.
 
         Args:
             part: the chunk's estimate (points in the order of ``x``).
@@ -258,7 +259,7 @@ class Linearised(Estimator):
             eps = own if own is not None else self._check_eps(x, indices, 0, first)
             agree = self._verdicts_agree(x, every, eps, part.target, groups, plan)
             agreeing, draws = agree.sum(1), torch.full_like(part.target, first)
-            again = every[~agree.all(1)] if rest else every[:0]
+            again = every[trust.undecided(agreeing, first)] if rest else every[:0]
             if len(again):
                 more = self._check_eps(x[again], indices[again], first, rest)
                 agreeing[again] += self._verdicts_agree(x, again, more, part.target, groups, plan).sum(1)

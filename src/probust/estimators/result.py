@@ -58,7 +58,7 @@ class Estimate:
             (:mod:`probust.estimators.trust`). None where nothing was checked (``check_draws=0``).
         agreement_draws: int64 [B], the draws ``agreement`` counts: MMSE's own N noisy copies,
             or fresh draws (Taylor's, or ``check_draws``): the first 8 on every point, all of
-            ``check_draws`` where one of those disagreed
+            ``check_draws`` where those left the verdict open
             (:func:`probust.estimators.trust.check_stages`).
     """
 

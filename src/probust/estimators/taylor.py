@@ -71,7 +71,7 @@ class Taylor(Linearised):
             :class:`~probust.estimators.trust.LinearisationWarning` names the points where it is
             confidently above 5%. The most draws per point: the first
             :data:`~probust.estimators.trust.FIRST_CHECK_DRAWS` (8) on every point, the rest only
-            where one of those disagrees (a point whose first draws all agree cannot be flagged).
+            where those leave the verdict open (:func:`~probust.estimators.trust.undecided`).
             None (default): :data:`~probust.estimators.trust.TAYLOR_CHECK_DRAWS` (32); one
             forward pass without autograd per draw; 0: no check (``r.agreement`` is None). The
             draws have a stream of their own: p does not depend on it.

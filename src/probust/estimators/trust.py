@@ -17,10 +17,10 @@ model's verdict on them costs one forward pass without autograd per copy, agains
 and up to C - 1 backward passes per copy of the linearisation). Taylor checks fresh draws of its
 own stream (:data:`probust._rng.STREAM_TRUST`), so no other number changes, in two stages
 (:func:`check_stages`): :data:`FIRST_CHECK_DRAWS` on every point, then the rest of its
-``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where one of the first disagrees.
-A point whose first draws all agree cannot be flagged whatever the rest show (zero
-disagreements never flag), and most points are such; the draws a flag needs go to the points
-that may earn one. Pruned boundaries (``prune``) are not checked: the probability that any of
+``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where the first leave the verdict
+open (:func:`undecided`). A point whose first draws all agree cannot be flagged whatever the
+rest show (zero disagreements never flag), and most points are such; one whose first draws
+already flag it is flagged on a test of its own. The other draws go to the points in between. Pruned boundaries (``prune``) are not checked: the probability that any of
 them is crossed is bounded by their part of ``cdf_error``.
 """
 
@@ -45,6 +45,7 @@ __all__ = [
     "LinearisationWarning",
     "check_stages",
     "disagreement_lower",
+    "undecided",
     "linear_survives",
     "model_survives",
     "untrusted",
@@ -54,10 +55,10 @@ __all__ = [
 #: Fresh noise draws every checked point gets first (fewer where ``check_draws`` is smaller).
 FIRST_CHECK_DRAWS = 8
 #: The most fresh noise draws Taylor checks per point by default (``check_draws``): the first
-#: :data:`FIRST_CHECK_DRAWS` on every point, the rest only where one of those disagrees
-#: (benchmarks/bench_trust.py, docs/estimators.md: the recall of 32 fixed draws at about the
-#: cost of 8 where the linearisation holds; one forward pass without autograd per draw against
-#: Taylor's one forward and up to C - 1 backward passes per point).
+#: :data:`FIRST_CHECK_DRAWS` on every point, the rest only where those leave the verdict open
+#: (:func:`undecided`; benchmarks/bench_trust.py, docs/estimators.md: more recall than 16 fixed
+#: draws at about the cost of 8; one forward pass without autograd per draw against Taylor's
+#: one forward and up to C - 1 backward passes per point).
 TAYLOR_CHECK_DRAWS = 32
 #: A point is flagged when its verdicts differ on more than this fraction of draws: the bound
 #: |p_true - p| <= P(verdicts differ) then no longer vouches for an error below 0.05, half the
@@ -98,12 +99,20 @@ def linear_survives(margin: Tensor, normal: Tensor, eps: Tensor, active: Tensor)
 
 
 def check_stages(check_draws: int | None) -> tuple[int, int]:
-    """(first, rest): the fresh draws every point gets, and those added where one of the first
-    disagrees, for Taylor's (or MMSE's) ``check_draws`` (None: :data:`TAYLOR_CHECK_DRAWS`; 0:
-    (0, 0), no check)."""
+    """(first, rest): the fresh draws every point gets, and those added where the first leave the
+    verdict open (:func:`undecided`), for Taylor's (or MMSE's) ``check_draws`` (None:
+    :data:`TAYLOR_CHECK_DRAWS`; 0: (0, 0), no check)."""
     most = TAYLOR_CHECK_DRAWS if check_draws is None else check_draws
     first = min(most, FIRST_CHECK_DRAWS)
     return first, most - first
+
+
+def undecided(agreeing: Tensor, draws: int) -> Tensor:
+    """bool [B]: the points whose first ``draws`` checked draws, ``agreeing`` (int64 [B]) of
+    which agree, neither clear them (every draw agrees: no number of further draws could flag
+    them) nor flag them (:func:`untrusted`'s test on those draws alone)."""
+    flagged = disagreement_lower(agreeing.double() / draws, torch.full_like(agreeing, draws)) > TRUST_LEVEL
+    return (agreeing < draws) & ~flagged
 
 
 def model_survives(

@@ -505,8 +505,8 @@ def read_results(path: str | os.PathLike) -> Any:
           (prediction unchanged) and the linearisation's agree; 1 - agreement estimates a bound
           on the linearisation's error at the point (``Estimate.agreement``).
         - ``agreement_draws`` (stored as int64; NaN where there is none): the draws
-          ``agreement`` counts (MMSE's N copies; Taylor's fresh draws: 8, or 32 where one of
-          the first 8 disagreed).
+          ``agreement`` counts (MMSE's N copies; Taylor's fresh draws: 8, or 32 where the
+          first 8 left the verdict open).
         - ``route`` (string, null where there is none): ``taylor`` and ``mmse`` and their
           ``_mvs`` variants: how the point's margin gradients were taken ("direct", "head",
           "forward", "candidates"; :data:`probust.estimators.result.ROUTE_NAMES`), decided from
