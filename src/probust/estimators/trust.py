@@ -20,8 +20,9 @@ own stream (:data:`probust._rng.STREAM_TRUST`), so no other number changes, in t
 ``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where the first leave the verdict
 open (:func:`undecided`). A point whose first draws all agree cannot be flagged whatever the
 rest show (zero disagreements never flag), and most points are such; one whose first draws
-already flag it is flagged on a test of its own. The other draws go to the points in between. Pruned boundaries (``prune``) are not checked: the probability that any of
-them is crossed is bounded by their part of ``cdf_error``.
+already flag it is flagged on a test of its own. The other draws go to the points in between.
+Pruned boundaries (``prune``) are not checked: the probability that any of them is crossed is
+bounded by their part of ``cdf_error``.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ __all__ = [
     "LinearisationWarning",
     "check_stages",
     "disagreement_lower",
-    "undecided",
     "linear_survives",
     "model_survives",
+    "undecided",
     "untrusted",
     "warn_untrusted",
 ]
