@@ -267,6 +267,23 @@ def test_the_runner_records_agreement(tmp_path):
     assert df[df.method == "mc"].agreement.isna().all()
 
 
+def test_the_runner_passes_check_draws_and_keeps_it_in_the_folders_identity(tmp_path):
+    from probust.run.errors import ConfigMismatchError
+
+    gen = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (5, 1, 4, 4), generator=gen, dtype=torch.uint8)
+    data = ImageDataset(images, torch.zeros(5, dtype=torch.int64), name="tiny", split="test", classes=["a", "b"])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 2))
+    off = run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "off", check_draws=0)
+    assert off.agreement.isna().all() and off.agreement_draws.isna().all()
+    few = run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "few", check_draws=3)
+    assert set(few.agreement_draws) == {3}  # fresh draws for MMSE too, one stage
+    assert (few.p.to_numpy() == off.p.to_numpy()).all()  # p does not depend on the check
+    with pytest.raises(ConfigMismatchError, match="check_draws"):
+        run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "few", check_draws=0)
+
+
 @pytest.mark.slow(seconds=28)  # a fresh interpreter and a ResNet18 on the CPU
 def test_the_docs_snippet_prints_what_the_page_shows(tmp_path):
     # docs/estimators.md, "Can I trust this estimate?": the code block, then its output (the

@@ -51,6 +51,7 @@ PLAN = dict(
     mc_half_width=None,
     prune="off",
     gradients="auto",
+    check_draws=None,
     model="MODEL",
     noise=None,
 )
@@ -66,6 +67,13 @@ def _plan(values: dict) -> SimpleNamespace:
     ("method", "plan", "expected"),
     [
         ("mc", {}, {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson"}),
+        # check_draws reaches the linearised methods only, 0 (no check) included.
+        ("mc", {"check_draws": 12}, {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson"}),
+        (
+            "taylor",
+            {"check_draws": 0},
+            {**BASE, "jacobian": "vmap", "tol": 1e-3, "prune": "off", "gradients": "auto", "check_draws": 0},
+        ),
         (
             "mc",
             {"mc_half_width": 0.01},

@@ -88,6 +88,7 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
         "noise": {"kind": "gaussian"},
         "prune": "auto",
         "gradients": "auto",
+        "check_draws": None,
         "model_args": {},
         "mean": None,  # no normalisation was recorded: the model ran as given
         "std": None,

@@ -36,6 +36,7 @@ RUN_OPTIONS = (
     "p_fail",
     "target_half_width",
     "prune",
+    "check_draws",
 )
 
 
@@ -80,7 +81,7 @@ class MethodSpec:
 
 
 #: The mvn-cdf methods also take "prune" (the mv-sigmoid has no error budget to spend on it).
-_ANALYTIC = frozenset({"tol", "jacobian", "gradients", "p_fail", "prune"})
+_ANALYTIC = frozenset({"tol", "jacobian", "gradients", "p_fail", "prune", "check_draws"})
 
 #: Every method, in the order tables and figures show them: the paper's six, then those beyond it.
 REGISTRY: Mapping[str, MethodSpec] = MappingProxyType(

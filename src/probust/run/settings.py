@@ -653,6 +653,19 @@ class EstimatorOptions(SeedOptions):
         implied="auto",
         param="prune",
     )
+    check_draws: int | None = option(
+        None,
+        help=f"noise draws per point on which {_with('check_draws')} check their linearisation against the "
+        "model (columns agreement, agreement_draws; one forward pass each): at most M fresh draws, 8 on every "
+        "point and the rest where those leave the verdict open; 0: no check",
+        default_help="Taylor: up to 32 fresh draws; MMSE: its own noisy copies",
+        metavar="M",
+        parse=int,
+        check=_integer(0, True),
+        record="check_draws",
+        implied=None,
+        param="check_draws",
+    )
     gradients: str = option(
         "auto",
         help=f"where {_with('gradients')} take the exact margin gradients from (column route): auto (each "
