@@ -127,7 +127,12 @@ def models(name: str, head: str, seed: int, vit_layers: int, competing: int = 10
     return small.eval(), big
 
 
+#: The trust check's draws of every estimator timed (``--check-draws``; empty: the default).
+CHECK: dict[str, int] = {}
+
+
 def _estimator(method: str, model: nn.Module, sigma: float, **options: Any) -> probust.Estimator:
+    options = {**CHECK, **options}
     if method == "taylor":
         return probust.Taylor(model, sigma, **options)
     return probust.MMSE(model, sigma, n_samples=5, **options)
@@ -191,7 +196,8 @@ def _first_use(args: argparse.Namespace, name: str, head: str, method: str, sigm
         env = {**os.environ, "PROBUST_CACHE_DIR": cache}
         out = subprocess.run(
             [sys.executable, __file__, "--child", name, head, method, str(sigma), str(points), str(args.seed)]
-            + ["--vit-layers", str(args.vit_layers), "--device", str(args.device), "--competing", str(args.competing)],
+            + ["--vit-layers", str(args.vit_layers), "--device", str(args.device), "--competing", str(args.competing)]
+            + ([] if args.check_draws is None else ["--check-draws", str(args.check_draws)]),
             env=env,
             capture_output=True,
             text=True,
@@ -335,9 +341,16 @@ def main() -> None:
         help="the routes timed alone for auto/best (default: every one that applies; none: no auto/best)",
     )
     parser.add_argument("--first-use", action="store_true", help="also time a fresh process's first call")
+    parser.add_argument(
+        "--check-draws",
+        type=int,
+        help="the trust check's draws (check_draws) of every call, twin included; 0: no check (default: the estimators')",
+    )
     parser.add_argument("--json", help="write every number to this file")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.check_draws is not None:
+        CHECK["check_draws"] = args.check_draws
     if args.child:
         _child(args.child, args.vit_layers, args.device, args.competing)
         return
