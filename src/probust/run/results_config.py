@@ -45,8 +45,8 @@ class RecordedSettings:
 
     Every recorded option (declared with a ``record`` key in :mod:`probust.run.settings`: seed,
     target, temperature, tol, ci_level, interval, mmse_sampling, p_fail, mc_half_width, prune,
-    gradients, noise, model_args) reads as an attribute of its key, typed as declared; a folder written
-    before an option holds what it implied (:data:`SETTING_DEFAULTS`). ``noise``: its "kind"
+    check_draws, gradients, noise, model_args) reads as an attribute of its key, typed as declared; a
+    folder written before an option holds what it implied (:data:`SETTING_DEFAULTS`). ``noise``: its "kind"
     ("gaussian", "uniform", "laplace") and any shape (see :mod:`probust.run.noise_options`).
     """
 
