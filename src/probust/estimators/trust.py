@@ -112,8 +112,14 @@ def undecided(agreeing: Tensor, draws: int) -> Tensor:
     """bool [B]: the points whose first ``draws`` checked draws, ``agreeing`` (int64 [B]) of
     which agree, neither clear them (every draw agrees: no number of further draws could flag
     them) nor flag them (:func:`untrusted`'s test on those draws alone)."""
-    flagged = disagreement_lower(agreeing.double() / draws, torch.full_like(agreeing, draws)) > TRUST_LEVEL
-    return (agreeing < draws) & ~flagged
+    return (agreeing < draws) & ~_flags(agreeing.double() / draws, torch.full_like(agreeing, draws))
+
+
+def _flags(
+    agreement: Tensor, draws: Tensor, level: float = TRUST_LEVEL, confidence: float = TRUST_CONFIDENCE
+) -> Tensor:
+    """bool [B]: the disagreement rate is above ``level`` at ``confidence`` (draws >= 1)."""
+    return disagreement_lower(agreement, draws, confidence) > level
 
 
 def model_survives(
@@ -173,8 +179,7 @@ def untrusted(estimate: Estimate, level: float = TRUST_LEVEL, confidence: float 
     if estimate.agreement is None or estimate.agreement_draws is None:
         return torch.zeros(len(estimate), dtype=torch.bool, device=estimate.p.device)
     checked = estimate.agreement_draws > 0
-    lower = disagreement_lower(estimate.agreement, estimate.agreement_draws.clamp(min=1), confidence)
-    return checked & (lower > level)
+    return checked & _flags(estimate.agreement, estimate.agreement_draws.clamp(min=1), level, confidence)
 
 
 def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: int = 2) -> None:
