@@ -16,7 +16,7 @@ Exit status: 0 identical, 1 differences, 2 error (missing folder, failed command
 (make, check) runs the probust of another src/ folder, e.g. a `git worktree` of the old commit.
 
 Everything that could pick a different arithmetic path is pinned: CPU device, one torch thread
-(OMP/MKL_NUM_THREADS=1), --eval-batch-size, --jacobian, --channels-last and --memory-budget,
+(OMP/MKL_NUM_THREADS=1), --batch-size, --jacobian, --channels-last and --memory-budget,
 and the measured-plan cache is off (PROBUST_CACHE_DIR=off). Left to measurement, the execution
 plan (rows per pass, Jacobian strategy, channels_last) agrees across plans only to float
 rounding (at most 5e-7 in the analytic estimates, benchmarks/plan_agreement.py), and a golden comparison is exact. A golden folder
@@ -74,9 +74,9 @@ ESTIMATE = [  # two sample counts each: covers experiment 2 (convergence); the p
     "5",
     "--device",
     "cpu",
-    "--batch-size",
+    "--unit-size",
     "32",
-    "--eval-batch-size",
+    "--batch-size",
     "256",
     "--jacobian",
     "loop",

@@ -96,7 +96,7 @@ class ProbustError(Exception):
     def renamed(self, names: Mapping[str, str]) -> ProbustError:
         """A copy whose ``field`` and :class:`Setting` parts use ``names[name]`` for each name
         it maps (the others kept): how a caller that gave an option under another name (the
-        run's ``eval_batch_size`` is the estimators' ``batch_size``) reports an error in its own names."""
+        training's ``robust_loss`` is the loss's ``mu``) reports an error in its own names."""
         error = type(self).__new__(type(self))  # no __init__: subclasses' signatures differ
         error.__dict__.update(self.__dict__)
         error.parts = tuple(

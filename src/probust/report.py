@@ -345,8 +345,8 @@ def _config_html(results: Results, root: Path, extra: dict[str, Any] | None) -> 
                 "classes": ", ".join(config.classes[:12]) + (", ..." if len(config.classes) > 12 else ""),
                 "noise": _noise_text(cfg.noise),
                 "seed": cfg.seed,
-                "settings": f"target {cfg.target}, MC interval {cfg.interval} {cfg.ci_level}, "
-                f"mvn-cdf tol {cfg.tol}, MMSE sampling {cfg.mmse_sampling}, softmax T {cfg.temperature}",
+                "settings": f"target {cfg.target}, MC interval {cfg.interval} {cfg.confidence}, "
+                f"mvn-cdf tol {cfg.tol}, MMSE sampling {cfg.sampling}, softmax T {cfg.temperature}",
                 "requests (grid)": grid,
                 "versions": f"probust {config.probust_version}, torch {config.torch_version}, {config.device}",
                 "command": " ".join(argv[-1]) if argv else "",

@@ -78,7 +78,7 @@ def _args(out: str, *extra: str) -> list[str]:
         *RADII,
         "--estimate",
         "taylor",
-        "--batch-size",
+        "--unit-size",
         "4",
         "--device",
         "cpu",
@@ -179,7 +179,7 @@ def test_the_mmse_estimate_averages_the_copies_asked_for_and_records_them(in_roo
 
 
 def test_the_table_does_not_depend_on_the_batch_size(in_root, reference):
-    assert main(_args("b5", "--batch-size", "5")) == 0
+    assert main(_args("b5", "--unit-size", "5")) == 0
     pd.testing.assert_frame_equal(_table(in_root / "b5"), reference)
 
 

@@ -34,7 +34,7 @@ ARGS = [
     "200",
     "--limit",
     "24",
-    "--batch-size",
+    "--unit-size",
     "4",
     "--device",
     "cpu",

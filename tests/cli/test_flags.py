@@ -145,21 +145,22 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
         "seed": 7,
         "temperature": 2.5,
         "tol": 3e-3,
-        "ci_level": 0.9,
+        "confidence": 0.9,
         "interval": "clopper-pearson",
-        "mmse_sampling": "iid",
+        "sampling": "iid",
         "p_fail": True,
-        "mc_half_width": 0.05,
+        "target_half_width": 0.05,
         "prune": "off",
         "gradients": "direct",
         "check_draws": 12,
-        "eval_batch_size": 17,
+        "batch_size": 17,
         "memory_budget": "1GB",
         "jacobian": "loop",
         "channels_last": False,
     }
     params = {f.name: o.param for f, o in declared(RunSettings) if o.param is not None}
     assert set(params) == set(values), "give every estimator option a test value"
+    assert all(name == param for name, param in params.items()), "the run names each option as the estimators do"
     settings = RunSettings(data="d.npz", model="flagnet:make", sigmas=[0.1], **values)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
     plan = PreparedRun(None, None, model, torch.device("cpu"), np.arange(2), [], {}, None, settings)  # type: ignore[arg-type]
@@ -211,10 +212,10 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "0.9",
         "--interval",
         "clopper-pearson",
-        "--mmse-sampling",
+        "--sampling",
         "iid",
         "--p-fail",
-        "--mc-half-width",
+        "--target-half-width",
         "0.2",
         "--prune",
         "off",
@@ -237,11 +238,11 @@ def test_recorded_flags_arrive_in_config_json(in_root):
         "target": "label",
         "temperature": 2.0,
         "tol": 0.001,
-        "ci_level": 0.9,
+        "confidence": 0.9,
         "interval": "clopper-pearson",
-        "mmse_sampling": "iid",
+        "sampling": "iid",
         "p_fail": True,
-        "mc_half_width": 0.2,
+        "target_half_width": 0.2,
         "prune": "off",
         "gradients": "direct",
         "check_draws": 0,
@@ -446,6 +447,25 @@ def test_every_report_flag_sets_its_own_field_and_no_other(field, option):
     assert changed == {field.name}
 
 
+@pytest.mark.parametrize(
+    ("command", "old", "now"),
+    [
+        ("estimate", "--eval-batch-size", "--batch-size"),
+        ("estimate", "--mmse-sampling", "--sampling"),
+        ("estimate", "--mc-half-width", "--target-half-width"),
+        ("certify", "--eval-batch-size", "--batch-size"),
+    ],
+)
+def test_a_former_flag_is_refused_naming_the_one_that_replaced_it(capsys, command, old, now):
+    """Renamed: an old command line stops with the new flag's name, not "unrecognized"."""
+    with pytest.raises(SystemExit) as exit:
+        _sub(command).parse_args([*ESTIMATE_BASE, old, "1"])
+    assert exit.value.code == 2
+    assert f"{old} was renamed {now}" in capsys.readouterr().err
+    listed = [a for a in _sub(command)._actions if old in a.option_strings and a.help != argparse.SUPPRESS]
+    assert listed == []  # not offered in --help
+
+
 # --- errors name flags through their field ----------------------------------------------------
 
 
@@ -456,7 +476,7 @@ def test_errors_are_shown_with_the_flags_of_their_fields():
     assert message(OptionError("must be a positive number, got -1", field="tol"), f) == (
         "--tol: must be a positive number, got -1"
     )
-    assert message(OptionError("must be in (0, 1), got 2.0", field="ci_level"), f).startswith("--confidence: ")
+    assert message(OptionError("must be in (0, 1), got 2.0", field="confidence"), f).startswith("--confidence: ")
     assert message(OptionError("bad", field="show_progress"), f).startswith("--quiet: ")
     assert message(OptionError("does not apply", field="x_key"), f).startswith("--x-key: ")
     assert message(OptionError("unknown file option", field="data_options"), f).startswith("--data: ")
@@ -575,10 +595,10 @@ def test_confidence_and_interval_change_the_mc_interval(in_root):
     assert np.array_equal(cp["p"], base["p"]) and not np.allclose(cp["ci_low"], base["ci_low"])
 
 
-def test_mc_half_width_stops_early(in_root):
+def test_target_half_width_stops_early(in_root):
     common = ["--methods", "mc", "--mc-samples", "20000", "--model-arg", "num_classes=5"]
     full = _estimate(in_root, "h1", *common)
-    early = _estimate(in_root, "h2", *common, "--mc-half-width", "0.05")
+    early = _estimate(in_root, "h2", *common, "--target-half-width", "0.05")
     assert (early["n_drawn"] < 20000).all()
     assert full["n_drawn"].isna().all() or (full["n_drawn"] == 20000).all()
     assert ((early["ci_high"] - early["ci_low"]) / 2 <= 0.05 + 1e-12).all()
@@ -612,23 +632,23 @@ def test_memory_budget_too_small_is_named(in_root, capsys):
 
 def test_an_option_only_the_estimator_can_check_is_named_by_its_flag(in_root, capsys):
     """Rows per pass that do not fit the budget are found inside the estimator, which names its
-    own argument (batch_size); the run reports its option (eval_batch_size), the CLI the flag."""
+    own argument (batch_size), which is the run's option of the same name; the CLI shows the flag."""
     from probust.run import run_estimate
 
     common = ["--device", "cpu", "--quiet", "--limit", "2", "--methods", "mc", "--mc-samples", "1000",
-              "--model-arg", "num_classes=5", "--eval-batch-size", "100000", "--memory-budget", "200KB"]  # fmt: skip
+              "--model-arg", "num_classes=5", "--batch-size", "100000", "--memory-budget", "200KB"]  # fmt: skip
     assert main(["estimate", *ESTIMATE_BASE[:-1], "ebs", *common]) == 1
     err = capsys.readouterr().err
-    assert "--eval-batch-size 100000 rows per pass need more than --memory-budget" in err
-    assert "lower --eval-batch-size or raise --memory-budget" in err
+    assert "--batch-size 100000 rows per pass need more than --memory-budget" in err
+    assert "lower --batch-size or raise --memory-budget" in err
     with pytest.raises(OptionError) as error:
         run_estimate(
             data="d.npz", model="flagnet:make", model_args={"num_classes": 5}, sigmas=[0.1], methods=["mc"],
             mc_samples=[1000], limit=2, device="cpu", show_progress=False, out="ebs2",
-            eval_batch_size=100_000, memory_budget="200KB",
+            batch_size=100_000, memory_budget="200KB",
         )  # fmt: skip
     assert error.value.field == "memory_budget"
-    assert "eval_batch_size=100000 rows per pass" in str(error.value) and "lower eval_batch_size" in str(error.value)
+    assert "batch_size=100000 rows per pass" in str(error.value) and "lower batch_size" in str(error.value)
 
 
 def test_train_lr_and_schedule_reach_the_optimizer(tmp_path):

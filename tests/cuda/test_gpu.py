@@ -129,7 +129,7 @@ def test_estimates_are_bitwise_reproducible_on_the_same_gpu(method):
     # The same call twice: bitwise (docs/estimate.md: the same device, torch build and plan; the
     # plan is pinned here). Split into two batches, the Monte Carlo counts are bitwise too; the
     # other methods' float32 passes over batches of other shapes round differently (docs: the same
-    # --batch-size is needed), which the batch-split tests of the execution plans cover.
+    # --unit-size is needed), which the batch-split tests of the execution plans cover.
     model, x = _models()["cnn"]
     with torch.no_grad():
         target = model(x).argmax(1)
@@ -282,9 +282,9 @@ ARGS = [
     "3",
     "--limit",
     "24",
-    "--batch-size",
+    "--unit-size",
     "4",
-    "--eval-batch-size",
+    "--batch-size",
     "64",
     "--jacobian",
     "loop",

@@ -23,10 +23,10 @@ def test_every_per_point_field_is_a_column_with_the_tensors_values():
     np.testing.assert_array_equal(df.target.to_numpy(), est.target.numpy())
     np.testing.assert_array_equal(df.ci_low.to_numpy(), est.ci_low.numpy())
     np.testing.assert_array_equal(df.stderr.to_numpy(), est.stderr.numpy())
-    # Renamed to the runner's table's names for the same quantities.
+    # Renamed to the runner's table's name for the same quantity.
     np.testing.assert_array_equal(df.n_drawn.to_numpy(), est.n_samples.numpy())
-    assert (df.ci_level == est.confidence).all() and (df.method == "mc").all()
-    assert "confidence" not in df.columns and "n_samples" not in df.columns
+    assert (df.confidence == est.confidence).all() and (df.method == "mc").all()
+    assert "n_samples" not in df.columns
     # Fields left None have no column.
     assert "cdf_error" not in df.columns and "margin" not in df.columns
 
@@ -47,7 +47,7 @@ def test_every_set_field_has_a_column_whatever_fields_the_estimate_has():
             values[f.name] = torch.rand(4, dtype=torch.float64)
     est = Estimate(**values)
     df = est.to_pandas(per_class=True)
-    renamed = {"n_samples": "n_drawn", "confidence": "ci_level"}
+    renamed = {"n_samples": "n_drawn"}
     assert df.columns.tolist() == ["index", *(renamed.get(f.name, f.name) for f in dataclasses.fields(Estimate))]
     for name in ("margin", "grad_norm", "z"):
         np.testing.assert_array_equal(np.stack(df[name].to_list()), values[name].numpy())

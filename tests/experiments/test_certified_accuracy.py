@@ -22,7 +22,7 @@ def root(tmp_path_factory):
         n0=16,
         n=256,
         estimate="taylor",
-        batch_size=4,
+        unit_size=4,
         device="cpu",
         show_progress=False,
         out=root / "cert",

@@ -36,7 +36,7 @@ def arguments(out, **kwargs) -> dict:
         out=out,
         mc_samples=200,
         mmse_samples=3,
-        batch_size=6,
+        unit_size=6,
         device="cpu",
         show_progress=False,
     )
@@ -95,10 +95,10 @@ def test_table_does_not_depend_on_the_batch_size(tmp_path):
     # give other passes. So only the Monte Carlo counts are exactly equal (the softmax
     # clean_softmax column too is a clean forward pass); the rest moves by float rounding, measured
     # at most 4.5e-8 (taylor_mvs), 1.8e-8 (mmse_mvs), 4.0e-9 (softmax, clean_softmax). The same
-    # --batch-size and --eval-batch-size give the same bits for every method:
+    # --unit-size and --batch-size give the same bits for every method:
     # test_resuming_computes_only_missing_rows_and_gives_the_same_table.
-    a = no_time(run(tmp_path / "a", batch_size=4, sigmas=[0.3]))
-    b = no_time(run(tmp_path / "b", batch_size=7, eval_batch_size=5, sigmas=[0.3]))
+    a = no_time(run(tmp_path / "a", unit_size=4, sigmas=[0.3]))
+    b = no_time(run(tmp_path / "b", unit_size=7, batch_size=5, sigmas=[0.3]))
     mc = a.method == "mc"
     assert a[mc].drop(columns="clean_softmax").equals(b[mc].drop(columns="clean_softmax"))
     pd.testing.assert_frame_equal(a, b, rtol=0, atol=1e-7)
@@ -129,7 +129,7 @@ def test_resuming_computes_only_missing_rows_and_gives_the_same_table(tmp_path):
         mc_samples=200,
         mmse_samples=3,
         limit=12,
-        batch_size=4,
+        unit_size=4,
         device="cpu",
         show_progress=False,
     )
@@ -216,11 +216,11 @@ def test_config_records_the_run(tmp_path):
         ({"device": "cuda:9" if torch.cuda.is_available() else "cuda"}, "^device: "),
         ({"target": "other"}, "^target: "),
         ({"sigmas": [0.1, "abc"]}, "^sigmas: 'abc' is not a number"),
-        ({"eval_batch_size": 0}, "^eval_batch_size: "),
+        ({"batch_size": 0}, "^batch_size: "),
         ({"memory_budget": "lots"}, "^memory_budget: "),
         ({"jacobian": "magic"}, "^jacobian: "),
         ({"channels_last": "on"}, "^channels_last: "),
-        ({"ci_level": 1.5}, "^ci_level: "),
+        ({"confidence": 1.5}, "^confidence: "),
         ({"overwrite": True, "extend": True}, "^overwrite=True and extend=True exclude each other"),
     ],
 )
@@ -324,7 +324,7 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
                 model=tiny_model(),
                 mc_samples=200,
                 mmse_samples=3,
-                batch_size=6,
+                unit_size=6,
                 device="cpu",
                 show_progress=False,
                 **args,
@@ -347,7 +347,7 @@ def test_a_folder_from_before_the_newer_columns_resumes_and_extends(tmp_path):
 
 def test_adaptive_monte_carlo_stops_points_once_their_interval_is_narrow(tmp_path):
     out = tmp_path / "adaptive"
-    df = run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, mc_half_width=0.03)
+    df = run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, target_half_width=0.03)
     fixed = run(tmp_path / "fixed", methods=["mc"], limit=12, sigmas=[0.3], mc_samples=4000)
     mc = df[df.method == "mc"].set_index("index")
     # Draws come in whole checks of 1,000 (mc) or 500 (mc_cv), never beyond --mc-samples.
@@ -360,10 +360,10 @@ def test_adaptive_monte_carlo_stops_points_once_their_interval_is_narrow(tmp_pat
     full = mc[mc.n_drawn == 4000].index
     pd.testing.assert_series_equal(mc.loc[full, "p"], fixed.set_index("index").loc[full, "p"])
     assert fixed.n_drawn.eq(4000).all()
-    with pytest.raises(ConfigMismatchError, match=r"mc_half_width: 0.03 there, 0.05 here"):
-        run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, mc_half_width=0.05)
-    with pytest.raises(ConfigError, match="^mc_half_width: "):
-        run(tmp_path / "bad", methods=["mc"], limit=2, sigmas=[0.3], mc_half_width=0.7)
+    with pytest.raises(ConfigMismatchError, match=r"target_half_width: 0.03 there, 0.05 here"):
+        run(out, methods=["mc", "mc_cv"], limit=12, sigmas=[0.3], mc_samples=4000, target_half_width=0.05)
+    with pytest.raises(ConfigError, match="^target_half_width: "):
+        run(tmp_path / "bad", methods=["mc"], limit=2, sigmas=[0.3], target_half_width=0.7)
 
 
 def test_mc_cv_and_mc_is_linearise_with_the_runs_mmse_samples(tmp_path):

@@ -34,7 +34,7 @@ def run(out: Path, **kwargs) -> pd.DataFrame:
         mmse_samples=3,
         p_fail=True,
         limit=12,
-        batch_size=4,
+        unit_size=4,
         device="cpu",
         show_progress=False,
     )

@@ -28,7 +28,7 @@ def settings(out, data, model, **changes) -> RunSettings:
         methods=["softmax"],
         out=out,
         limit=4,
-        batch_size=2,
+        unit_size=2,
         mc_samples=50,
         mmse_samples=3,
         device="cpu",

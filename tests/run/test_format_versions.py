@@ -77,7 +77,7 @@ def estimate_settings(out, data, model, **changes) -> RunSettings:
         methods=["softmax", "mc", "taylor"],
         out=out,
         limit=4,
-        batch_size=2,
+        unit_size=2,
         mc_samples=50,
         device="cpu",
         show_progress=False,
@@ -206,6 +206,32 @@ def test_a_version_1_folder_reads_resumes_and_extends_into_version_2(tmp_path, t
     assert execute(prepare(estimate_settings(out, tiny_data, tiny_model, limit=8))).rows_computed == 0
 
 
+def test_a_folder_recording_settings_under_their_former_names_reads_resumes_and_extends(
+    tmp_path, tiny_data, tiny_model
+):
+    """This release renamed three recorded settings to the estimators' names (ci_level, mmse_sampling,
+    mc_half_width); a folder written before keeps its identity under the new names."""
+    out = tmp_path / "old"
+    chosen = dict(confidence=0.9, sampling="iid", target_half_width=0.2)
+    execute(prepare(estimate_settings(out, tiny_data, tiny_model, **chosen)))
+    written = read_results(out)
+    config = read_config(out)
+    former = {"ci_level": "confidence", "mmse_sampling": "sampling", "mc_half_width": "target_half_width"}
+    for old, now in former.items():
+        config["run"][old] = config["run"].pop(now)
+    (out / "config.json").write_text(json.dumps(config))
+    s = read_results_config(out).settings
+    assert (s.confidence, s.sampling, s.target_half_width) == (0.9, "iid", 0.2)
+    assert execute(prepare(estimate_settings(out, tiny_data, tiny_model, **chosen))).rows_computed == 0
+    with pytest.raises(ConfigMismatchError, match=r"confidence: 0.9 there, 0.95 here"):
+        prepare(estimate_settings(out, tiny_data, tiny_model, **(chosen | {"confidence": 0.95})))
+    summary = execute(prepare(estimate_settings(out, tiny_data, tiny_model, limit=6, extend=True, **chosen)))
+    assert summary.rows_computed == 2 * 3
+    # extending rewrote the configuration under today's names
+    assert set(former).isdisjoint(read_config(out)["run"]) and set(former.values()) <= set(read_config(out)["run"])
+    pd.testing.assert_frame_equal(no_time(read_results(out)).iloc[: len(written)], no_time(written))
+
+
 def test_a_version_1_folder_of_another_probust_version_still_needs_allow_version_change(
     tmp_path, tiny_data, tiny_model
 ):
@@ -274,7 +300,7 @@ def certify_settings(out, data, model, **changes) -> CertifySettings:
         n0=16,
         n=64,
         radii=list(RADII),
-        batch_size=3,
+        unit_size=3,
         device="cpu",
         show_progress=False,
     )

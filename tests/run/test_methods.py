@@ -39,16 +39,16 @@ PLAN = dict(
     seed=3,
     memory_budget="1GB",
     channels_last=None,
-    eval_batch_size=None,
+    batch_size=None,
     jacobian="vmap",
     temperature=2.0,
-    ci_level=0.9,
+    confidence=0.9,
     interval="wilson",
     tol=1e-3,
     linearisation_samples=4,
-    mmse_sampling="iid",
+    sampling="iid",
     p_fail=False,
-    mc_half_width=None,
+    target_half_width=None,
     prune="off",
     gradients="auto",
     check_draws=None,
@@ -76,12 +76,12 @@ def _plan(values: dict) -> SimpleNamespace:
         ),
         (
             "mc",
-            {"mc_half_width": 0.01},
+            {"target_half_width": 0.01},
             {**BASE, "n_samples": 50, "confidence": 0.9, "interval": "wilson", "target_half_width": 0.01},
         ),
         (
             "mc_cv",
-            {"mc_half_width": 0.01, "p_fail": True},
+            {"target_half_width": 0.01, "p_fail": True},
             {
                 **BASE,
                 "jacobian": "vmap",
@@ -94,7 +94,7 @@ def _plan(values: dict) -> SimpleNamespace:
         ),
         (
             "mc_is",
-            {"mc_half_width": 0.01},
+            {"target_half_width": 0.01},
             {**BASE, "jacobian": "vmap", "n_samples": 50, "confidence": 0.9, "tol": 1e-3, "mmse_samples": 4},
         ),
         (
@@ -118,7 +118,7 @@ def _plan(values: dict) -> SimpleNamespace:
         ),
         (
             "mmse_mvs",
-            {"eval_batch_size": 8, "channels_last": False},
+            {"batch_size": 8, "channels_last": False},
             {
                 **BASE,
                 "channels_last": False,
@@ -130,7 +130,7 @@ def _plan(values: dict) -> SimpleNamespace:
                 "gradients": "auto",
             },
         ),
-        ("softmax", {"p_fail": True, "mc_half_width": 0.01}, {**BASE, "temperature": 2.0}),
+        ("softmax", {"p_fail": True, "target_half_width": 0.01}, {**BASE, "temperature": 2.0}),
     ],
 )
 def test_the_estimator_gets_the_settings_its_method_uses(monkeypatch, method, plan, expected):

@@ -43,8 +43,8 @@ def test_a_config_written_by_the_runner_reads_typed(tmp_path, tiny_data, tiny_mo
     assert (s.dataset, s.split, s.data_size, s.seed) == ("tiny", "test", 20, 3)
     assert (cfg.dataset, cfg.split, cfg.seed) == ("tiny", "test", 3)
     assert s.model_sha256 == hash_state_dict(tiny_model) == cfg.model.sha256 and len(s.data_sha256 or "") == 64
-    assert (s.target, s.temperature, s.tol, s.ci_level) == ("prediction", 1.0, 1e-4, 0.95)
-    assert (s.interval, s.mmse_sampling, s.p_fail, s.mc_half_width) == ("wilson", "centred", False, None)
+    assert (s.target, s.temperature, s.tol, s.confidence) == ("prediction", 1.0, 1e-4, 0.95)
+    assert (s.interval, s.sampling, s.p_fail, s.target_half_width) == ("wilson", "centred", False, None)
     assert cfg.requests == (
         {
             "sigmas": [0.1, 0.3],
@@ -68,9 +68,16 @@ def test_a_config_written_by_the_runner_reads_typed(tmp_path, tiny_data, tiny_mo
 
 
 def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp_path):
+    # Also written before the renames: ci_level (now confidence) and mmse_sampling (sampling).
     old = {
         "format": "probust.results",
-        "run": {"dataset": "fashion-mnist", "seed": 2, "model_sha256": "ab" * 32, "ci_level": 0.9},
+        "run": {
+            "dataset": "fashion-mnist",
+            "seed": 2,
+            "model_sha256": "ab" * 32,
+            "ci_level": 0.9,
+            "mmse_sampling": "iid",
+        },
         "requests": [{"sigmas": [0.1], "methods": ["mc_cv"], "mc_samples": [100], "mmse_samples": []}],
         "model": {"source": "/models/cnn.pt", "meta": {"dataset": "fashion-mnist", "arch": "cnn"}},
     }
@@ -79,12 +86,17 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
     assert cfg is not None and cfg.is_probust and is_results_folder(tmp_path)
     assert cfg.format_version is None and cfg.probust_version is None and cfg.history == ()
     s = cfg.settings
-    assert (s.dataset, s.split, s.seed, s.ci_level, s.data_size) == ("fashion-mnist", "test", 2, 0.9, None)
-    assert s.p_fail is SETTING_DEFAULTS["p_fail"] is False and s.mc_half_width is None
+    assert (s.dataset, s.split, s.seed, s.confidence, s.data_size) == ("fashion-mnist", "test", 2, 0.9, None)
+    assert s.sampling == "iid" and not hasattr(s, "ci_level") and "ci_level" not in cfg.raw["run"]
+    assert s.p_fail is SETTING_DEFAULTS["p_fail"] is False and s.target_half_width is None
     assert cfg.run_values == {
-        **old["run"],
+        "dataset": "fashion-mnist",
+        "seed": 2,
+        "model_sha256": "ab" * 32,
+        "confidence": 0.9,
+        "sampling": "iid",
         "p_fail": False,
-        "mc_half_width": None,
+        "target_half_width": None,
         "noise": {"kind": "gaussian"},
         "prune": "auto",
         "gradients": "auto",

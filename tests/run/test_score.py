@@ -20,8 +20,8 @@ from tests._helpers import tiny_data, tiny_model
 
 METHODS = ["mc", "taylor", "mmse", "softmax"]
 SIGMAS = [0.1, 0.3]
-#: Settings shared by every call: small, and the same work units (batch_size) everywhere.
-SMALL = dict(mc_samples=200, mmse_samples=3, batch_size=6, device="cpu", show_progress=False)
+#: Settings shared by every call: small, and the same work units (unit_size) everywhere.
+SMALL = dict(mc_samples=200, mmse_samples=3, unit_size=6, device="cpu", show_progress=False)
 NAMES = ["path", "label_name", "prediction_name"]
 
 
@@ -155,8 +155,10 @@ def test_unknown_keywords_are_refused_naming_the_valid_ones(tmp_path, call):
     assert "its arguments: allow_pickle, " in text and "mc_samples" in text
     with pytest.raises(ConfigError, match="mc_sample: not an argument .* \\(did you mean mc_samples\\?\\)"):
         go(mc_sample=10)
-    with pytest.raises(ConfigError, match="confidence: .*did you mean ci_level, the command line's --confidence"):
-        go(confidence=0.9)
+    with pytest.raises(ConfigError, match="ci_level: not an argument .* \\(renamed confidence\\)"):
+        go(ci_level=0.9)
+    with pytest.raises(ConfigError, match="eval_batch_size: not an argument .* \\(renamed batch_size\\)"):
+        go(eval_batch_size=64)
     assert not (tmp_path / "r").exists()
 
 
@@ -268,7 +270,7 @@ def test_score_gives_the_rows_of_the_command_line(tmp_path):
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
     torch.jit.save(torch.jit.trace(tiny_model().eval(), x[:2]), tmp_path / "m.pt")
     data, model = str(tmp_path / "d.npz"), str(tmp_path / "m.pt")
-    flags = ["--mc-samples", "200", "--mmse-samples", "3", "--batch-size", "6", "--device", "cpu", "--quiet"]
+    flags = ["--mc-samples", "200", "--mmse-samples", "3", "--unit-size", "6", "--device", "cpu", "--quiet"]
     command = ["estimate", "--data", data, "--model", model, "--sigma", "0.3", "--methods", *METHODS]
     assert main([*command, *flags, "--out", str(tmp_path / "r")]) == 0
     df = probust.score(model, data, 0.3, METHODS, **SMALL)

@@ -37,8 +37,8 @@ BAD = [
     ("limit", 0),
     ("limit", 1.5),
     ("limit", True),
+    ("unit_size", 0),
     ("batch_size", 0),
-    ("eval_batch_size", 0),
     ("memory_budget", "lots"),
     ("jacobian", "magic"),
     ("jacobian", "forward"),
@@ -51,15 +51,15 @@ BAD = [
     ("temperature", 0),
     ("temperature", "abc"),
     ("tol", -1e-4),
-    ("ci_level", 1.5),
-    ("ci_level", 0),
-    ("ci_level", "abc"),
+    ("confidence", 1.5),
+    ("confidence", 0),
+    ("confidence", "abc"),
     ("target", "other"),
     ("interval", "exact"),
-    ("mmse_sampling", "sobol"),
+    ("sampling", "sobol"),
     ("p_fail", "yes"),
-    ("mc_half_width", 0.7),
-    ("mc_half_width", 0),
+    ("target_half_width", 0.7),
+    ("target_half_width", 0),
     ("indices", "3-1"),
     ("indices", "a"),
     ("device", "nonsense"),
@@ -101,14 +101,14 @@ def test_values_are_normalised_sorted_and_typed():
         limit=np.int32(3),
         temperature="2",
         p_fail=np.bool_(True),
-        mc_half_width=0.01,
+        target_half_width=0.01,
     )
     assert s.sigmas == (0.1, 0.3) and s.mc_samples == (100, 1000) and s.mmse_samples == (7,)
     assert s.methods == tuple(m for m in probust.METHODS if m in ("softmax", "mc", "taylor"))
     assert s.indices == (2, 5, 6, 7) and s.selected.dtype == np.int64 and s.selected.tolist() == [2, 5, 6, 7]
     assert type(s.seed) is int and s.seed == 4 and type(s.limit) is int and s.limit == 3
     assert type(s.temperature) is float and s.temperature == 2.0
-    assert s.p_fail is True and s.mc_half_width == 0.01
+    assert s.p_fail is True and s.target_half_width == 0.01
     assert settings().selected is None
 
 
@@ -182,9 +182,9 @@ WRONG_TYPE = [
     ("device", object()),
     ("seed", "0"),
     ("seed", None),
-    ("batch_size", None),
+    ("unit_size", None),
+    ("unit_size", "8"),
     ("batch_size", "8"),
-    ("eval_batch_size", "8"),
     ("memory_budget", object()),
     ("memory_budget", [1]),
     ("memory_budget", True),
@@ -200,17 +200,17 @@ WRONG_TYPE = [
     ("target", ["label"]),
     ("tol", True),
     ("tol", "x"),
-    ("ci_level", "x"),
-    ("ci_level", True),
-    ("ci_level", None),
-    ("ci_level", object()),
+    ("confidence", "x"),
+    ("confidence", True),
+    ("confidence", None),
+    ("confidence", object()),
     ("interval", 3),
     ("interval", ["wilson"]),
-    ("mmse_sampling", None),
+    ("sampling", None),
     ("p_fail", 1),
     ("p_fail", "no"),
-    ("mc_half_width", "x"),
-    ("mc_half_width", True),
+    ("target_half_width", "x"),
+    ("target_half_width", True),
     ("show_progress", "no"),
     ("show_progress", None),
     ("overwrite", "no"),
@@ -262,7 +262,7 @@ def test_every_field_has_a_wrong_type_case():
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("ci_level", "x"), ("sigmas", "a"), ("mc_samples", [1.5]), ("seed", "0"), ("methods", 3)]
+    ("name", "value"), [("confidence", "x"), ("sigmas", "a"), ("mc_samples", [1.5]), ("seed", "0"), ("methods", 3)]
 )
 def test_run_estimate_gives_the_same_config_error_before_any_work(tmp_path, name, value):
     args = dict(data="digits", model=tmp_path / "none.pt", sigmas=[0.1], out=tmp_path / "r", device="cpu")

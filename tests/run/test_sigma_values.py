@@ -19,7 +19,7 @@ from probust.run.store import read_results
 from tests._helpers import tiny_data, tiny_model
 
 SIGMAS = [1 / 3, 0.0123456789]
-SMALL = dict(methods=["taylor_mvs", "softmax"], limit=6, batch_size=3, device="cpu", show_progress=False)
+SMALL = dict(methods=["taylor_mvs", "softmax"], limit=6, unit_size=3, device="cpu", show_progress=False)
 
 
 def assert_rows_at_exact_sigmas(df) -> None:

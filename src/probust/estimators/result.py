@@ -123,10 +123,9 @@ class Estimate:
         derived each point's random stream from, when called with the same ``index_offset``),
         then every field that is set, under its own name and dtype: the per-point tensors
         [B] (``p``, ``target``, ``stderr``, ...) and the scalars repeated on every row
-        (``method``). Two fields are renamed to the runner's table's names, whose meaning they
-        have there: ``n_samples`` (evaluations spent on the point) is ``n_drawn``, and
-        ``confidence`` (the interval's level) is ``ci_level``, the runner's name for it (its
-        ``config.json`` setting; the table's softmax probability of the clean prediction is
+        (``method``). ``n_samples`` (evaluations spent on the point) is renamed ``n_drawn``,
+        the runner's table's name for it (its ``n_samples`` is the count asked for). ``confidence``
+        is the interval's level (the softmax probability of the clean prediction is
         ``clean_softmax``). ``route`` holds each point's route by name (:data:`ROUTE_NAMES`).
         Fields left None have no column.
 
@@ -149,8 +148,8 @@ class Estimate:
 ROUTE_NAMES = ("direct", "head", "forward", "candidates")
 
 #: Fields of :class:`Estimate` whose column in :meth:`Estimate.to_pandas` has the runner's
-#: table's name for the same quantity (``ci_level``: the runner's setting of the interval's level).
-_TABLE_NAMES = {"n_samples": "n_drawn", "confidence": "ci_level"}
+#: table's name for the same quantity.
+_TABLE_NAMES = {"n_samples": "n_drawn"}
 
 
 def rows_frame(

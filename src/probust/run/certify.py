@@ -6,7 +6,7 @@
 
 The folder works as ``probust estimate``'s (:mod:`probust.run.store`, :mod:`probust.run.folder`,
 :mod:`probust.run.work_units`, :mod:`probust.run.distributed`): the same data, model and folder
-options, one Parquet part per work unit (a block of ``batch_size`` consecutive selected points at
+options, one Parquet part per work unit (a block of ``unit_size`` consecutive selected points at
 one sigma), resumed by running the same command again, shared out under torchrun, merged into
 ``results.parquet`` at the end. Its ``config.json`` is marked ``"format": "probust.certify"``
 (:data:`FORMAT`), so neither command takes the other's folder. At the end rank 0 also writes, per

@@ -27,7 +27,7 @@ __all__ = [
 #: The paper's six methods: what a run computes unless told otherwise (the Monte Carlo
 #: variants "mc_cv" and "mc_is" cost as much as "mc" each, so they are asked for by name).
 DEFAULT_METHODS = PAPER_METHODS
-#: The Monte Carlo methods that stop a point early in an adaptive run (``mc_half_width``).
+#: The Monte Carlo methods that stop a point early in an adaptive run (``target_half_width``).
 ADAPTIVE_METHODS = methods_with("target_half_width")
 #: The analytic methods that compute ``p_fail`` on request (``p_fail=True``, ``--p-fail``).
 P_FAIL_METHODS = methods_with("p_fail")

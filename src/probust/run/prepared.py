@@ -72,8 +72,8 @@ class PreparedRun:
     noise: Any = None
 
     def blocks(self) -> list[np.ndarray]:
-        """The selected indices cut into consecutive blocks of ``settings.batch_size``."""
-        size = self.settings.batch_size
+        """The selected indices cut into consecutive blocks of ``settings.unit_size``."""
+        size = self.settings.unit_size
         return [self.indices[i : i + size] for i in range(0, len(self.indices), size)]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from probust._options import UNSET, declared
-from probust.run.settings import SETTING_DEFAULTS, RunSettings
+from probust.run.settings import FORMER_NAMES, SETTING_DEFAULTS, RunSettings
 from probust.run.store import CONFIG_NAME, FORMAT, read_config
 
 #: Each recorded option: its key, declared type and implied value (None where nothing was implied).
@@ -44,7 +44,7 @@ class RecordedSettings:
     with (a folder takes only rows of one such run). None: not recorded.
 
     Every recorded option (declared with a ``record`` key in :mod:`probust.run.settings`: seed,
-    target, temperature, tol, ci_level, interval, mmse_sampling, p_fail, mc_half_width, prune,
+    target, temperature, tol, confidence, interval, sampling, p_fail, target_half_width, prune,
     check_draws, gradients, noise, model_args) reads as an attribute of its key, typed as declared; a
     folder written before an option holds what it implied (:data:`SETTING_DEFAULTS`). ``noise``: its "kind"
     ("gaussian", "uniform", "laplace") and any shape (see :mod:`probust.run.noise_options`).
@@ -131,7 +131,7 @@ class ResultsConfig:
         model: the "model" section (:class:`ModelInfo`).
         data: the "data" section (:class:`DataInfo`).
         history: every process that wrote into the folder, oldest first.
-        raw: the JSON object as read (do not modify).
+        raw: the JSON object as read, its "run" settings under today's names (do not modify).
     """
 
     format: str | None
@@ -194,6 +194,7 @@ class ResultsConfig:
         """
         if not isinstance(config, dict):
             raise ValueError(f"a results configuration is a JSON object, got {type(config).__name__}")
+        config = _current_names(config)
         run, model, data = (_section(config, name) for name in ("run", "model", "data"))
         history = config.get("history")
         requests = config.get("requests")
@@ -255,6 +256,17 @@ def is_results_folder(path: str | os.PathLike, format: str = FORMAT) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(value, dict) and value.get("format") == format
+
+
+def _current_names(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its "run" settings under today's names: a folder written before an option
+    was renamed (``ci_level``, now ``confidence``: :data:`FORMER_NAMES`) reads, resumes and is
+    compared as one written today."""
+    run = config.get("run")
+    if not isinstance(run, dict) or not any(k in FORMER_NAMES for k in run):
+        return config
+    now = {k: FORMER_NAMES.get(k, k) if FORMER_NAMES.get(k, k) not in run else k for k in run}
+    return {**config, "run": {now[k]: v for k, v in run.items()}}
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

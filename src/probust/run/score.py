@@ -48,7 +48,7 @@ def score(
 
     The same rows as :func:`probust.run_estimate` (and ``probust estimate``) on the same points,
     settings and seed: each point's random stream derives from the seed and its index in the
-    data set, and the work is cut into the same blocks of ``batch_size`` points, whatever the
+    data set, and the work is cut into the same blocks of ``unit_size`` points, whatever the
     DataLoader's own batch size. Needs the ``run`` extra.
 
     Args:
@@ -72,7 +72,7 @@ def score(
             ``allow_version_change``); None (default): nothing is written anywhere.
         **options: the other fields of :class:`~probust.run.RunSettings` (``mc_samples``,
             ``mmse_samples``, ``seed``, ``target``, ``limit``, ``indices``, ``device``,
-            ``batch_size``, ``show_progress``, ...).
+            ``unit_size``, ``batch_size``, ``show_progress``, ...).
 
     Returns:
         The runner's table (:func:`probust.run.read_results` documents every column: ``index``,

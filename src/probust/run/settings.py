@@ -595,13 +595,13 @@ class EstimatorOptions(SeedOptions):
         record="tol",
         param="tol",
     )
-    ci_level: float = option(
+    confidence: float = option(
         DEFAULT_CONFIDENCE,
         help=f"level of the Monte Carlo confidence interval ({_with('confidence')})",
-        flag="--confidence",
         metavar="LEVEL",
         check=_level,
-        record="ci_level",
+        record="confidence",
+        former=("ci_level",),
         param="confidence",
     )
     interval: str = option(
@@ -611,11 +611,12 @@ class EstimatorOptions(SeedOptions):
         record="interval",
         param="interval",
     )
-    mmse_sampling: str = option(
+    sampling: str = option(
         "centred",
         help="MMSE noise draws: centred or iid (see probust.MMSE)",
         choices=MMSE_SAMPLINGS,
-        record="mmse_sampling",
+        record="sampling",
+        former=("mmse_sampling",),
         param="sampling",
     )
     p_fail: bool = option(
@@ -628,14 +629,15 @@ class EstimatorOptions(SeedOptions):
         implied=False,
         param="p_fail",
     )
-    mc_half_width: float | None = option(
+    target_half_width: float | None = option(
         None,
         help=f"adaptive Monte Carlo ({_with('target_half_width')}): stop a point once its interval's half-width "
         "is at most W, checked every 1,000 draws for mc, 500 for mc_cv (column n_drawn: the draws used)",
         default_help="always --mc-samples draws",
         metavar="W",
         check=_half_width,
-        record="mc_half_width",
+        record="target_half_width",
+        former=("mc_half_width",),
         implied=None,
         param="target_half_width",
     )
@@ -682,7 +684,7 @@ class EstimatorOptions(SeedOptions):
 @dataclass(frozen=True, kw_only=True)
 class ComputeOptions:
     """How the work runs: none of these changes a number, so none is part of a folder's identity.
-    With ``eval_batch_size``, ``channels_last`` (and ``probust estimate``'s ``jacobian``) fixed, the
+    With ``batch_size``, ``channels_last`` (and ``probust estimate``'s ``jacobian``) fixed, the
     execution plan is fixed too, for tables identical to the bit on any machine."""
 
     TITLE: ClassVar[str] = "how it runs"
@@ -692,20 +694,22 @@ class ComputeOptions:
         help="cpu, cuda, cuda:N or auto (cuda if available); under torchrun on GPUs each rank uses cuda:LOCAL_RANK",
         check=_device,
     )
-    batch_size: int = option(
+    unit_size: int = option(
         256,
-        help="points per work unit: per estimator call and per part file",
+        help="points per work unit: per estimator call and per part file (formerly --batch-size)",
         metavar="B",
         parse=int,
         check=_integer(1, False),
     )
-    eval_batch_size: int | None = option(
+    batch_size: int | None = option(
         None,
-        help="most inputs per pass through the model inside the estimators",
+        help="most inputs per pass through the model inside the estimators (noisy copies, or pulled rows; formerly "
+        "--eval-batch-size)",
         default_help="each estimator's own, measured per model",
         metavar="R",
         parse=int,
         check=_integer(1, True),
+        former=("eval_batch_size",),
         param="batch_size",
     )
     memory_budget: int | str | None = option(
@@ -845,7 +849,10 @@ def check_keywords(
     name = unknown[0]
     hint: tuple[Any, ...] = ()
     flag = _flag_options(cls).get(name)
-    if flag is not None:
+    now = {old: f.name for f, o in declared(cls) for old in o.former}.get(name)
+    if now is not None:
+        hint = (" (renamed ", Setting(now), ")")
+    elif flag is not None:
         hint = (" (did you mean ", flag, f", the command line's --{name.replace('_', '-')}?)")
     else:
         close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
@@ -914,20 +921,10 @@ SETTING_DEFAULTS: dict[str, Any] = {
 }
 
 
-#: The run's name of each estimator argument that its options set under another name (their
-#: declared ``param``: ``eval_batch_size`` is the estimators' ``batch_size``), from the declarations.
-RUN_NAMES: dict[str, str] = {
-    o.param: f.name for f, o in declared(RunSettings) if o.param is not None and o.param != f.name
-}
-
-
-def in_run_terms(error: OptionError) -> OptionError:
-    """An error an estimator raised about one of its arguments, naming the run's option instead
-    (its ``field`` and the settings it suggests, by :data:`RUN_NAMES`), so that a caller of
-    :func:`probust.run.run_estimate` or ``probust estimate`` reads the names it gave."""
-    renamed = error.renamed(RUN_NAMES)
-    assert isinstance(renamed, OptionError)
-    return renamed
+#: Names that options had before, each with the option that has taken its place (declared
+#: ``former``): a keyword or flag of a former name is refused naming the new one, and a folder's
+#: ``config.json`` that recorded a setting under a former name reads as under the new one.
+FORMER_NAMES: dict[str, str] = {old: f.name for f, o in declared(RunSettings) for old in o.former}
 
 
 def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str, Any]:

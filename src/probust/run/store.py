@@ -478,8 +478,8 @@ def read_results(path: str | os.PathLike) -> Any:
           confidence interval (``mc``, ``mc_cv``, ``mc_is``; level in ``config.json``).
         - ``stderr`` (float64, NaN where there is none): the standard error of ``p`` (same).
         - ``clean_softmax`` (float64): softmax probability (temperature 1) of the clean
-          prediction, whatever the method (format version 1 called it ``confidence``; it is not
-          the interval's level, which is ``ci_level`` in ``config.json``).
+          prediction, whatever the method (format version 1 called it ``confidence``, today the
+          name of the interval's level in ``config.json``).
         - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
           mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
         - ``p_fail`` (float64, NaN where there is none): the failure probability 1 - p computed
@@ -495,7 +495,7 @@ def read_results(path: str | os.PathLike) -> Any:
           model's p_robust (the control variate's exact mean) and the fitted coefficient.
         - ``n_drawn`` (float64, NaN where there is none): noisy draws the Monte Carlo methods
           actually evaluated for the point: ``n_samples``, or fewer where an adaptive run
-          (``mc_half_width``) stopped the point early.
+          (``target_half_width``) stopped the point early.
         - ``boundaries_kept`` (stored as int64; NaN where there is none): ``taylor`` and
           ``mmse``: how many of the C - 1 decision boundaries entered the mvn-cdf (fewer where
           the run setting ``prune`` skipped those that cannot matter; the mv-sigmoid methods

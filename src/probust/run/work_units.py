@@ -1,7 +1,7 @@
 """Executing a prepared run: every missing work unit computed, stored as a part, then merged.
 
 The work is a grid: points x sigmas x (method, sample count). Points are cut into fixed blocks
-of ``batch_size`` consecutive selected points; a *work unit* is one block for one (sigma,
+of ``unit_size`` consecutive selected points; a *work unit* is one block for one (sigma,
 method, sample count), computed by one estimator call and stored as one Parquet part (see
 :mod:`probust.run.store`). A restarted run reads which rows exist and computes only the missing
 units, with the same blocks, so its table equals an uninterrupted run's value for value. Under
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from probust._checks import eval_mode
-from probust.errors import OptionError, Setting
+from probust.errors import Setting
 from probust.estimators.result import ROUTE_NAMES
 from probust.execution.tuning import sync
 from probust.run.errors import TiedPredictionError, agree
@@ -28,7 +28,6 @@ from probust.run.folder import now
 from probust.run.indices import consecutive_runs
 from probust.run.methods import make_task_estimator
 from probust.run.prepared import PreparedRun, RunSummary, Task
-from probust.run.settings import in_run_terms
 from probust.run.sources import batch
 from probust.run.store import OPTIONAL_COLUMNS
 
@@ -59,7 +58,7 @@ def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(prediction int64 [B], its softmax probability float64 [B], tied bool [B]) on the CPU;
     ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
     classes)."""
-    step = plan.settings.eval_batch_size or 256
+    step = plan.settings.batch_size or 256
     with eval_mode(plan.model), torch.no_grad():
         logits = torch.cat([plan.model(x[i : i + step]) for i in range(0, x.shape[0], step)])
     logits = logits.detach().to("cpu", torch.float64)
@@ -230,7 +229,8 @@ def execute(plan: PreparedRun) -> RunSummary:
             clean prediction (found by the clean passes, which all run before any estimator;
             raised on every rank).
         OptionError: an estimator refused a setting only the work can check (e.g. a
-            ``memory_budget`` too small for the model); ``field`` names the run's option.
+            ``memory_budget`` too small for the model); ``field`` names the option, which has the same
+            name in the run and in the estimators.
         RuntimeError: rows of the grid are missing at the end (under torchrun: the output
             folder is not shared by every machine).
     """
@@ -278,8 +278,6 @@ def run_units(plan: PreparedRun, units: Units) -> RunSummary:
                         computed += units.run(plan, state, task, block, missing)
                         if bar is not None:
                             bar.update(len(missing))
-            except OptionError as exc:  # an estimator's argument (e.g. memory_budget too small for the model)
-                raise in_run_terms(exc).with_traceback(exc.__traceback__) from None
             finally:
                 if bar is not None:
                     bar.close()
