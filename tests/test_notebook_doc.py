@@ -31,6 +31,32 @@ for code in blocks:
 """
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.(\d+))?(?:e[-+]?\d+)?")
+
+
+def _same_print(got: str, expected: str) -> bool:
+    """Whether two printouts say the same: the same words, spacing aside, and the same numbers,
+    except that a number printed with 3 or more decimals may differ by up to 0.005. The page's
+    numbers come from a model trained on the spot in float32, and another CPU's rounding moves
+    them that much (measured on a 2-core AMD EPYC against the Xeon
+    the page was printed on: 0.666 for 0.667, a quantile 0.5648 for 0.5626); integers (counts,
+    indices, classes) must be equal."""
+    if _NUMBER.sub("#", " ".join(got.split())) != _NUMBER.sub("#", " ".join(expected.split())):
+        return False
+    for x, y in zip(_NUMBER.finditer(got), _NUMBER.finditer(expected)):
+        if x[0] == y[0]:
+            continue
+        if x[1] is None or y[1] is None or len(y[1]) < 3 or abs(float(x[0]) - float(y[0])) > 5e-3 + 1e-12:
+            return False
+    return True
+
+
+def test_a_printout_may_differ_only_in_the_rounding_of_its_decimals():
+    assert _same_print("p 0.666 n 8", "p 0.667  n 8") and _same_print("{'q25': 0.5648,", "{'q25': 0.5626,")
+    assert not _same_print("0.3", "0.2") and not _same_print("0.25", "0.26")  # sigmas, rates: exact
+    assert not _same_print("0.700", "0.707") and not _same_print("n 9", "n 8") and not _same_print("a b", "a")
+
+
 def blocks() -> list[tuple[str, str | None]]:
     """The page's (code, expected output or None) pairs, in order."""
     return [(m["code"], m["out"]) for m in _BLOCK.finditer(PAGE.read_text(encoding="utf-8"))]
@@ -71,8 +97,11 @@ def test_every_block_runs_and_prints_what_the_page_shows(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     outputs = run.stdout.split(MARK + "\n")[1:]
     assert len(outputs) == len(pairs)
-    for index, ((code, expected), got) in enumerate(zip(pairs, outputs)):
-        if expected is not None:
-            assert got.rstrip() == expected.rstrip(), f"block {index + 1}:\n{code}\nprinted:\n{got}"
+    differ = [
+        f"block {index + 1}:\n{code}\nprinted:\n{got}"
+        for index, ((code, expected), got) in enumerate(zip(pairs, outputs))
+        if expected is not None and not _same_print(got, expected)
+    ]
+    assert not differ, "\n".join(differ)
     for name in ("extremes", "class_bias", "against_mc", "over_sigma"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
