@@ -1,5 +1,6 @@
 """docs/notebook.md: every Python block runs, in order, in one namespace (as a notebook would),
-and prints the output shown under it (a ```text block right after the code)."""
+and prints the output shown under it (a ```text block right after the code), up to the rounding
+another CPU gives (:func:`_same_print`)."""
 
 from __future__ import annotations
 
