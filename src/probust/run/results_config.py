@@ -263,10 +263,10 @@ def _current_names(config: dict[str, Any]) -> dict[str, Any]:
     was renamed (``ci_level``, now ``confidence``: :data:`FORMER_NAMES`) reads, resumes and is
     compared as one written today."""
     run = config.get("run")
-    if not isinstance(run, dict) or not any(k in FORMER_NAMES for k in run):
+    if not isinstance(run, dict):
         return config
-    now = {k: FORMER_NAMES.get(k, k) if FORMER_NAMES.get(k, k) not in run else k for k in run}
-    return {**config, "run": {now[k]: v for k, v in run.items()}}
+    renamed = {k: FORMER_NAMES[k] for k in run if k in FORMER_NAMES and FORMER_NAMES[k] not in run}
+    return {**config, "run": {renamed.get(k, k): v for k, v in run.items()}} if renamed else config
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -849,7 +849,7 @@ def check_keywords(
     name = unknown[0]
     hint: tuple[Any, ...] = ()
     flag = _flag_options(cls).get(name)
-    now = {old: f.name for f, o in declared(cls) for old in o.former}.get(name)
+    now = former_names(cls).get(name)
     if now is not None:
         hint = (" (renamed ", Setting(now), ")")
     elif flag is not None:
@@ -921,10 +921,15 @@ SETTING_DEFAULTS: dict[str, Any] = {
 }
 
 
-#: Names that options had before, each with the option that has taken its place (declared
-#: ``former``): a keyword or flag of a former name is refused naming the new one, and a folder's
-#: ``config.json`` that recorded a setting under a former name reads as under the new one.
-FORMER_NAMES: dict[str, str] = {old: f.name for f, o in declared(RunSettings) for old in o.former}
+def former_names(settings: type) -> dict[str, str]:
+    """Each name an option of ``settings`` had before (declared ``former``), with the option that
+    has taken its place."""
+    return {old: f.name for f, o in declared(settings) for old in o.former}
+
+
+#: The run's former names: a keyword or flag of one is refused naming the new one, and a folder's
+#: ``config.json`` that recorded a setting under one reads as under the new one.
+FORMER_NAMES: dict[str, str] = former_names(RunSettings)
 
 
 def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str, Any]:
