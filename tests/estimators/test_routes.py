@@ -110,6 +110,26 @@ def test_far_classes_cost_nothing_and_change_nothing(make):
     assert ((big.p - small.p).abs() <= big.cdf_error + small.cdf_error + 1e-6).all()
 
 
+@pytest.mark.parametrize("make", [probust.Taylor, lambda *a, **k: probust.MMSE(*a, n_samples=4, **k)])
+def test_few_classes_take_every_gradient_through_the_routes_keeping_every_boundary(make):
+    # Where no screening or head pays (C = 10, a head of 32 features), the routes take every
+    # margin's gradient from the logits and keep every boundary: the direct linearisation's
+    # numbers (the differentiable path still takes it), to float rounding.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
+    x = torch.randn(16, 12, generator=torch.Generator().manual_seed(1))
+    est = make(model, 0.5, jacobian="loop", batch_size=8)
+    ctx = est.route_context(x)
+    assert ctx is not None and not ctx.prune and ctx.gradients == "direct" and ctx.head is None
+    got = est(x)
+    assert (got.route == ROUTE_NAMES.index("direct")).all() and (got.boundaries_kept == 9).all()
+    direct = make(model, 0.5, jacobian="loop", batch_size=8, differentiable=True)(x)
+    assert make(model, 0.5, differentiable=True).route_context(x) is None
+    assert ((direct.p > 0.05) & (direct.p < 0.95)).sum() >= 3, direct.p  # the premise: p in mid-range
+    torch.testing.assert_close(got.margin, direct.margin.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.p, direct.p.detach(), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("route", ["direct", "head", "spectral", "candidates-of-sketch"])
 def test_mmse_with_more_copies_than_a_pass_holds(route):
     # 6 copies per point, 4 rows per pass: every pull runs its forward passes again, block by block.

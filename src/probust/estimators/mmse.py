@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from probust import _rng
 from probust._checks import check_choice, check_positive_int, check_target
 from probust._memory_format import to_format
-from probust.estimators.base import noise_words
+from probust.estimators import routes
 from probust.estimators.linearised import Linearisation, Linearised
 from probust.execution.tuning import JacobianPlan
 from probust.linearise import smoothed_margin_jacobian
@@ -91,13 +91,7 @@ class MMSE(Linearised):
         # A NaN or inf logit on any copy leaves its margins non-finite, and so their average.
         bad = ~torch.isfinite(c.detach()).all(dim=1)
         if bool(bad.any()):
-            points = indices[bad].tolist()
-            raise ValueError(
-                f"the model returned NaN or inf logits on noisy copies x + eps of MMSE's linearisation under noise "
-                f"{noise_words(self.noise)} (points {points[:5]}{'...' if len(points) > 5 else ''}: data-set "
-                f"indices, index_offset + row; {self.n_samples} copies each): p_robust is undefined there; make "
-                "the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
-            )
+            raise routes.non_finite_copies(self.noise, indices[bad], self.n_samples)
         return Linearisation(target, c, u)
 
     _instead = "use method 'mc' there, a smaller sigma, or more noisy copies (n_samples)"

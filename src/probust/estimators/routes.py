@@ -54,6 +54,7 @@ from probust._memory_format import to_format, weights_in_format
 from probust._segments import add_rows
 from probust.errors import OptionError, Part, Setting
 from probust.estimators import pruning
+from probust.estimators.base import noise_words
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
 from probust.execution.tuning import JacobianPlan
 from probust.gradients import Pullback, Strategy, features_and_logits
@@ -266,6 +267,18 @@ def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tens
     )
 
 
+def non_finite_copies(noise: Noise, points: Tensor, copies: int) -> ValueError:
+    """The error for NaN or inf logits on noisy copies of MMSE's linearisation at ``points``
+    (data-set indices)."""
+    shown = points.tolist()
+    return ValueError(
+        f"the model returned NaN or inf logits on noisy copies x + eps of MMSE's linearisation under noise "
+        f"{noise_words(noise)} (points {shown[:5]}{'...' if len(shown) > 5 else ''}: data-set "
+        f"indices, index_offset + row; {copies} copies each): p_robust is undefined there; make "
+        "the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
+    )
+
+
 class _Rows:
     """The rows of a group of points (N copies each) and the pullbacks of cotangents on them.
 
@@ -315,9 +328,14 @@ class _Rows:
 def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:
     points, n = copies.shape[:2]
     rows = _Rows(ctx, copies)
+    if n > 1:
+        finite = torch.isfinite(rows.logits.detach()).all(1).view(points, n).all(1)
+        if not bool(finite.all()):
+            raise non_finite_copies(ctx.noise, indices[~finite], n)
     check_logits(rows.logits, rows.rows.shape[0])
-    if target is None:
-        target = check_target(None, rows.logits)  # Taylor: one copy, the point itself
+    if n == 1:  # Taylor: one copy, the point itself (a given target checked, a tie refused)
+        target = check_target(target, rows.logits)
+    assert target is not None  # MMSE's copies: its clean prediction, checked before the copies
     row_target = target.repeat_interleave(n)
     c = rows.average(margins(rows.logits, row_target))
     classes = c.shape[1]
