@@ -393,9 +393,8 @@ class Linearised(Estimator):
 
     def _every_gradient(self, x: Tensor) -> routes.Context:
         """The routes' context that takes every margin's gradient and keeps every boundary: one
-        backward pass per boundary from the logits, or forward mode where the counts say it pays
-        (:meth:`_forward_jacobian`)."""
-        forward = self._forward_jacobian(x)
+        backward pass per boundary from the logits, or forward mode where the plan takes it (asked
+        for, or paying by counts: :meth:`_forward_jacobian`'s rule, which the plan applies)."""
         # Timed on every margin's gradient by margin_jacobian, the same pulls of the same rows:
         # the routes' own trial pads vmap's 2 cotangents to 8 and doubled a first call's planning
         # (MMSE on ResNet18, 50 points: 1.57 s against 0.72 s).
@@ -408,7 +407,7 @@ class Linearised(Estimator):
             prune=False,
             jvp=cost_model.jvp_in_pulls(x.device),
             share=cost_model.screening_share(x.device),
-            gradients="forward" if forward else "direct",
+            gradients="forward" if plan.strategy.whole_jacobian else "direct",
             pull_rows=plan.rows,
             graph_rows=plan.rows,
         )
