@@ -21,7 +21,6 @@ from probust.linearise import (
     other_classes,
     plan_blocks,
     project,
-    smoothed_margin_jacobian,
 )
 
 F64 = torch.float64
@@ -150,42 +149,6 @@ def test_differentiable_margin_jacobian_keeps_the_graph_to_the_parameters(strate
             torch.testing.assert_close(got, want, **TOL)
 
 
-# ---------------------------------------------------------------- the MMSE linearisation
-
-
-@pytest.mark.parametrize("batch_size", [1, 5, 100])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_smoothed_margin_jacobian_is_the_mean_of_the_copies_jacobians(strategy, batch_size):
-    model, x = _model(), _inputs(3)
-    target = torch.tensor([2, 0, 4])
-    copies = 4
-    eps = torch.randn(3, copies, 2, 3, generator=torch.Generator().manual_seed(5), dtype=F64) * 0.3
-    g, u = smoothed_margin_jacobian(model, x, target, eps, batch_size=batch_size, strategy=strategy)
-    assert g.shape == (3, CLASSES) and u.shape == (3, CLASSES, 2, 3)
-    g_expected = torch.zeros(3, CLASSES, dtype=F64)
-    u_expected = torch.zeros(3, CLASSES, 2, 3, dtype=F64)
-    for b, j in itertools.product(range(3), range(copies)):  # each copy on its own
-        noisy = (x[b] + eps[b, j])[None]
-        with torch.no_grad():
-            g_expected[b] += margins(model(noisy), target[b : b + 1])[0] / copies
-        u_expected[b] += _oracle_margin_gradients(_oracle_jacobian(model, noisy), target[b : b + 1])[0] / copies
-    torch.testing.assert_close(g, g_expected, **TOL)
-    torch.testing.assert_close(u, u_expected, **TOL)
-
-
-def test_smoothed_margin_jacobian_applies_to_rows_to_every_block():
-    model, x = _model(), _inputs(2)
-    eps = torch.zeros(2, 3, 2, 3, dtype=F64)
-    seen: list[int] = []
-
-    def to_rows(rows: torch.Tensor) -> torch.Tensor:
-        seen.append(rows.shape[0])
-        return rows
-
-    smoothed_margin_jacobian(model, x, torch.tensor([0, 1]), eps, batch_size=4, to_rows=to_rows)
-    assert seen == [4, 2]
-
-
 # ---------------------------------------------------------------- blocks and projections
 
 
@@ -213,22 +176,6 @@ def test_project_is_the_dot_product_of_each_normal_with_each_draw():
     got64 = project(u.double(), eps)
     assert got64.dtype == F64
     torch.testing.assert_close(got64, torch.einsum("bcd,bnd->bnc", u.double().flatten(2), eps.double().flatten(2)))
-
-
-@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
-def test_margin_jacobian_of_chosen_classes_equals_those_rows_of_the_full_one(strategy):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 7))
-    x = torch.randn(5, 6)
-    _, target, full = margin_jacobian(model, x, strategy="vmap")
-    gen = torch.Generator().manual_seed(1)
-    classes = torch.randint(7, (5, 3), generator=gen)
-    classes[:, -1] = target  # padding: the target itself gives a zero row
-    _, t, chosen = margin_jacobian(model, x, strategy=strategy, classes=classes)
-    assert torch.equal(t, target)
-    expected = full.gather(1, classes[:, :, None].expand(-1, -1, 6))
-    torch.testing.assert_close(chosen, expected, rtol=1e-5, atol=1e-6)
-    assert (chosen[:, -1] == 0).all()
 
 
 def test_margin_sketch_gives_each_margins_derivative_along_each_probe():

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from probust import _forward_mode as forward_mode
 from probust import gradients
 from probust._checks import check_target
-from probust._segments import add_rows
 from probust.gradients import Strategy
 
 
@@ -95,7 +94,6 @@ def margin_jacobian(
     strategy: Strategy | str = Strategy.VMAP,
     fallback: bool = True,
     limit: int | None = None,
-    classes: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Logits [B, C], targets [B] and the margin gradients u [B, C, *S] at x.
 
@@ -110,27 +108,19 @@ def margin_jacobian(
             there is an error).
         limit: compute only the first ``limit`` margins and return them as [B, limit, *S] in
             the order of the other classes (for timing strategies).
-        classes: int64 [B, K], compute only these margins of each point, returned as
-            [B, K, *S] in this order: K backward passes instead of C - 1. An entry equal to
-            the point's target gives a zero row (padding for points that need fewer).
     """
     holder: dict[str, Tensor] = {}
-    wanted = None if classes is None else classes.to(device=x.device, dtype=torch.int64)
-    if wanted is not None and (wanted.ndim != 2 or wanted.shape[0] != x.shape[0]):
-        raise ValueError(f"classes must be int64 [B, K] with B = {x.shape[0]}, got shape {tuple(wanted.shape)}")
 
     def margin_cotangents(logits: Tensor) -> Tensor:
         t = check_target(target, logits)
         holder["target"] = t
         classes = logits.shape[1]
-        others = other_classes(t, classes) if wanted is None else wanted
+        others = other_classes(t, classes)
         if limit is not None:
             others = others[:, :limit]
         cot = torch.zeros(others.shape[1], logits.shape[0], classes, dtype=logits.dtype, device=logits.device)
         cot.scatter_(2, t.view(1, -1, 1).expand(others.shape[1], -1, 1), 1.0)
         cot.scatter_(2, others.T.unsqueeze(2), -1.0)
-        if wanted is not None:  # padding (the target itself): a zero cotangent, a zero gradient
-            cot = cot * (others.T != t).unsqueeze(2)
         return cot
 
     if Strategy(strategy).whole_jacobian:
@@ -139,9 +129,7 @@ def margin_jacobian(
         )
         t = check_target(target, logits.detach())
         u = margin_gradients(jacobian, t)
-        if wanted is not None:
-            u = u.gather(1, _expand_index(wanted, u))
-        elif limit is not None:
+        if limit is not None:
             u = u.gather(1, _expand_index(other_classes(t, logits.shape[1])[:, :limit], u))
         logits, u = _finish(logits, u, differentiable)
         return logits, t, u
@@ -155,7 +143,7 @@ def margin_jacobian(
         fallback=fallback,
     )
     t = holder["target"]
-    if limit is None and wanted is None:
+    if limit is None:
         # Class c sits at position 0 (zeros) if it is the target, else at 1 + its rank among the others.
         n_classes = logits.shape[1]
         c = torch.arange(n_classes, device=t.device)
@@ -194,65 +182,6 @@ def plan_blocks(points: int, samples: int, rows: int) -> Iterator[tuple[slice, i
     for first in range(0, points, group):
         for start in range(0, samples, per_point):
             yield slice(first, min(first + group, points)), start, min(per_point, samples - start)
-
-
-def smoothed_margin_jacobian(
-    model: nn.Module,
-    x: Tensor,
-    target: Tensor,
-    eps: Tensor,
-    *,
-    batch_size: int,
-    class_chunk_size: int | None = None,
-    differentiable: bool = False,
-    strategy: Strategy | str = Strategy.VMAP,
-    to_rows: Callable[[Tensor], Tensor] | None = None,
-    classes: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """The MMSE (SmoothGrad) linearisation: mean of g and of grad g over noisy copies.
-
-    Args:
-        model, class_chunk_size, differentiable, strategy: as in :func:`logit_jacobian`.
-        to_rows: applied to each block of rows before the model sees it (e.g. a memory format).
-        x: clean inputs [B, *S].
-        target: long [B], the class whose boundaries are measured (fixed for all copies).
-        eps: noise [B, N, *S]; copy j of point b is x[b] + eps[b, j].
-        batch_size: the most rows in one forward/backward pass.
-        classes: int64 [B, K]: only these margins' gradients (as in :func:`margin_jacobian`),
-            the same for all copies of a point; u_mean is then [B, K, *S].
-
-    Returns:
-        (g_mean [B, C], u_mean [B, C, *S]), averaged over the N copies.
-    """
-    points, copies = eps.shape[:2]
-    shape = x.shape[1:]
-    rows = (x[:, None] + eps).reshape(points * copies, *shape)
-    row_target = target.repeat_interleave(copies)
-    row_point = torch.arange(points, device=x.device).repeat_interleave(copies)
-    row_classes = None if classes is None else classes.repeat_interleave(copies, dim=0)
-    g_sum = u_sum = None
-    for first in range(0, len(rows), batch_size):
-        block = slice(first, first + batch_size)
-        inputs = rows[block] if to_rows is None else to_rows(rows[block])
-        logits, _, u = margin_jacobian(
-            model,
-            inputs,
-            row_target[block],
-            class_chunk_size=class_chunk_size,
-            differentiable=differentiable,
-            strategy=strategy,
-            classes=None if row_classes is None else row_classes[block],
-        )
-        g = margins(logits, row_target[block])
-        if g_sum is None:
-            g_sum = g.new_zeros(points, *g.shape[1:])
-            u_sum = u.new_zeros(points, *u.shape[1:])
-        assert g_sum is not None and u_sum is not None
-        # Out of place where differentiable: the sums carry a graph.
-        g_sum = add_rows(g_sum, row_point[block], g, inplace=not differentiable)
-        u_sum = add_rows(u_sum, row_point[block], u, inplace=not differentiable)
-    assert g_sum is not None and u_sum is not None  # points >= 1: the loop ran
-    return g_sum / copies, u_sum / copies
 
 
 def margin_sketch(

@@ -111,23 +111,67 @@ def test_far_classes_cost_nothing_and_change_nothing(make):
 
 
 @pytest.mark.parametrize("make", [probust.Taylor, lambda *a, **k: probust.MMSE(*a, n_samples=4, **k)])
-def test_few_classes_take_every_gradient_through_the_routes_keeping_every_boundary(make):
-    # Where no screening or head pays (C = 10, a head of 32 features), the routes take every
-    # margin's gradient from the logits and keep every boundary: the direct linearisation's
-    # numbers (the differentiable path still takes it), to float rounding.
+@pytest.mark.parametrize("differentiable", [False, True])
+def test_few_classes_take_every_gradient_through_the_routes_keeping_every_boundary(make, differentiable):
+    # Where no screening or head pays (C = 10, a head of 32 features), and wherever the graph is
+    # kept, the routes take every margin's gradient from the logits and keep every boundary: the
+    # margins and z of torch.func's own Jacobian of the copies, averaged, to float rounding.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
     x = torch.randn(16, 12, generator=torch.Generator().manual_seed(1))
-    est = make(model, 0.5, jacobian="loop", batch_size=8)
+    sigma = 0.5
+    est = make(model, sigma, jacobian="loop", batch_size=8, differentiable=differentiable)
     ctx = est.route_context(x)
-    assert ctx is not None and not ctx.prune and ctx.gradients == "direct" and ctx.head is None
+    assert not ctx.prune and ctx.gradients == "direct" and ctx.head is None
+    assert ctx.differentiable == differentiable
     got = est(x)
     assert (got.route == ROUTE_NAMES.index("direct")).all() and (got.boundaries_kept == 9).all()
-    direct = make(model, 0.5, jacobian="loop", batch_size=8, differentiable=True)(x)
-    assert make(model, 0.5, differentiable=True).route_context(x) is None
-    assert ((direct.p > 0.05) & (direct.p < 0.95)).sum() >= 3, direct.p  # the premise: p in mid-range
-    torch.testing.assert_close(got.margin, direct.margin.detach(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(got.p, direct.p.detach(), rtol=0, atol=1e-6)
+    assert ((got.p > 0.05) & (got.p < 0.95)).sum() >= 3, got.p  # the premise: p in mid-range
+    assert got.p.requires_grad == differentiable
+
+    copies = est._copies(x, torch.arange(len(x)))  # [B, N, 12]: the point itself, or MMSE's copies
+    with torch.no_grad():
+        logits = model(copies)  # [B, N, C]
+    jacobian = torch.func.vmap(torch.func.vmap(torch.func.jacrev(model)))(copies)  # [B, N, C, 12]
+    target = got.target
+    row = torch.arange(len(x))
+    margin = (logits[row, :, target][..., None] - logits).mean(1)
+    normal = (jacobian[row, :, target][:, :, None] - jacobian).mean(1)  # [B, C, 12]
+    z = margin.double() / (sigma * normal.double().norm(dim=2))
+    z[row, target] = torch.inf
+    torch.testing.assert_close(got.margin.detach(), margin, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.z.detach(), z, rtol=1e-5, atol=1e-6)
+    if differentiable:  # the same numbers with the graph kept as without it
+        plain = make(model, sigma, jacobian="loop", batch_size=8)(x)
+        torch.testing.assert_close(got.p.detach(), plain.p, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 100])
+@pytest.mark.parametrize("source", [{"jacobian": "loop"}, {"jacobian": "vmap"}, {"gradients": "forward"}])
+@pytest.mark.parametrize("differentiable", [False, True])
+def test_mmse_linearisation_is_the_mean_of_its_copies_linearisations(source, batch_size, differentiable):
+    # Every boundary's margin and gradient averaged over the copies, whatever the rows per pass
+    # (1: each copy in a pass of its own, its graph kept per pass where differentiable) and the
+    # gradients' source: what mc_cv and mc_is take (Linearised.linearise).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 5)).double().eval()
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    est = probust.MMSE(model, 0.3, n_samples=4, batch_size=batch_size, differentiable=differentiable, **source)
+    indices = torch.arange(3)
+    with torch.no_grad():
+        target = model(x).argmax(1)
+    got = est.linearise(x, None, indices)
+    assert torch.equal(got.target, target)
+    assert got.margin.requires_grad == got.normal.requires_grad == differentiable
+    copies = est._copies(x, indices)  # [3, 4, 6]
+    with torch.no_grad():
+        logits = model(copies)
+    jacobian = torch.func.vmap(torch.func.vmap(torch.func.jacrev(model)))(copies)  # [3, 4, 5, 6]
+    row = torch.arange(3)
+    margin = (logits[row, :, target][..., None] - logits).mean(1)
+    normal = (jacobian[row, :, target][:, :, None] - jacobian).mean(1)
+    torch.testing.assert_close(got.margin.detach(), margin, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.normal.detach(), normal, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("route", ["direct", "head", "spectral", "candidates-of-sketch"])
@@ -224,8 +268,8 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     timed, pulled = [], []
 
     class Recording(Pullback):
-        def __init__(self, model, rows, head, *, strategy="loop", fallback=True):
-            super().__init__(model, rows, head, strategy=strategy, fallback=fallback)
+        def __init__(self, model, rows, head, *, strategy="loop", fallback=True, differentiable=False):
+            super().__init__(model, rows, head, strategy=strategy, fallback=fallback, differentiable=differentiable)
             self.timing, self.strategy = not fallback, str(strategy)
 
         def pull(self, cotangents):

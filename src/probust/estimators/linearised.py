@@ -1,7 +1,8 @@
 """Taylor and MMSE: linearise the C-1 margins, then map their z-scores to a probability.
 
-Both return, per point, the margins c_i and boundary normals u_i of their linearisation
-(:meth:`Linearised.linearise`, which the Monte Carlo variants mc_cv and mc_is reuse), then
+Both take, per point, the margins c_i and the boundary normals u_i of their linearisation by
+one path, :func:`probust.estimators.routes.linearise` (every boundary's where nothing is pruned:
+the Monte Carlo variants mc_cv and mc_is reuse it, :meth:`Linearised.linearise`), then
 p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-from abc import abstractmethod
 from typing import Any, NamedTuple
 
 import torch
@@ -25,7 +25,7 @@ from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.tuning import ForwardPlan, JacobianPlan, forward_mode_pays
+from probust.execution.tuning import ForwardPlan, JacobianPlan
 from probust.linear_head import find_linear_head
 from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
@@ -90,9 +90,9 @@ def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
 
 
 def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
-    """What :meth:`Linearised.linearise`'s plan is timed on, its own work: the gradients of
-    ``margins`` margins of ``rows`` by :func:`probust.linearise.margin_jacobian` under ``plan`` (all
-    of them in forward mode), the weights and rows in its memory format."""
+    """What the plan of every gradient (:meth:`Linearised._every_gradient`) is timed on: the
+    gradients of ``margins`` margins of ``rows`` from the logits under ``plan`` (all of them in
+    forward mode), the weights and rows in its memory format."""
     with weights_in_format(model, plan.channels_last):
         return margin_jacobian(
             model,
@@ -170,8 +170,8 @@ class Linearised(Estimator):
         return self.execution.class_chunk_size
 
     def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        """The linearised margins of a chunk of points: every margin's gradient directly, by
-        the Jacobian plan for the chunk's ``copies`` rows per point, the weights in its memory format.
+        """The linearised margins of a chunk of points with every boundary's gradient (the Monte
+        Carlo variants mc_cv and mc_is): the routes' every-gradient path (:meth:`_every_gradient`).
 
         Args:
             x: [B, *S] on the model's device, in its dtype; the model already in eval mode (as
@@ -179,15 +179,8 @@ class Linearised(Estimator):
             target: long [B] or None (the clean prediction; a tie is an error).
             indices: int64 [B], the points' indices in the data set (their random streams).
         """
-        target = self._target(x, target)
-        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
-        with self.execution.in_format(self.model, plan):
-            return self._linearise(plan, x, target, indices)
-
-    @abstractmethod
-    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        """:meth:`linearise` under ``plan`` (rows per pass, strategy, class chunk, memory format:
-        the weights already in it; the rows are put in it here)."""
+        routed = self._routed(self._every_gradient(x), x, target, indices)
+        return Linearisation(routed.target, routed.margin, routed.normal)
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
@@ -195,19 +188,11 @@ class Linearised(Estimator):
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.points_per_chunk(x)
         ctx = self.route_context(x)
-        direct_route = routes.FORWARD if ctx is None and self._forward_jacobian(x) else routes.DIRECT
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                if ctx is None:
-                    # differentiable: every margin's gradient directly, keeping the graph
-                    lin = self.linearise(x[rows], chunk_target, indices[rows])
-                    routed = routes.Routed(
-                        lin.target, lin.margin, None, lin.normal, torch.full_like(lin.target, direct_route)
-                    )
-                else:
-                    routed = self._routed(ctx, x[rows], chunk_target, indices[rows])
+                routed = self._routed(ctx, x[rows], chunk_target, indices[rows])
                 parts.append(self._from_routed(routed, x[rows], indices[rows]))
                 bar.update(rows.stop - rows.start)
         estimate = Estimate.cat(parts)
@@ -300,21 +285,21 @@ class Linearised(Estimator):
             linear[at] = trust.linear_survives(margin.gather(1, classes), normal, eps[at], active)
         return model == linear
 
-    def route_context(self, x: Tensor) -> routes.Context | None:
+    def route_context(self, x: Tensor) -> routes.Context:
         """How the margin gradients of points like ``x`` are computed: the settings of
         :func:`probust.estimators.routes.linearise`, which chooses a route per point from counts
         (the model's linear head, screenings that prune the boundaries that cannot matter,
         forward mode, or every gradient), or takes the forced one. Where nothing but every
         gradient pays (``prune="off"`` with ``gradients`` "auto", "direct" or "forward", or a
-        model too small in classes for any other route to pay): every gradient, every boundary
-        kept (:meth:`_every_gradient`). None only with ``differentiable`` (or a model that is not
-        a module): :meth:`linearise` keeps the autograd graph.
+        model too small in classes for any other route to pay), and with ``differentiable`` (or
+        a model that is not a module): every gradient, every boundary kept
+        (:meth:`_every_gradient`).
 
         Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
         before anything is timed: C, the head's width, the input size and the probes'
         declared cost. Forward mode counts only where one untimed probe shows it runs."""
         if self.differentiable or not isinstance(self.model, nn.Module):
-            return None
+            return self._every_gradient(x)  # the autograd graph kept through every gradient
         if self.prune == "off" and self.gradients != "head":
             return self._every_gradient(x)
         classes = row_cost(self.model, x).classes
@@ -394,7 +379,8 @@ class Linearised(Estimator):
     def _every_gradient(self, x: Tensor) -> routes.Context:
         """The routes' context that takes every margin's gradient and keeps every boundary: one
         backward pass per boundary from the logits, or forward mode where the plan takes it (asked
-        for, or paying by counts: :meth:`_forward_jacobian`'s rule, which the plan applies)."""
+        for, or paying by counts: :func:`probust.execution.tuning.forward_mode_pays`, where neither
+        ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
         # Timed on every margin's gradient by margin_jacobian, the same pulls of the same rows:
         # the routes' own trial pads vmap's 2 cotangents to 8 and doubled a first call's planning
         # (MMSE on ResNet18, 50 points: 1.57 s against 0.72 s).
@@ -410,18 +396,9 @@ class Linearised(Estimator):
             gradients="forward" if plan.strategy.whole_jacobian else "direct",
             pull_rows=plan.rows,
             graph_rows=plan.rows,
+            differentiable=self.differentiable,
+            every_boundary=True,
         )
-
-    def _forward_jacobian(self, x: Tensor) -> bool:
-        """Whether :meth:`linearise` takes every gradient by forward mode: asked for
-        (``gradients="forward"``), or by counts
-        (:func:`probust.execution.tuning.forward_mode_pays`) where neither ``gradients`` nor
-        ``jacobian`` is fixed."""
-        if self.gradients != "auto" or self.jacobian != "auto" or self.differentiable:
-            return self.gradients == "forward"
-        if not isinstance(self.model, nn.Module):
-            return False
-        return forward_mode_pays(self.model, x, x[0].numel(), row_cost(self.model, x).classes)
 
     def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> routes.Routed:
         """The linearisation of a chunk of points by :func:`probust.estimators.routes.linearise`."""
@@ -508,7 +485,7 @@ class Linearised(Estimator):
         return self.execution.points_per_chunk(self.model, x, self.copies)
 
     def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
-        """How :meth:`linearise` differentiates ``rows`` rows like ``x``
+        """How :meth:`_every_gradient` differentiates ``rows`` rows like ``x``
         (:meth:`probust.execution.Execution.jacobian_plan`, timed on :func:`timed_margins`)."""
         return self.execution.jacobian_plan(
             self.model,

@@ -7,11 +7,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_choice, check_positive_int, check_target
-from probust._memory_format import to_format
-from probust.estimators import routes
-from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import JacobianPlan
-from probust.linearise import smoothed_margin_jacobian
+from probust.estimators.linearised import Linearised
 from probust.noise import Noise
 
 #: MMSE's noisy copies per point by default (the paper's N = 5): the estimator's, ``probust estimate``'s
@@ -73,26 +69,6 @@ class MMSE(Linearised):
             # A linear map of Gaussians: each centred, rescaled draw is again exactly N(0, S).
             eps = (eps - eps.mean(dim=1, keepdim=True)) * (self.n_samples / (self.n_samples - 1)) ** 0.5
         return eps
-
-    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        assert target is not None  # from _target: the clean prediction where none was given
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MMSE)
-        c, u = smoothed_margin_jacobian(
-            self.model,
-            x,
-            target,
-            self._draws(keys, x.shape[1:]),
-            batch_size=plan.rows,
-            class_chunk_size=plan.class_chunk,
-            differentiable=self.differentiable,
-            strategy=plan.strategy,
-            to_rows=lambda rows: to_format(rows, plan.channels_last),
-        )
-        # A NaN or inf logit on any copy leaves its margins non-finite, and so their average.
-        bad = ~torch.isfinite(c.detach()).all(dim=1)
-        if bool(bad.any()):
-            raise routes.non_finite_copies(self.noise, indices[bad], self.n_samples)
-        return Linearisation(target, c, u)
 
     _instead = "use method 'mc' there, a smaller sigma, or more noisy copies (n_samples)"
 

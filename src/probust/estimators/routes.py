@@ -165,6 +165,15 @@ class Context:
             (no screening runs).
         screening: "auto" (where it pays, by counts), or "spectral" / "sketch": that screening
             on every point, then the exact gradients of its candidates (``prune`` only).
+        differentiable: keep the autograd graph of the margins and their gradients (double
+            backpropagation, to the parameters and to the copies where they require grad);
+            only without pruning, by the direct or forward route.
+        every_boundary: every pull is every boundary's (C - 1 cotangents, no head, no
+            screening), so its width never depends on the other rows: vmap takes them in the
+            plan's class chunks, unpadded, as the plan was timed
+            (:func:`probust.estimators.linearised.timed_margins`). Otherwise pulls are padded to
+            :data:`probust.gradients.VMAP_STEP` cotangents, so that a pull's shape, and its
+            rounding, does not depend on what the other points of its pass need.
     """
 
     model: nn.Module
@@ -181,6 +190,8 @@ class Context:
     graph_rows: int
     gradients: str = "auto"
     screening: str = "auto"
+    differentiable: bool = False
+    every_boundary: bool = False
 
     @property
     def pull(self) -> Strategy:
@@ -283,7 +294,8 @@ class _Rows:
     """The rows of a group of points (N copies each) and the pullbacks of cotangents on them.
 
     Where the rows fit one pass, its graph is kept and every pull reuses it; otherwise each
-    pull runs the forward passes again, block by block (MMSE with more copies than a pass holds).
+    pull runs the forward passes again, block by block (MMSE with more copies than a pass holds),
+    unless the context is differentiable: then every block's graph is kept, as its result needs.
     """
 
     def __init__(self, ctx: Context, copies: Tensor) -> None:
@@ -295,10 +307,11 @@ class _Rows:
         # pull: where their graph fits, one forward pass serves every pull (no pass per block).
         rows = max(ctx.pull_rows, ctx.graph_rows)
         self.blocks = [slice(i, i + rows) for i in range(0, len(self.rows), rows)]
-        self._kept: Pullback | None = None
-        if len(self.blocks) == 1:
-            self._kept = self._pullback(self.blocks[0])
-            self.logits, self.features = self._kept.logits, self._kept.features
+        self._kept: list[Pullback] = []
+        if len(self.blocks) == 1 or ctx.differentiable:
+            self._kept = [self._pullback(block) for block in self.blocks]
+            self.logits = _cat([kept.logits for kept in self._kept])
+            self.features = _cat([kept.features for kept in self._kept])
         else:
             run = features_and_logits(ctx.model, ctx.head)
             outs = []
@@ -310,19 +323,34 @@ class _Rows:
 
     def _pullback(self, block: slice) -> Pullback:
         rows = to_format(self.rows[block], self.ctx.plan.channels_last)
-        return Pullback(self.ctx.model, rows, self.ctx.head, strategy=self.ctx.pull)
+        return Pullback(
+            self.ctx.model, rows, self.ctx.head, strategy=self.ctx.pull, differentiable=self.ctx.differentiable
+        )
 
     def pull(self, cotangents: Tensor) -> Tensor:
         """Input gradients [R, K, *S] of cotangents [K, R, F] on the rows' features."""
-        if self._kept is not None:
-            return self._kept.pull(cotangents)
-        return torch.cat([self._pullback(block).pull(cotangents[:, block]) for block in self.blocks])
+        if self._kept:
+            return _cat(
+                [self._pull(pullback, cotangents[:, block]) for pullback, block in zip(self._kept, self.blocks)]
+            )
+        # One block's graph alive at a time: each pull runs its forward pass again.
+        return torch.cat([self._pull(self._pullback(block), cotangents[:, block]) for block in self.blocks])
+
+    def _pull(self, pullback: Pullback, cotangents: Tensor) -> Tensor:
+        if self.ctx.every_boundary:
+            return pullback.pull(cotangents, chunk_size=self.ctx.plan.class_chunk, pad=False)
+        return pullback.pull(cotangents)
 
     def average(self, per_row: Tensor) -> Tensor:
         """[P, ...]: the mean of [R, ...] over each point's copies."""
         if self.n == 1:
             return per_row
         return add_rows(per_row.new_zeros(self.points, *per_row.shape[1:]), self.row_point, per_row) / self.n
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    """The parts concatenated along rows (one part as it is: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:
@@ -417,7 +445,8 @@ class _Exact:
     route runs forward mode on its points' copies.
 
     Attributes:
-        exact: bool [P, C], the boundaries whose exact variance is known.
+        exact: bool [P, C], the boundaries whose exact variance is known (only where the context
+            prunes: nothing reads it otherwise, so no variance is computed).
         variance: float64 [P, C], u_i S u_i^T where ``exact``.
     """
 
@@ -483,11 +512,13 @@ class _Exact:
             if list_width:
                 u = rows.average(grads[:, :list_width])[self.list_points]
                 self.u_listed = u
-                var = ctx.noise.quadratic_form(u).diagonal(dim1=1, dim2=2)
-                mark = listed[self.list_points] != target[self.list_points, None]
-                self._record(self.list_points, listed[self.list_points], var, mark)
+                if ctx.prune:
+                    var = ctx.noise.quadratic_form(u).diagonal(dim1=1, dim2=2)
+                    mark = listed[self.list_points] != target[self.list_points, None]
+                    self._record(self.list_points, listed[self.list_points], var, mark)
             if alive is not None and order is not None and count_alive is not None:
                 self.jacobian = _head_jacobian(rows, grads, alive, order, count_alive, head_rows)[self.head_points]
+            if self.jacobian is not None and ctx.prune:
                 form = ctx.noise.quadratic_form(self.jacobian)  # [H, d, d]
                 assert ctx.head is not None  # the head route needs one
                 var = linear_head.boundary_variances(
@@ -498,8 +529,9 @@ class _Exact:
         self.u_forward: Tensor | None = None
         if len(self.forward_points):
             self.u_forward = _forward_normals(ctx, copies[self.forward_points], target[self.forward_points])
-            self.exact[self.forward_points] = True
-            self.variance[self.forward_points] = ctx.noise.quadratic_form(self.u_forward).diagonal(dim1=1, dim2=2)
+            if ctx.prune:
+                self.exact[self.forward_points] = True
+                self.variance[self.forward_points] = ctx.noise.quadratic_form(self.u_forward).diagonal(dim1=1, dim2=2)
 
     def _record(self, which: Tensor, classes: Tensor, variance: Tensor, mark: Tensor) -> None:
         exact = self.exact[which]
@@ -664,7 +696,11 @@ def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:
     row_target = target.repeat_interleave(n)
     parts = [
         _forward_block(
-            ctx.model, ctx.plan, rows[first : first + ctx.plan.rows], row_target[first : first + ctx.plan.rows]
+            ctx.model,
+            ctx.plan,
+            rows[first : first + ctx.plan.rows],
+            row_target[first : first + ctx.plan.rows],
+            differentiable=ctx.differentiable,
         )
         for first in range(0, len(rows), ctx.plan.rows)
     ]
@@ -673,11 +709,17 @@ def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:
 
 
 def _forward_block(
-    model: nn.Module, plan: JacobianPlan, rows: Tensor, target: Tensor | None, *, fallback: bool = True
+    model: nn.Module,
+    plan: JacobianPlan,
+    rows: Tensor,
+    target: Tensor | None,
+    *,
+    fallback: bool = True,
+    differentiable: bool = False,
 ) -> Tensor:
     """u [R, C, *S] of one pass of rows by forward mode (the forward route), in the plan's format
-    and tangent chunks; ``target`` None: each row's prediction; ``fallback`` as in
-    :func:`probust.linearise.margin_jacobian`."""
+    and tangent chunks; ``target`` None: each row's prediction; ``fallback`` and
+    ``differentiable`` as in :func:`probust.linearise.margin_jacobian`."""
     return margin_jacobian(
         model,
         to_format(rows, plan.channels_last),
@@ -685,6 +727,7 @@ def _forward_block(
         strategy=Strategy.FORWARD,
         class_chunk_size=plan.class_chunk,
         fallback=fallback,
+        differentiable=differentiable,
     )[2]
 
 

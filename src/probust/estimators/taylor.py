@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
-from probust._checks import check_logits
-from probust._memory_format import to_format
-from probust.estimators.linearised import Linearisation, Linearised
-from probust.execution.tuning import JacobianPlan
-from probust.linearise import margin_jacobian, margins
+from probust.estimators.linearised import Linearised
 
 
 class Taylor(Linearised):
@@ -78,24 +71,3 @@ class Taylor(Linearised):
     """
 
     base_method = "taylor"
-
-    def _linearise(self, plan: JacobianPlan, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
-        logits, targets, normals = [], [], []
-        for first in range(0, x.shape[0], plan.rows):
-            rows = slice(first, first + plan.rows)
-            block_logits, block_target, u = margin_jacobian(
-                self.model,
-                to_format(x[rows], plan.channels_last),
-                None if target is None else target[rows],
-                class_chunk_size=plan.class_chunk,
-                differentiable=self.differentiable,
-                strategy=plan.strategy,
-            )
-            check_logits(block_logits, u.shape[0])
-            logits.append(block_logits)
-            targets.append(block_target)
-            normals.append(u)
-        target = torch.cat(targets)
-        return Linearisation(
-            target, margins(torch.cat(logits), target), torch.cat(normals) if len(normals) > 1 else normals[0]
-        )
