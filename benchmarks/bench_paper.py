@@ -41,7 +41,7 @@ from scipy.stats import multivariate_normal, norm
 from torch import Tensor, nn
 
 import probust
-from probust.linearise import logit_jacobian
+from probust.gradients import logit_jacobian
 from probust.models import build, load_model
 
 PAPER_MVN = {"maxpts": 10_000, "abseps": 1e-4, "releps": 1e-4}  # the paper code's defaults

@@ -24,7 +24,6 @@ CORE_MODULES = (
     "probust",
     "probust.estimators",
     "probust.mvn",
-    "probust.linearise",
     "probust.noise",
     "probust.execution",
     "probust.smoothing",

@@ -9,8 +9,7 @@ from torch import nn
 import probust
 from probust import linear_head
 from probust.estimators.routes import ROUTE_NAMES
-from probust.gradients import Pullback
-from probust.linearise import margin_jacobian
+from probust.gradients import Pullback, margin_jacobian
 from probust.noise import Gaussian, Uniform
 from tests._helpers import Tempered
 

@@ -35,7 +35,7 @@ from probust.execution import cost_model, tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS
 from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
-from probust.linearise import margin_jacobian
+from probust.gradients import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
 
 DEVICE = torch.device(os.environ.get("PROBUST_TEST_DEVICE", "cuda"))

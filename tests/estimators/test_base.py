@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.estimators.base import plan_blocks
 from tests._helpers import NonFiniteAbove, linear_model
 
 
@@ -144,3 +146,16 @@ def test_mmse_refuses_non_finite_logits_on_its_noisy_copies():
         with pytest.raises(ValueError, match=r"noisy copies x \+ eps of MMSE's linearisation") as error:
             estimator(x, index_offset=40)
         assert "points [41]" in str(error.value) and "gaussian sigma=0.5" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "points, samples, rows", list(itertools.product([1, 3, 7], [1, 5, 64, 100], [1, 4, 64, 130, 1000]))
+)
+def test_plan_blocks_covers_every_point_and_sample_exactly_once_within_rows(points, samples, rows):
+    seen = torch.zeros(points, samples, dtype=torch.int64)
+    for block, first, count in plan_blocks(points, samples, rows):
+        assert count >= 1 and first >= 0 and first + count <= samples
+        n_points = len(range(points)[block])
+        assert n_points >= 1 and n_points * count <= rows
+        seen[block, first : first + count] += 1
+    assert (seen == 1).all()

@@ -17,6 +17,7 @@ from torch import nn
 
 import probust
 from probust.estimators.control_variate import cv_statistics
+from probust.estimators.linearised_mc import project
 from probust.noise import require_gaussian
 from tests._helpers import linear_model
 
@@ -258,3 +259,16 @@ def test_the_linearisation_shares_the_monte_carlo_estimators_execution_settings(
         assert (linear.batch_size, linear.jacobian, linear.method) == (5, "loop", "mmse")
         with pytest.raises(ValueError, match="^linearisation: must be one of"):
             cls(model, 0.2, linearisation="quadratic")
+
+
+def test_project_is_the_dot_product_of_each_normal_with_each_draw():
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(3, 5, 2, 3, generator=gen)
+    eps = torch.randn(3, 7, 2, 3, generator=gen)
+    got = project(u, eps)
+    assert got.shape == (3, 7, 5) and got.dtype == u.dtype
+    torch.testing.assert_close(got, torch.einsum("bcd,bnd->bnc", u.flatten(2), eps.flatten(2)))
+    # float64 normals with float32 draws: the draws are cast up
+    got64 = project(u.double(), eps)
+    assert got64.dtype == torch.float64
+    torch.testing.assert_close(got64, torch.einsum("bcd,bnd->bnc", u.double().flatten(2), eps.double().flatten(2)))

@@ -15,7 +15,7 @@ from probust import _rng
 from probust.estimators import pruning
 from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution import cost_model
-from probust.linearise import margin_sketch
+from probust.gradients import margin_sketch
 from probust.mvn.numerics import ndtr
 from probust.noise import Gaussian
 from tests._helpers import Tempered, linear_model

@@ -260,7 +260,7 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
     boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
     Jacobian paths they do not run, and the routes then pull by the plan it chose."""
-    from probust.estimators import linearised
+    from probust import gradients
     from probust.execution import tuning
     from probust.gradients import Pullback
 
@@ -280,7 +280,7 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
         raise AssertionError("the routes' plan timed a Jacobian path the routes do not run")
 
     monkeypatch.setattr(routes, "Pullback", Recording)
-    monkeypatch.setattr(linearised, "margin_jacobian", imitation)
+    monkeypatch.setattr(gradients, "margin_jacobian", imitation)
     torch.manual_seed(0)
     # The head route (33 pulls) beats the direct one (399), and 450 inputs keep the plan off forward mode.
     model = nn.Sequential(nn.Linear(450, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
@@ -305,8 +305,8 @@ def test_what_the_routes_plan_times_is_their_work(strategy, with_head):
     cotangent on the features, through the head where there is one), or forward mode's every
     margin, the same gradients as the Jacobian paths up to rounding."""
     from probust.execution.tuning import JacobianPlan
+    from probust.gradients import margin_jacobian
     from probust.linear_head import find_linear_head
-    from probust.linearise import margin_jacobian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)).eval()

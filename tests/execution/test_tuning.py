@@ -9,7 +9,7 @@ from torch import nn
 import probust
 from probust import _memory_format
 from probust.execution import tuning as _tuning
-from probust.linearise import logit_jacobian
+from probust.gradients import logit_jacobian
 from probust.models import build
 
 #: How far two execution plans (Jacobian strategy, rows per pass, memory format) move a float32
@@ -106,7 +106,7 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
 def test_margin_jacobian_equals_differences_of_logit_gradients(strategy):
-    from probust.linearise import margin_jacobian
+    from probust.gradients import margin_jacobian
 
     model = _mlp(6, 5, seed=2)
     x = torch.randn(7, 6)

@@ -299,6 +299,19 @@ def noisy_logits(
         return model(to_format(noisy.view(-1, *shape), channels_last))
 
 
+def plan_blocks(points: int, samples: int, rows: int) -> Iterator[tuple[slice, int, int]]:
+    """Split (points x samples) noisy copies into forward passes of at most ``rows`` rows.
+
+    Yields (point slice, first sample, number of samples). Points are grouped when a whole
+    point's samples fit in one pass; otherwise one point's samples are split into blocks.
+    """
+    per_point = min(samples, rows)
+    group = max(1, rows // per_point)
+    for first in range(0, points, group):
+        for start in range(0, samples, per_point):
+            yield slice(first, min(first + group, points)), start, min(per_point, samples - start)
+
+
 def check_noisy_copies(noise: Noise, nonfinite: Tensor, copies: int, indices: Tensor) -> None:
     """Refuse NaN or inf logits on noisy copies (:func:`probust._checks.check_noisy_logits`),
     naming the noise in words (:func:`noise_words`)."""

@@ -23,11 +23,10 @@ from probust._memory_format import to_format
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
-from probust.estimators.base import check_noisy_copies
-from probust.estimators.linearised_mc import LinearisedMonteCarlo
+from probust.estimators.base import check_noisy_copies, plan_blocks
+from probust.estimators.linearised_mc import LinearisedMonteCarlo, project
 from probust.estimators.monte_carlo import DEFAULT_DRAWS
 from probust.estimators.result import Estimate
-from probust.linearise import plan_blocks, project
 from probust.noise import Gaussian, Noise
 
 # Derived from the reserved control stream so the two draws of a sample (which component,

@@ -27,7 +27,6 @@ from probust.execution import cost_model
 from probust.execution.budget import row_cost
 from probust.execution.tuning import ForwardPlan, JacobianPlan
 from probust.linear_head import find_linear_head
-from probust.linearise import margin_jacobian
 from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
 
@@ -94,7 +93,7 @@ def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: i
     gradients of ``margins`` margins of ``rows`` from the logits under ``plan`` (all of them in
     forward mode), the weights and rows in its memory format."""
     with weights_in_format(model, plan.channels_last):
-        return margin_jacobian(
+        return gradients.margin_jacobian(
             model,
             to_format(rows, plan.channels_last),
             class_chunk_size=plan.class_chunk,

@@ -57,8 +57,15 @@ from probust.estimators import pruning
 from probust.estimators.base import noise_words
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
 from probust.execution.tuning import JacobianPlan
-from probust.gradients import Pullback, Strategy, features_and_logits
-from probust.linearise import margin_jacobian, margin_sketch, margins, other_classes
+from probust.gradients import (
+    Pullback,
+    Strategy,
+    features_and_logits,
+    margin_jacobian,
+    margin_sketch,
+    margins,
+    other_classes,
+)
 from probust.noise import Noise
 
 #: Reverse-mode probes of the spectral screening.
@@ -719,7 +726,7 @@ def _forward_block(
 ) -> Tensor:
     """u [R, C, *S] of one pass of rows by forward mode (the forward route), in the plan's format
     and tangent chunks; ``target`` None: each row's prediction; ``fallback`` and
-    ``differentiable`` as in :func:`probust.linearise.margin_jacobian`."""
+    ``differentiable`` as in :func:`probust.gradients.margin_jacobian`."""
     return margin_jacobian(
         model,
         to_format(rows, plan.channels_last),

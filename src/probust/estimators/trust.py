@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from probust._checks import finite_rows
 from probust._stats import upper_rate
+from probust.estimators.base import plan_blocks
 from probust.estimators.result import Estimate
-from probust.linearise import plan_blocks
 
 __all__ = [
     "FIRST_CHECK_DRAWS",

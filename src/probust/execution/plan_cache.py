@@ -31,7 +31,7 @@ from probust._io import atomic_write_text
 CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
 # 2: entries of earlier versions are measured again: their pass costs may hold torch's first-call
-# import of its symbolic shapes (0.85 s, probust._autograd) timed into a small model's first
+# import of its symbolic shapes (0.85 s, probust.gradients.pull_back) timed into a small model's first
 # pullback, and a CPU plan may have taken vmap on a trial it won by noise (tuning.VMAP_PAYS).
 # 3: forward-mode passes skip the tangents of weights (probust._forward_mode): jvp costs measured
 # before are up to 1.5x too high.

@@ -7,8 +7,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from probust._autograd import pull_back
 from probust._segments import add_rows
+from probust.gradients import pull_back
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
 from probust.mvn.numerics import ndtr, tree_sum

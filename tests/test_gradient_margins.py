@@ -1,4 +1,4 @@
-"""Margins and their input gradients (probust.linearise) against torch.autograd.functional.jacobian.
+"""Margins and their input gradients (probust.gradients) against torch.autograd.functional.jacobian.
 
 The oracle differentiates one point at a time with ``torch.autograd.functional.jacobian`` on a small
 non-linear float64 model; every batched strategy must agree with it to float64 rounding.
@@ -6,21 +6,17 @@ non-linear float64 model; every batched strategy must agree with it to float64 r
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from torch import nn
 
-from probust.linearise import (
+from probust.gradients import (
     logit_jacobian,
     margin_gradients,
     margin_jacobian,
     margin_sketch,
     margins,
     other_classes,
-    plan_blocks,
-    project,
 )
 
 F64 = torch.float64
@@ -147,35 +143,6 @@ def test_differentiable_margin_jacobian_keeps_the_graph_to_the_parameters(strate
             assert got is None or (got == 0).all()
         else:
             torch.testing.assert_close(got, want, **TOL)
-
-
-# ---------------------------------------------------------------- blocks and projections
-
-
-@pytest.mark.parametrize(
-    "points, samples, rows", list(itertools.product([1, 3, 7], [1, 5, 64, 100], [1, 4, 64, 130, 1000]))
-)
-def test_plan_blocks_covers_every_point_and_sample_exactly_once_within_rows(points, samples, rows):
-    seen = torch.zeros(points, samples, dtype=torch.int64)
-    for block, first, count in plan_blocks(points, samples, rows):
-        assert count >= 1 and first >= 0 and first + count <= samples
-        n_points = len(range(points)[block])
-        assert n_points >= 1 and n_points * count <= rows
-        seen[block, first : first + count] += 1
-    assert (seen == 1).all()
-
-
-def test_project_is_the_dot_product_of_each_normal_with_each_draw():
-    gen = torch.Generator().manual_seed(0)
-    u = torch.randn(3, CLASSES, 2, 3, generator=gen)
-    eps = torch.randn(3, 7, 2, 3, generator=gen)
-    got = project(u, eps)
-    assert got.shape == (3, 7, CLASSES) and got.dtype == u.dtype
-    torch.testing.assert_close(got, torch.einsum("bcd,bnd->bnc", u.flatten(2), eps.flatten(2)))
-    # float64 normals with float32 draws: the draws are cast up
-    got64 = project(u.double(), eps)
-    assert got64.dtype == F64
-    torch.testing.assert_close(got64, torch.einsum("bcd,bnd->bnc", u.double().flatten(2), eps.double().flatten(2)))
 
 
 def test_margin_sketch_gives_each_margins_derivative_along_each_probe():
