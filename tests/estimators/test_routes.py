@@ -298,6 +298,45 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     assert {strategy for strategy, _ in pulled} == {str(ctx.plan.strategy)}
 
 
+def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
+    """Where the routes take every boundary's gradient (C = 10), the plan is timed on the same
+    Pullback pulls they run (in the plan's class chunks, unpadded), never on another path."""
+    from probust import gradients
+    from probust.execution import tuning
+    from probust.gradients import VMAP_STEP, Pullback
+
+    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)  # every candidate is timed
+    timed, pulled = [], []
+
+    class Recording(Pullback):
+        def __init__(self, model, rows, head, *, strategy="loop", fallback=True, differentiable=False):
+            super().__init__(model, rows, head, strategy=strategy, fallback=fallback, differentiable=differentiable)
+            self.timing, self.strategy = not fallback, str(strategy)
+
+        def pull(self, cotangents, *, chunk_size=VMAP_STEP, pad=True):
+            (timed if self.timing else pulled).append((self.strategy, cotangents.shape[0], chunk_size, pad))
+            return super().pull(cotangents, chunk_size=chunk_size, pad=pad)
+
+    def imitation(*args, **kwargs):
+        raise AssertionError("the plan timed a Jacobian path the routes do not run")
+
+    monkeypatch.setattr(routes, "Pullback", Recording)
+    monkeypatch.setattr(gradients, "margin_jacobian", imitation)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(450, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
+    x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
+    est = probust.Taylor(model, 0.05, check_draws=0)
+    ctx = est.route_context(x)
+    assert ctx.every_boundary and ctx.head is None and not pulled
+    assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
+    assert {(width, pad) for _, width, _, pad in timed} == {(tuning._CALIBRATION_CLASSES, False)}
+    r = est(x[:2])
+    assert (r.route == ROUTE_NAMES.index("direct")).all()
+    assert {(strategy, width, chunk, pad) for strategy, width, chunk, pad in pulled} == {
+        (str(ctx.plan.strategy), 9, ctx.plan.class_chunk, False)
+    }
+
+
 @pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
 @pytest.mark.parametrize("with_head", [True, False])
 def test_what_the_routes_plan_times_is_their_work(strategy, with_head):

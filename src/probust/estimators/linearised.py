@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
-from probust._memory_format import to_format, weights_in_format
+from probust._memory_format import to_format
 from probust._progress import progress
 from probust.errors import OptionError
 from probust.estimators import maps, pruning, routes, trust
@@ -86,21 +86,6 @@ def _pad_or_cut(normal: Tensor, width: int) -> Tensor:
 def _in_order(parts: list[Estimate], order: list[Tensor]) -> Estimate:
     """The estimates of groups of points (``parts[g]`` holds the points ``order[g]``) in point order."""
     return Estimate.cat(parts).take(torch.argsort(torch.cat(order)))
-
-
-def timed_margins(model: nn.Module, plan: JacobianPlan, rows: Tensor, margins: int) -> object:
-    """What the plan of every gradient (:meth:`Linearised._every_gradient`) is timed on: the
-    gradients of ``margins`` margins of ``rows`` from the logits under ``plan`` (all of them in
-    forward mode), the weights and rows in its memory format."""
-    with weights_in_format(model, plan.channels_last):
-        return gradients.margin_jacobian(
-            model,
-            to_format(rows, plan.channels_last),
-            class_chunk_size=plan.class_chunk,
-            strategy=plan.strategy,
-            limit=None if plan.strategy.whole_jacobian else margins,
-            fallback=False,
-        )
 
 
 class Linearised(Estimator):
@@ -380,9 +365,8 @@ class Linearised(Estimator):
         backward pass per boundary from the logits, or forward mode where the plan takes it (asked
         for, or paying by counts: :func:`probust.execution.tuning.forward_mode_pays`, where neither
         ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
-        # Timed on every margin's gradient by margin_jacobian, the same pulls of the same rows:
-        # the routes' own trial pads vmap's 2 cotangents to 8 and doubled a first call's planning
-        # (MMSE on ResNet18, 50 points: 1.57 s against 0.72 s).
+        # Timed on the pulls this context runs, unpadded: padding vmap's 2 trial cotangents to 8,
+        # as the narrow routes do, doubled a first call's planning (MMSE on ResNet18, 50 points).
         plan = self._jacobian_plan(x, x.shape[0] * self.copies)
         # No screening shares a pass here, so the passes keep the plan's rows, as timed.
         return self._context(
@@ -485,12 +469,13 @@ class Linearised(Estimator):
 
     def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
         """How :meth:`_every_gradient` differentiates ``rows`` rows like ``x``
-        (:meth:`probust.execution.Execution.jacobian_plan`, timed on :func:`timed_margins`)."""
+        (:meth:`probust.execution.Execution.jacobian_plan`, timed on the routes' own pulls of every
+        boundary, :func:`probust.estimators.routes.timed_pulls`)."""
         return self.execution.jacobian_plan(
             self.model,
             x,
             rows,
-            run=functools.partial(timed_margins, self.model),
+            run=functools.partial(routes.timed_pulls, self.model, None, every_boundary=True),
             differentiable=self.differentiable,
             forward=self.gradients == "forward",
             offer_forward=self.gradients == "auto",

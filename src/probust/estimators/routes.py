@@ -177,8 +177,7 @@ class Context:
             only without pruning, by the direct or forward route.
         every_boundary: every pull is every boundary's (C - 1 cotangents, no head, no
             screening), so its width never depends on the other rows: vmap takes them in the
-            plan's class chunks, unpadded, as the plan was timed
-            (:func:`probust.estimators.linearised.timed_margins`). Otherwise pulls are padded to
+            plan's class chunks, unpadded, as the plan was timed (:func:`timed_pulls`). Otherwise pulls are padded to
             :data:`probust.gradients.VMAP_STEP` cotangents, so that a pull's shape, and its
             rounding, does not depend on what the other points of its pass need.
     """
@@ -738,15 +737,24 @@ def _forward_block(
     )[2]
 
 
-def timed_pulls(model: nn.Module, head: nn.Linear | None, plan: JacobianPlan, rows: Tensor, count: int) -> Tensor:
+def timed_pulls(
+    model: nn.Module,
+    head: nn.Linear | None,
+    plan: JacobianPlan,
+    rows: Tensor,
+    count: int,
+    *,
+    every_boundary: bool = False,
+) -> Tensor:
     """What the routes' plan is timed on (:meth:`probust.execution.Execution.jacobian_plan`): their own
     work on ``rows`` [R, *S] under ``plan``, the weights and rows in its memory format.
 
     A loop or vmap plan: one :class:`probust.gradients.Pullback` pass (as :class:`_Rows` runs it) and
-    a pull of ``count`` boundary cotangents on its features, so that vmap pays its padding to
-    :data:`probust.gradients.VMAP_STEP` as the routes' narrow pulls do. A forward-mode plan: the
-    forward route's pass (every margin's gradient). Where torch.func cannot run the plan's strategy
-    through the model, torch's error propagates (the plan's measuring skips that strategy).
+    a pull of ``count`` boundary cotangents on its features, as :class:`_Rows` pulls them: padded to
+    :data:`probust.gradients.VMAP_STEP` as the routes' narrow pulls are, or, for a context that
+    takes ``every_boundary``, in the plan's class chunks unpadded. A forward-mode plan: the forward
+    route's pass (every margin's gradient). Where torch.func cannot run the plan's strategy through
+    the model, torch's error propagates (the plan's measuring skips that strategy).
     """
     with weights_in_format(model, plan.channels_last):
         if plan.strategy.whole_jacobian:
@@ -755,6 +763,8 @@ def timed_pulls(model: nn.Module, head: nn.Linear | None, plan: JacobianPlan, ro
         target = pullback.logits.argmax(1)
         classes = other_classes(target, pullback.logits.shape[1])[:, :count]
         cotangents = _boundary_cotangents(target, classes, head, pullback.logits.shape[1]).transpose(0, 1)
+        if every_boundary:
+            return pullback.pull(cotangents, chunk_size=plan.class_chunk, pad=False)
         return pullback.pull(cotangents)
 
 
