@@ -174,6 +174,34 @@ def test_mmse_checks_its_own_copies_and_warns_where_its_linearisation_fails():
     assert stats.binomtest(disagreements, 30 * 40, rate).pvalue > 1e-6
 
 
+def test_mmse_reads_its_copies_verdicts_off_its_own_pass(monkeypatch):
+    # The model ran on the copies to linearise them: its verdicts there are those logits'
+    # argmax, with no forward pass of their own, and the same as a fresh pass gives.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 5)).eval()
+    x = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
+    est = probust.MMSE(model, 1.5, n_samples=8, prune="off")
+    indices = torch.arange(len(x))
+    eps = est._own_check_eps(x, indices)  # [12, 8, 6]: the draws of the copies
+    lin = est.linearise(x, None, indices)
+    with torch.no_grad():
+        model_verdict = model(x[:, None] + eps).argmax(2) == lin.target[:, None]
+    every = torch.arange(5).expand(len(x), -1)
+    linear_verdict = trust.linear_survives(lin.margin, lin.normal, eps, every != lin.target[:, None])
+    expected = (model_verdict == linear_verdict).double().mean(1)
+    assert (expected < 1).sum() >= 3, expected  # the premise: the verdicts differ on some copies
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("MMSE's check ran the model again on its own copies")
+
+    monkeypatch.setattr(trust, "model_survives", no_pass)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.LinearisationWarning)
+        r = est(x)
+    assert torch.equal(r.agreement, expected)
+    assert torch.equal(r.agreement_draws, torch.full((12,), 8))
+
+
 @pytest.mark.parametrize("estimator", [probust.Taylor, probust.MMSE])
 def test_p_is_bitwise_the_same_with_the_check_on_or_off(estimator):
     torch.manual_seed(1)

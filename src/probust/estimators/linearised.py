@@ -25,7 +25,7 @@ from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.tuning import ForwardPlan, JacobianPlan
+from probust.execution.tuning import JacobianPlan
 from probust.linear_head import find_linear_head
 from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
@@ -199,7 +199,12 @@ class Linearised(Estimator):
         return None
 
     def _check(
-        self, part: Estimate, x: Tensor, indices: Tensor, groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]]
+        self,
+        part: Estimate,
+        x: Tensor,
+        indices: Tensor,
+        groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
+        copy_logits: Tensor,
     ) -> None:
         """Set ``part.agreement`` and ``part.agreement_draws``: the model's verdict against the
         linearisation's on the check draws (:mod:`probust.estimators.trust`); a diagnostic only,
@@ -208,7 +213,8 @@ class Linearised(Estimator):
         Fresh draws come in two stages (:func:`probust.estimators.trust.check_stages`): every point
         gets the first; the rest of ``check_draws`` go only to the points the first leave
         undecided (:func:`probust.estimators.trust.undecided`: some disagree, too few to flag).
-        A point's draws depend on its own verdicts alone, not on its batch.
+        A point's draws depend on its own verdicts alone, not on its batch. On the linearisation's
+        own copies (MMSE's) the model's verdicts are read off the logits its pass already computed.
 
         Args:
             part: the chunk's estimate (points in the order of ``x``).
@@ -217,21 +223,41 @@ class Linearised(Estimator):
             groups: (points, classes [n, K], margin [n, C], normal [n, K, *S]) per group of
                 points: the boundaries each point's linearisation kept, the class of each
                 (its target on padding), the margins of every class and the kept normals.
+            copy_logits: [B, N, C], the model's logits on the linearisation's copies.
         """
+        every = torch.arange(x.shape[0], device=x.device)
         own = self._own_check_eps(x, indices)
-        first, rest = (own.shape[1], 0) if own is not None else trust.check_stages(self.check_draws)
+        if own is not None:
+            with torch.no_grad():
+                model = trust.verdicts(copy_logits, part.target)
+                agree = self._verdicts_agree(x, every, own, part.target, groups, model)
+            part.agreement = agree.sum(1).double() / own.shape[1]
+            part.agreement_draws = torch.full_like(part.target, own.shape[1])
+            return
+        first, rest = trust.check_stages(self.check_draws)
         if first == 0:
             return
         plan = self.execution.forward_plan(self.model, x, x.shape[0] * (first + rest))
-        every = torch.arange(x.shape[0], device=x.device)
+
+        def model_survives(which: Tensor, eps: Tensor) -> Tensor:
+            return trust.model_survives(
+                self.model,
+                x[which],
+                eps,
+                part.target[which],
+                plan.rows,
+                to_rows=lambda rows: to_format(rows, plan.channels_last),
+            )
+
         with torch.no_grad(), self.execution.in_format(self.model, plan):
-            eps = own if own is not None else self._check_eps(x, indices, 0, first)
-            agree = self._verdicts_agree(x, every, eps, part.target, groups, plan)
+            eps = self._check_eps(x, indices, 0, first)
+            agree = self._verdicts_agree(x, every, eps, part.target, groups, model_survives(every, eps))
             agreeing, draws = agree.sum(1), torch.full_like(part.target, first)
             again = every[trust.undecided(agreeing, first)] if rest else every[:0]
             if len(again):
                 more = self._check_eps(x[again], indices[again], first, rest)
-                agreeing[again] += self._verdicts_agree(x, again, more, part.target, groups, plan).sum(1)
+                model = model_survives(again, more)
+                agreeing[again] += self._verdicts_agree(x, again, more, part.target, groups, model).sum(1)
                 draws[again] += rest
         part.agreement = agreeing.double() / draws
         part.agreement_draws = draws
@@ -243,19 +269,11 @@ class Linearised(Estimator):
         eps: Tensor,
         target: Tensor,
         groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
-        plan: ForwardPlan,
+        model: Tensor,
     ) -> Tensor:
-        """bool [W, m]: whether the model's verdict and the linearisation's agree on the draws
-        ``eps`` [W, m, *S] of the points ``which`` (int64 [W], positions in ``x``), the model's by
-        forward passes of the plan's rows in its memory format."""
-        model = trust.model_survives(
-            self.model,
-            x[which],
-            eps,
-            target[which],
-            plan.rows,
-            to_rows=lambda rows: to_format(rows, plan.channels_last),
-        )
+        """bool [W, m]: whether the model's verdict ``model`` (bool [W, m]) and the
+        linearisation's agree on the draws ``eps`` [W, m, *S] of the points ``which`` (int64 [W],
+        positions in ``x``)."""
         linear = torch.empty_like(model)
         position = torch.full_like(target, -1).index_put_((which,), torch.arange(len(which), device=x.device))
         for points, classes, margin, normal in groups:
@@ -450,6 +468,7 @@ class Linearised(Estimator):
                 (index, problem.columns, routed.margin[index], problem.normal)
                 for (index, _), problem in zip(groups, problems)
             ],
+            routed.logits,
         )
         return estimate
 

@@ -216,6 +216,8 @@ class Routed(NamedTuple):
         normal: with ``prune``: [P, K, *S], the kept boundaries' u in the order of
             ``kept.classes`` (0 on padding); else [P, C, *S], every u_i (0 at the target).
         route: int64 [P], each point's route (index into :data:`ROUTE_NAMES`).
+        logits: [P, N, C], the model's logits on each point's copies (detached): the model's
+            verdict on MMSE's own copies, which its trust check needs, without another pass.
     """
 
     target: Tensor
@@ -223,6 +225,7 @@ class Routed(NamedTuple):
     kept: pruning.Pruned | None
     normal: Tensor
     route: Tensor
+    logits: Tensor
 
 
 def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
@@ -281,6 +284,7 @@ def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tens
         kept=kept,
         normal=normal,
         route=torch.cat([p.route for p in parts]),
+        logits=torch.cat([p.logits for p in parts]),
     )
 
 
@@ -372,6 +376,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     assert target is not None  # MMSE's copies: its clean prediction, checked before the copies
     row_target = target.repeat_interleave(n)
     c = rows.average(margins(rows.logits, row_target))
+    copy_logits = rows.logits.detach().view(points, n, -1)
     classes = c.shape[1]
     inputs = copies[0, 0].numel()
 
@@ -432,7 +437,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
 
     grads = _Exact(ctx, rows, c, target, route, screened, alive, copies)
     if not ctx.prune:
-        return Routed(target, c, None, grads.all_normals(), route)
+        return Routed(target, c, None, grads.all_normals(), route, copy_logits)
     exact = grads.exact.clone()
     exact.scatter_(1, target[:, None], False)
     z = torch.where(exact, pruning.exact_z(c, grads.variance), z_screen)
@@ -440,7 +445,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     unknown = ~exact
     unknown.scatter_(1, target[:, None], False)
     kept = pruning.drop(z, target, budget=budget, delta=delta, forced=unknown, reserved=budget + 2 * share)
-    return Routed(target, c, kept, grads.kept_normals(kept.classes), route)
+    return Routed(target, c, kept, grads.kept_normals(kept.classes), route, copy_logits)
 
 
 class _Exact:

@@ -12,9 +12,9 @@ on the linearisation's error at that point: near 0, p is what the model does; la
 linearisation does not describe the model at this noise level (the mvn-cdf's value may still be
 right by luck, when the disagreements cancel).
 
-The draws: MMSE checks its own N noisy copies (their linearised margins cost nothing more; the
-model's verdict on them costs one forward pass without autograd per copy, against the 1 forward
-and up to C - 1 backward passes per copy of the linearisation). Taylor checks fresh draws of its
+The draws: MMSE checks its own N noisy copies, which cost nothing more: their linearised margins
+are known, and the model's verdict is read off the logits of the linearisation's own pass on them
+(:func:`verdicts`). Taylor checks fresh draws of its
 own stream (:data:`probust._rng.STREAM_TRUST`), so no other number changes, in two stages
 (:func:`check_stages`): :data:`FIRST_CHECK_DRAWS` on every point, then the rest of its
 ``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where the first leave the verdict
@@ -152,9 +152,16 @@ def model_survives(
             noisy = to_rows(noisy)
         with torch.no_grad():
             logits = model(noisy)
-        survived = (logits.argmax(dim=1).view(-1, count) == target[block, None]) & finite_rows(logits, count)
-        out[block, first : first + count] = survived
+        out[block, first : first + count] = verdicts(logits.view(-1, count, logits.shape[1]), target[block])
     return out
+
+
+def verdicts(logits: Tensor, target: Tensor) -> Tensor:
+    """The model's verdict on draws whose logits [B, m, C] are known: bool [B, m], argmax = t
+    (int64 [B]) with finite logits, as :func:`model_survives` (and Monte Carlo) decide it."""
+    points, draws, classes = logits.shape
+    flat = logits.reshape(points * draws, classes)
+    return (flat.argmax(dim=1).view(points, draws) == target[:, None]) & finite_rows(flat, draws)
 
 
 def disagreement_lower(agreement: Tensor, draws: Tensor, confidence: float = TRUST_CONFIDENCE) -> Tensor:
