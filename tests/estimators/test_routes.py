@@ -256,57 +256,17 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
     assert torch.equal(after.route, before.route) and torch.equal(after.p, before.p)
 
 
-def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeypatch):
-    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
-    boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
-    Jacobian paths they do not run, and the routes then pull by the plan it chose."""
-    from probust import gradients
-    from probust.execution import tuning
-    from probust.gradients import Pullback
-
-    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)  # every candidate is timed
-    timed, pulled = [], []
-
-    class Recording(Pullback):
-        def __init__(self, model, rows, head, *, strategy="loop", fallback=True, differentiable=False):
-            super().__init__(model, rows, head, strategy=strategy, fallback=fallback, differentiable=differentiable)
-            self.timing, self.strategy = not fallback, str(strategy)
-
-        def pull(self, cotangents):
-            (timed if self.timing else pulled).append((self.strategy, cotangents.shape[0]))
-            return super().pull(cotangents)
-
-    def imitation(*args, **kwargs):
-        raise AssertionError("the routes' plan timed a Jacobian path the routes do not run")
-
-    monkeypatch.setattr(routes, "Pullback", Recording)
-    monkeypatch.setattr(gradients, "margin_jacobian", imitation)
-    torch.manual_seed(0)
-    # The head route (33 pulls) beats the direct one (399), and 450 inputs keep the plan off forward mode.
-    model = nn.Sequential(nn.Linear(450, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
-    x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
-    est = probust.Taylor(model, 0.05, check_draws=0)
-    ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
-    assert ctx is not None and not pulled
-    assert {strategy for strategy, _ in timed} == {"loop", "vmap"}  # both timed
-    assert {width for _, width in timed} == {tuning._CALIBRATION_CLASSES}
-    measured = len(timed)
-    assert est.route_context(x).plan == ctx.plan and len(timed) == measured  # kept: not timed again
-    r = est(x[:2])  # the plan is kept: a smaller call pulls by it
-    assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
-    assert ctx.plan.strategy in ("loop", "vmap") and pulled
-    assert {strategy for strategy, _ in pulled} == {str(ctx.plan.strategy)}
-
-
-def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
-    """Where the routes take every boundary's gradient (C = 10), the plan is timed on the same
-    Pullback pulls they run (in the plan's class chunks, unpadded), never on another path."""
+def _record_pulls(monkeypatch) -> tuple[list, list]:
+    """(timed, pulled): (strategy, cotangents, chunk_size, pad) of every Pullback pull the routes
+    make while planning (timed: no fallback) and while computing; every plan candidate is timed,
+    and timing margin_jacobian, a path the routes do not run, fails."""
     from probust import gradients
     from probust.execution import tuning
     from probust.gradients import VMAP_STEP, Pullback
 
-    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)  # every candidate is timed
-    timed, pulled = [], []
+    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)
+    timed: list = []
+    pulled: list = []
 
     class Recording(Pullback):
         def __init__(self, model, rows, head, *, strategy="loop", fallback=True, differentiable=False):
@@ -322,6 +282,39 @@ def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
 
     monkeypatch.setattr(routes, "Pullback", Recording)
     monkeypatch.setattr(gradients, "margin_jacobian", imitation)
+    return timed, pulled
+
+
+def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeypatch):
+    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
+    boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
+    Jacobian paths they do not run, and the routes then pull by the plan it chose."""
+    from probust.execution import tuning
+
+    timed, pulled = _record_pulls(monkeypatch)
+    torch.manual_seed(0)
+    # The head route (33 pulls) beats the direct one (399), and 450 inputs keep the plan off forward mode.
+    model = nn.Sequential(nn.Linear(450, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
+    x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
+    est = probust.Taylor(model, 0.05, check_draws=0)
+    ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
+    assert not ctx.every_boundary and not pulled
+    assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
+    assert {(width, pad) for _, width, _, pad in timed} == {(tuning._CALIBRATION_CLASSES, True)}
+    measured = len(timed)
+    assert est.route_context(x).plan == ctx.plan and len(timed) == measured  # kept: not timed again
+    r = est(x[:2])  # the plan is kept: a smaller call pulls by it
+    assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
+    assert ctx.plan.strategy in ("loop", "vmap") and pulled
+    assert {(strategy, pad) for strategy, _, _, pad in pulled} == {(str(ctx.plan.strategy), True)}
+
+
+def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
+    """Where the routes take every boundary's gradient (C = 10), the plan is timed on the same
+    Pullback pulls they run (in the plan's class chunks, unpadded), never on another path."""
+    from probust.execution import tuning
+
+    timed, pulled = _record_pulls(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(450, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
     x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
