@@ -300,9 +300,10 @@ class Linearised(Estimator):
         Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
         before anything is timed: C, the head's width, the input size and the probes'
         declared cost. Forward mode counts only where one untimed probe shows it runs."""
-        if self.differentiable or not isinstance(self.model, nn.Module):
-            return self._every_gradient(x)  # the autograd graph kept through every gradient
-        if self.prune == "off" and self.gradients != "head":
+        # The autograd graph is kept through every gradient only; a model that is not a module has
+        # no head to find and no forward mode to probe.
+        every = self.differentiable or not isinstance(self.model, nn.Module)
+        if every or (self.prune == "off" and self.gradients != "head"):
             return self._every_gradient(x)
         classes = row_cost(self.model, x).classes
         inputs = x[0].numel()

@@ -36,9 +36,9 @@ class MMSE(Linearised):
         check_draws: the noise draws on which the model's verdict is compared with the
             linearisation's (``r.agreement``, :mod:`probust.estimators.trust`). None (default):
             the N noisy copies themselves, free: their linearised margins are known, and the
-            model's verdict is read off the logits its pass on them computed; an int m > 0: up to m fresh draws
-            of their own stream instead, in Taylor's two stages (:class:`Taylor`); 0: no check
-            (``r.agreement`` is None). p does not depend on it.
+            model's verdict is read off the logits its pass on them computed; an int m > 0: up
+            to m fresh draws of their own stream instead, in Taylor's two stages
+            (:class:`Taylor`); 0: no check (``r.agreement`` is None). p does not depend on it.
     """
 
     base_method = "mmse"

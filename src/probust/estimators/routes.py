@@ -177,9 +177,10 @@ class Context:
             only without pruning, by the direct or forward route.
         every_boundary: every pull is every boundary's (C - 1 cotangents, no head, no
             screening), so its width never depends on the other rows: vmap takes them in the
-            plan's class chunks, unpadded, as the plan was timed (:func:`timed_pulls`). Otherwise pulls are padded to
-            :data:`probust.gradients.VMAP_STEP` cotangents, so that a pull's shape, and its
-            rounding, does not depend on what the other points of its pass need.
+            plan's class chunks, unpadded, as the plan was timed (:func:`timed_pulls`).
+            Otherwise pulls are padded to :data:`probust.gradients.VMAP_STEP` cotangents, so
+            that a pull's shape, and its rounding, does not depend on what the other points of
+            its pass need.
     """
 
     model: nn.Module
