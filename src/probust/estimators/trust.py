@@ -14,8 +14,8 @@ right by luck, when the disagreements cancel).
 
 The draws: MMSE checks its own N noisy copies, which cost nothing more: their linearised margins
 are known, and the model's verdict is read off the logits of the linearisation's own pass on them
-(:func:`verdicts`). Taylor checks fresh draws of its
-own stream (:data:`probust._rng.STREAM_TRUST`), so no other number changes, in two stages
+(:func:`verdicts`). Taylor checks fresh draws of its own stream
+(:data:`probust._rng.STREAM_TRUST`), so no other number changes, in two stages
 (:func:`check_stages`): :data:`FIRST_CHECK_DRAWS` on every point, then the rest of its
 ``check_draws`` (:data:`TAYLOR_CHECK_DRAWS` by default) only where the first leave the verdict
 open (:func:`undecided`). A point whose first draws all agree cannot be flagged whatever the
