@@ -17,22 +17,29 @@ from probust.execution import cost_model
 from tests._helpers import OldStyleSquare, Tempered, linear_model
 
 
-def _violations(spectrum: torch.Tensor, probes: int, failure: float, trials: int, seed: int) -> float:
-    """The share of trials in which the bound lambda_max <= T / q fails, T the energy of
-    ``probes`` standard normal probes under M = diag(spectrum) (any M is a rotation of it)."""
+def _grams(spectrum: torch.Tensor, probes: int, trials: int, seed: int) -> torch.Tensor:
+    """[trials, m, m]: the Gram matrices W^T M W of ``probes`` standard normal probes under
+    M = diag(spectrum) (any M is a rotation of it), as the spectral screening pulls them back."""
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(trials, probes, len(spectrum), generator=gen, dtype=torch.float64)
-    energy = (w.square() * spectrum).sum((1, 2))
-    bound = energy / pruning.variance_factor(probes, failure)
-    return float((bound < spectrum.max()).double().mean())
+    w = torch.randn(trials, len(spectrum), probes, generator=gen, dtype=torch.float64)
+    return w.transpose(1, 2) @ (spectrum[:, None] * w)
+
+
+def _violations(spectrum: torch.Tensor, probes: int, failure: float, trials: int, seed: int) -> float:
+    """The share of trials in which the screening's bound on lambda_max fails: the z lower bound
+    of a boundary along M's top eigenvector (scale 1, margin 1) above its exact z."""
+    gram = _grams(spectrum, probes, trials, seed)
+    z_lower = pruning.spectral_z_lower(torch.ones(trials, 1), torch.ones(trials, 1), gram, failure)[:, 0]
+    return float((z_lower > spectrum.max().rsqrt()).double().mean())
 
 
 @pytest.mark.parametrize("probes", [4, 8, 16])
 def test_the_spectral_bound_fails_exactly_as_often_as_stated_for_a_rank_one_covariance(probes):
-    # Rank one is the worst case: T / lambda_max is then exactly chi-square(m), so the failure
-    # rate must equal the stated one (a q too small would fail more, one too large less).
+    # Rank one is the worst case: G's top eigenvalue / lambda_max is then exactly chi-square(m),
+    # so the failure rate must equal the stated one (a q too small would fail more, one too
+    # large less).
     failure, trials = 0.05, 40_000
-    rate = _violations(torch.tensor([3.0, 0.0, 0.0]), probes, failure, trials, seed=probes)
+    rate = _violations(torch.tensor([3.0, 0.0, 0.0]).double(), probes, failure, trials, seed=probes)
     allowance = 4 * (failure * (1 - failure) / trials) ** 0.5
     assert abs(rate - failure) <= allowance, rate
     assert pruning.variance_factor(probes, failure) == pytest.approx(chi2.ppf(failure, probes))
@@ -48,6 +55,30 @@ def test_the_spectral_bound_fails_no_more_often_than_stated_for_any_spectrum(spe
     failure, trials = 0.05, 40_000
     rate = _violations(values, routes.SPECTRAL_PROBES, failure, trials, seed=7)
     assert rate <= failure + 4 * (failure * (1 - failure) / trials) ** 0.5, rate
+
+
+@pytest.mark.parametrize("spectrum", ["flat", "decaying", "rank one"])
+def test_the_spectral_bound_is_never_looser_than_the_probes_energy_and_m_times_tighter_on_a_flat_spectrum(
+    spectrum,
+):
+    # lambda_max(G) <= tr(G), the probes' energy: the z bound from G's top eigenvalue is at least
+    # the energy's (the statistic the screening used before), on every draw. On M spread over
+    # d >> m directions (a backbone's 512 features), G ~ d I_m, so lambda_max(G) ~ tr(G) / m.
+    values = {
+        "flat": torch.ones(512),
+        "decaying": 0.9 ** torch.arange(100.0),
+        "rank one": torch.tensor([2.0, 0.0, 0.0]),
+    }[spectrum].double()
+    probes, failure = routes.SPECTRAL_PROBES, 1e-6
+    gram = _grams(values, probes, 2_000, seed=3)
+    energy = gram.diagonal(dim1=1, dim2=2).sum(1)
+    margin, scale = torch.full((2_000, 1), 50.0), torch.full((2_000, 1), 2.0)
+    z_lower = pruning.spectral_z_lower(margin, scale, gram, failure)[:, 0]
+    z_energy = 50.0 / (2.0 * energy / pruning.variance_factor(probes, failure)).sqrt()
+    assert (z_lower >= z_energy * (1 - 1e-12)).all()
+    gain = float((z_lower / z_energy).square().median())
+    expected = {"flat": (5.5, probes), "decaying": (2.5, 5.0), "rank one": (1.0, 1.0 + 1e-9)}[spectrum]
+    assert expected[0] <= gain <= expected[1], gain
 
 
 def test_spectral_lower_bounds_hold_on_linear_models():

@@ -20,8 +20,8 @@ screenings cost at most that much more than not screening), the first at most :d
 alone:
 
 1. **spectral**: :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back on the
-   same forward pass, bound the top eigenvalue of the features' covariance and with it every
-   boundary's variance (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per
+   same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
+   matrix's top eigenvalue) and with it every boundary's variance (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per
    model and class count, so all points of a pass share it.
 2. **sketch**: :data:`probust.estimators.pruning.PROBES` forward-mode probes bound each
    boundary's variance separately (:func:`probust.estimators.pruning.sketch_z_lower`); decided
@@ -674,13 +674,13 @@ def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Ten
     keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_SCREEN)
     probes = _rng.normal(keys, 0, SPECTRAL_PROBES, features.shape[1], dtype=features.dtype)  # [P, m, F]
     pulled = rows.average(rows.pull(probes[rows.row_point].transpose(0, 1)))  # [P, m, *S]
-    energy = ctx.noise.quadratic_form(pulled).diagonal(dim1=1, dim2=2).sum(1)
+    gram = ctx.noise.quadratic_form(pulled)  # [P, m, m]
     if ctx.head is not None:
         scale = linear_head.boundary_norms_squared(ctx.head, target)
     else:
         scale = torch.full_like(c, 2.0, dtype=torch.float64)
     _, share = pruning.shares(ctx.tol)
-    return pruning.spectral_z_lower(c, scale, energy, SPECTRAL_PROBES, share)
+    return pruning.spectral_z_lower(c, scale, gram, share)
 
 
 def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, c: Tensor) -> Tensor:
