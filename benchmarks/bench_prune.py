@@ -7,8 +7,9 @@ own backward pass: C - 1 per point and copy, what probust did before and what th
 does) against the default ``prune="auto"``. For these models "auto" takes the gradients through
 the CNN's linear head (50 features < C - 1 margins: 50 backward passes give every margin's
 gradient and its exact z) and keeps only the boundaries that can matter; ``--route sketch``
-hides the head (logits / 1, computed after it) and forces the forward-mode sketch of 32 probes
-(``prune="sketch"``), ``--route spectral`` the reverse-mode screening, for comparison.
+hides the head (logits / 1, computed after it) and forces the forward-mode sketch
+(``prune="sketch"``: stages of 8, 16 and 32 probes), ``--route spectral`` the reverse-mode
+screening, for comparison.
 
 Printed per row: the time ratio full / pruned (each timed once, after one warm-up call that
 measures the Jacobian plan), the peak memory each call added (resident-set high-water mark,

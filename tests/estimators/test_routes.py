@@ -451,28 +451,78 @@ def test_the_screening_share_is_declared_per_device_kind():
     assert cost_model.screening_share("mps") == 0.5  # a kind with no figure of its own: the CPU's
 
 
+def _flat_map() -> nn.Module:
+    # 400 inputs and 500 classes with no linear head: the direct route (499 pullbacks) is the only
+    # exact one, and a flat random map defeats the spectral screening (it keeps all 499).
+    torch.manual_seed(0)
+    return Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())
+
+
+def _record_sketch(monkeypatch) -> tuple[list[tuple[int, int, list[int]]], list[list[int]]]:
+    """(each sketch stage's (first probe, stop, its points' indices), each selection's kept counts
+    in the order the routes made them: the spectral screening's, then each stage's, then the last)."""
+    stages: list[tuple[int, int, list[int]]] = []
+    kept: list[list[int]] = []
+    sketch, drop = routes._sketch, pruning.drop
+
+    def recorded_sketch(ctx, copies, target, indices, first, stop):
+        stages.append((first, stop, indices.tolist()))
+        return sketch(ctx, copies, target, indices, first, stop)
+
+    def recorded_drop(*args, **kwargs):
+        out = drop(*args, **kwargs)
+        kept.append(out.kept.tolist())
+        return out
+
+    monkeypatch.setattr(routes, "_sketch", recorded_sketch)
+    monkeypatch.setattr(pruning, "drop", recorded_drop)
+    return stages, kept
+
+
 @pytest.mark.parametrize(
     ("jvp_in_pulls", "device_kind", "sketched"), [(7.5, "cpu", True), (7.6, "cpu", False), (7.5, "cuda", False)]
 )
 def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_best_route(
     monkeypatch, jvp_in_pulls, device_kind, sketched
 ):
-    # 400 inputs and 500 classes with no linear head: the direct route (499 pullbacks) is the
-    # only exact one, and a flat random map defeats the spectral screening (it keeps all). The
-    # sketch (32 probes) then runs where its probes and the spectral ones together cost at most
-    # the device's screening share of 499: on the CPU (0.5) 8 + 32 * 7.5 = 248 <= 249.5 and
-    # 8 + 32 * 7.6 = 251.2 is not; at CUDA's share (0.2, run here on the CPU) 248 > 99.8. resnet50
-    # at 224 x 224 sits in the first case on the CPU (8 + 32 * 1.5 of 999).
+    # The spectral screening keeps all 499, so the sketch runs where its worst case (every stage:
+    # 32 probes) and the spectral probes together cost at most the device's screening share of
+    # 499: on the CPU (0.5) 8 + 32 * 7.5 = 248 <= 249.5 and 8 + 32 * 7.6 = 251.2 is not; at CUDA's
+    # share (0.2, run here on the CPU) 248 > 99.8. resnet50 at 224 x 224 sits in the first case
+    # on the CPU (8 + 32 * 1.5 of 999). Where it runs, its first stage takes every point.
     monkeypatch.setitem(cost_model.JVP_IN_PULLS, "cpu", jvp_in_pulls)
     monkeypatch.setitem(cost_model.SCREENING_SHARE, "cpu", cost_model.screening_share(device_kind))
-    model = Tempered(nn.Sequential(nn.Linear(400, 600), nn.Tanh(), nn.Linear(600, 500), nn.Tanh()).eval())
+    model = _flat_map()
     x = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
-    calls = []
-    original = routes._sketch
-    monkeypatch.setattr(routes, "_sketch", lambda *a, **k: calls.append(1) or original(*a, **k))
+    stages, kept = _record_sketch(monkeypatch)
     r = probust.Taylor(model, 0.05, jacobian="loop")(x)
-    assert bool(calls) == sketched
-    assert routes.SPECTRAL_PROBES + pruning.PROBES * 7.5 <= 0.5 * 499 < pruning.PROBES * 7.6 + 8
-    assert routes.SPECTRAL_PROBES + pruning.PROBES * 7.5 > 0.2 * 499
+    assert kept[0] == [499] * 3  # the premise: the spectral screening keeps all
+    assert stages[:1] == ([(0, 8, [0, 1, 2])] if sketched else [])
+    share = cost_model.screening_share(device_kind)
+    assert (routes.SPECTRAL_PROBES + pruning.PROBES * jvp_in_pulls <= share * 499) == sketched
     full = probust.Taylor(model, 0.05, prune="off", jacobian="loop")(x)
+    assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()
+
+
+@pytest.mark.parametrize(("sigma", "last_stop"), [(0.02, 16), (0.03, 32)])
+def test_each_sketch_stage_runs_where_its_new_probes_cost_less_than_the_candidates_left(monkeypatch, sigma, last_stop):
+    # At the declared CPU cost (1.5 pulls a probe; share 0.5 of 499 = 249.5 admits the whole
+    # sketch's 8 + 48 pulls), a stage runs on a point where its new probes cost fewer pulls than the
+    # candidates the stages before left: 16 * 1.5 = 24 pulls for the third stage. At sigma 0.02 the
+    # first two stages leave fewer than 24 on every point, so its probes 16-31 are never drawn; at
+    # 0.03 four of the six points are left with more, and only they take the third stage.
+    model = _flat_map()
+    x = torch.randn(6, 400, generator=torch.Generator().manual_seed(0))
+    stages, kept = _record_sketch(monkeypatch)
+    r = probust.Taylor(model, sigma, jacobian="loop", check_draws=0)(x)
+    assert max(stop for _, stop, _ in stages) == last_stop
+    done, ran = 0, list(range(6))
+    for stage, (first, stop, points) in enumerate(stages):
+        cost = (stop - first) * cost_model.JVP_IN_PULLS["cpu"]
+        left = kept[stage]  # the spectral screening's, then each stage's kept counts
+        assert first == done
+        assert points == [i for i in ran if cost < left[i]], (stage, left)
+        done, ran = stop, points
+    assert len(stages[-1][2]) < 6 or last_stop == 16  # a later stage skips points where it cannot pay
+    full = probust.Taylor(model, sigma, prune="off", jacobian="loop", check_draws=0)(x)
     assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()

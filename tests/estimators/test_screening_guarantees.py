@@ -112,6 +112,30 @@ def test_the_sketch_bounds_fail_no_more_often_than_stated_for_correlated_boundar
     assert rate <= failure + 5 * (failure * (1 - failure) / trials) ** 0.5, rate
 
 
+@pytest.mark.parametrize("classes", [2, 31])
+def test_the_staged_sketchs_bounds_fail_together_no_more_often_than_the_sketchs_share(classes):
+    # Every stage runs (the worst case: a point's z lower bound is the largest of its stages'),
+    # each on the first SKETCH_STAGES[s] probes at stage_failure(f); the union over the stages
+    # keeps the whole sketch within f, where f split evenly over 3 nested stages fails less
+    # often than f itself, since their failures go together. 5 binomial standard deviations.
+    failure, trials = 0.05, 20_000
+    gen = torch.Generator().manual_seed(classes)
+    scales = torch.linspace(0.5, 2.0, classes - 1, dtype=torch.float64)
+    d = torch.randn(trials, pruning.PROBES, classes - 1, generator=gen, dtype=torch.float64) * scales
+    derivatives = torch.cat([torch.zeros(trials, pruning.PROBES, 1, dtype=torch.float64), d], dim=2)
+    margin = torch.cat([torch.zeros(trials, 1), torch.ones(trials, classes - 1)], dim=1).double()
+    stage = pruning.stage_failure(failure)
+    z_lower = torch.stack(
+        [pruning.sketch_z_lower(margin, derivatives[:, :m], stage) for m in pruning.SKETCH_STAGES]
+    ).amax(0)[:, 1:]
+    rate = float((z_lower > 1.0 / scales).any(1).double().mean())
+    assert stage * len(pruning.SKETCH_STAGES) == pytest.approx(failure, rel=1e-12)
+    assert rate <= failure + 5 * (failure * (1 - failure) / trials) ** 0.5, rate
+    # Not vacuous: each stage alone fails about as often as its share (the bounds are tight).
+    first = pruning.sketch_z_lower(margin, derivatives[:, : pruning.SKETCH_STAGES[0]], stage)[:, 1:]
+    assert float((first > 1.0 / scales).any(1).double().mean()) >= 0.5 * stage
+
+
 def test_the_sketch_bound_is_the_chi_square_quantile_at_the_failure_shared_over_the_boundaries():
     # The closed form: z_lower_i = c_i / sqrt(sum_k d_ik^2 / q), q the chi-square(m) quantile at
     # failure / (C - 1), for C = 2, 7 and 1000 (one boundary: no union to take).

@@ -13,7 +13,10 @@ runs for which point is decided from counts by :mod:`probust.estimators.routes`:
 - :func:`sketch_z_lower`: m forward-mode products against probes v_k ~ N(0, S) give
   d_ik = u_i . v_k for every class at once, d_ik ~ N(0, s_i^2), so with q the chi-square(m)
   quantile at delta / (C - 1), s_i^2 <= sum_k d_ik^2 / q for all boundaries at once, except with
-  probability at most delta (union over the C - 1 boundaries).
+  probability at most delta (union over the C - 1 boundaries). The sketch runs in
+  :data:`SKETCH_STAGES` of more probes each, each stage at :func:`stage_failure` of delta (a
+  union over the stages), so that a point whose far boundaries are far beyond the threshold
+  stops after a few probes.
 - :func:`drop`: the boundaries with the smallest tails Phi(-z_lower_i) are dropped while their
   sum stays within a budget; only the rest get exact gradients.
 
@@ -43,9 +46,13 @@ from probust.mvn.numerics import ndtr
 #: The screenings ``prune`` can force.
 SCREENINGS = ("spectral", "sketch")
 PRUNE_CHOICES = ("auto", "off", *SCREENINGS)
-#: Probes per point: m forward-mode passes; more probes tighten the bound (the chi-square's
-#: lower quantile over m grows towards 1) at a linear cost.
-PROBES = 32
+#: The sketch's stages: the forward-mode probes a point's bound uses after each stage (each stage
+#: draws the new ones). More probes tighten the bound (the chi-square's lower quantile over m
+#: grows towards 1) at a linear cost; where a few already drop every far boundary (their z is
+#: far above the threshold), the later stages do not run.
+SKETCH_STAGES = (8, 16, 32)
+#: The most probes per point: the last stage's.
+PROBES = SKETCH_STAGES[-1]
 #: The shares of ``tol`` spent on the dropped boundaries' tails and on the sketch's failure.
 DROP_SHARE = 0.05
 FAILURE_SHARE = 0.01
@@ -54,6 +61,13 @@ FAILURE_SHARE = 0.01
 def shares(tol: float) -> tuple[float, float]:
     """(drop budget, sketch failure probability delta) per point for an mvn-cdf tolerance ``tol``."""
     return DROP_SHARE * tol, FAILURE_SHARE * tol
+
+
+def stage_failure(failure: float) -> float:
+    """The failure probability of each sketch stage's bounds: the sketch's share split evenly
+    over :data:`SKETCH_STAGES`, so the bounds of every stage that runs hold together except with
+    probability at most ``failure``."""
+    return failure / len(SKETCH_STAGES)
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,10 +23,12 @@ alone:
    same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
    matrix's top eigenvalue) and with it every boundary's variance (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per
    model and class count, so all points of a pass share it.
-2. **sketch**: :data:`probust.estimators.pruning.PROBES` forward-mode probes bound each
-   boundary's variance separately (:func:`probust.estimators.pruning.sketch_z_lower`); decided
-   per point, where its probes and the first screening's together cost at most that share of
-   the best route after the first screening.
+2. **sketch**: forward-mode probes bound each boundary's variance separately
+   (:func:`probust.estimators.pruning.sketch_z_lower`), in the stages of
+   :data:`probust.estimators.pruning.SKETCH_STAGES` (8, 16, then 32 probes); decided per point,
+   where its probes (every stage's) and the first screening's together cost at most that share
+   of the best route after the first screening, and then per stage, where the stage's new
+   probes cost fewer pulls than the candidates the stages before left.
 
 The dropped boundaries' tails and the screenings' failure probabilities are added to
 ``cdf_error`` (:mod:`probust.estimators.pruning`). A point's route depends only on the point
@@ -417,20 +419,19 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
         candidates_cost = screened.kept.double()
     screening = ctx.screening
     if screening == "sketch" or (forced == screening == "auto" and ctx.prune and math.isfinite(jvp)):
-        if screening == "sketch":
-            sketch = torch.ones(points, dtype=torch.bool, device=c.device)
-        else:
-            spent = SPECTRAL_PROBES if screened is not None else 0
-            sketch = spent + pruning.PROBES * jvp <= ctx.share * torch.minimum(exact_cost, candidates_cost)
-            if bool(sketch.any()) and not gradients.forward_mode_runs(ctx.model, copies[:, 0]):
-                sketch.fill_(False)  # a fact about the model (untimed), the same for every point
-        if bool(sketch.any()):
-            which = sketch.nonzero().flatten()
-            z_sketch = _sketch(ctx, copies[which], target[which], indices[which], c[which])
-            z_screen[which] = torch.maximum(z_screen[which], z_sketch)
-            delta[which] += share
-            screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
-            candidates_cost = torch.where(sketch, screened.kept.double(), candidates_cost)
+        screened, candidates_cost = _staged_sketch(
+            ctx,
+            copies,
+            target,
+            indices,
+            c,
+            z_screen,
+            delta,
+            spent=float(SPECTRAL_PROBES if screened is not None else 0),
+            exact_cost=exact_cost,
+            candidates_cost=candidates_cost,
+            screened=screened,
+        )
     if screening != "auto":
         exact_cost = torch.full_like(exact_cost, math.inf)
         direct_cost = head_cost = forward_cost = exact_cost
@@ -683,22 +684,84 @@ def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Ten
     return pruning.spectral_z_lower(c, scale, gram, share)
 
 
-def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, c: Tensor) -> Tensor:
-    """The forward-mode sketch's lower bounds on z [P', C] (:func:`pruning.sketch_z_lower`)."""
+def _staged_sketch(
+    ctx: Context,
+    copies: Tensor,
+    target: Tensor,
+    indices: Tensor,
+    c: Tensor,
+    z_screen: Tensor,
+    delta: Tensor,
+    *,
+    spent: float,
+    exact_cost: Tensor,
+    candidates_cost: Tensor,
+    screened: pruning.Pruned | None,
+) -> tuple[pruning.Pruned | None, Tensor]:
+    """The forward-mode sketch in :data:`pruning.SKETCH_STAGES`, each stage on the points whose
+    counts say it pays: (the screening's selection, each point's candidates cost in pulls).
+
+    Stage s bounds every z from the point's first SKETCH_STAGES[s] probes (the earlier stages'
+    and its new ones, :func:`pruning.sketch_z_lower`) at a failure probability of
+    :func:`pruning.stage_failure`: the bounds of all stages hold together except with the
+    sketch's share, which each sketched point's ``delta`` [P] gets whatever stage it stops at.
+    ``z_screen`` and ``delta`` are updated in place.
+
+    The sketch runs on the points where its worst case, every stage's probes, and the spectral
+    screening's ``spent`` pulls cost at most ``ctx.share`` of the best route so far (every point
+    where it is forced: ``prune="sketch"``). There each stage runs where its new probes cost
+    fewer pulls than the candidates the stages before left (the most it could save), so a point
+    whose far boundaries all drop after 8 probes pays 8.
+    """
+    points = len(target)
+    forced = ctx.screening == "sketch"
+    failure = pruning.stage_failure(pruning.shares(ctx.tol)[1])
+    budget = pruning.shares(ctx.tol)[0]
+    derivatives = torch.zeros(points, pruning.PROBES, c.shape[1], dtype=torch.float64, device=c.device)
+    # The points whose whole sketch, every stage, fits the share: its worst case.
+    ran = torch.ones(points, dtype=torch.bool, device=c.device)
+    if not forced:
+        ran = spent + pruning.PROBES * ctx.jvp <= ctx.share * torch.minimum(exact_cost, candidates_cost)
+        if bool(ran.any()) and not gradients.forward_mode_runs(ctx.model, copies[:, 0]):
+            return screened, candidates_cost  # a fact about the model (untimed), the same for every point
+    done = 0
+    for stage, probes in enumerate(pruning.SKETCH_STAGES):
+        run = ran & ((probes - done) * ctx.jvp < candidates_cost)
+        if not bool(run.any()):
+            break
+        which = run.nonzero().flatten()
+        derivatives[which, done:probes] = _sketch(ctx, copies[which], target[which], indices[which], done, probes)
+        z_stage = pruning.sketch_z_lower(c[which], derivatives[which, :probes], failure)
+        z_screen[which] = torch.maximum(z_screen[which], z_stage)
+        if stage == 0:
+            # The whole sketch's share, whichever later stages run: whether they run depends on
+            # the first stage's bounds, so only the union over every stage is a probability
+            # that holds whatever the point stops at.
+            delta[which] += pruning.shares(ctx.tol)[1]
+        screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
+        candidates_cost = torch.where(run, screened.kept.double(), candidates_cost)
+        ran, done = run, probes
+    return screened, candidates_cost
+
+
+def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, first: int, stop: int) -> Tensor:
+    """float64 [P', stop - first, C]: the margins' derivatives along the points' forward-mode probes
+    ``first``..``stop - 1`` (:func:`probust.gradients.margin_sketch`; each probe a function of
+    the seed, the point and its index, whichever stage draws it)."""
     keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
-    probes = ctx.noise.sample(keys, 0, pruning.PROBES, copies.shape[2:]).to(copies.device)
+    count = stop - first
+    probes = ctx.noise.sample(keys, first, count, copies.shape[2:]).to(copies.device)
     rows = ctx.probe_rows
     _, derivatives = margin_sketch(
         ctx.model,
         copies,
         target,
         probes,
-        batch_size=max(1, rows // pruning.PROBES),
-        probe_chunk_size=min(pruning.PROBES, rows),
+        batch_size=max(1, rows // count),
+        probe_chunk_size=min(count, rows),
         to_rows=lambda block: to_format(block, ctx.plan.channels_last),
     )
-    _, share = pruning.shares(ctx.tol)
-    return pruning.sketch_z_lower(c, derivatives, share)
+    return derivatives.to(torch.float64)
 
 
 def _forward_normals(ctx: Context, copies: Tensor, target: Tensor) -> Tensor:

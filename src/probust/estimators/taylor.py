@@ -38,9 +38,9 @@ class Taylor(Linearised):
             counts, from about 81 classes or fewer than the head's features + 1 passes; or
             ``gradients`` names a source), the boundaries whose tails fit the budget are left
             out. A screening bounds every boundary's z at once (8 reverse-mode probes on the
-            features, or 32 forward-mode probes), and then only the boundaries still within
-            reach get exact gradients. "spectral" and "sketch" run that screening on every point (to compare
-            them; an error where pruning cannot apply). "off": every boundary is kept. The
+            features, or 8 to 32 forward-mode probes, in stages), and then only the boundaries
+            still within reach get exact gradients. "spectral" and "sketch" run that screening
+            on every point (to compare them; an error where pruning cannot apply). "off": every boundary is kept. The
             boundaries left out add their tails, and any screening's failure probability, to
             ``r.cdf_error`` (at most 7% of ``tol`` in all; the mvn-cdf samples to the rest),
             their ``r.z`` holds a lower bound and their ``r.grad_norm`` NaN;

@@ -647,7 +647,7 @@ class EstimatorOptions(SeedOptions):
         "added to cdf_error; column boundaries_kept): auto (where it applies and a route other than every "
         "gradient by its own pass pays by counts, from about 81 classes or fewer than a linear head's features + "
         "1, or --gradients names one: leave out those whose tails fit the budget; a screening bounds every "
-        "boundary's distance, by 8 reverse-mode probes or 32 forward-mode ones, then only those still within "
+        "boundary's distance, by 8 reverse-mode probes or 8 to 32 forward-mode ones, then only those still within "
         "reach get exact gradients), spectral or sketch (that screening on every point), or off (every boundary "
         "kept)",
         choices=PRUNE_CHOICES,
