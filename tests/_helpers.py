@@ -90,6 +90,17 @@ def require_fashion_mnist() -> Path:
     return FASHION_MNIST_DIR
 
 
+def intel_cpu() -> bool:
+    """Whether this machine's CPU is Intel's: MKL's strict mode makes a row of a matrix product
+    the same bits whatever the rows of the call there, and only there (an AMD EPYC still rounds
+    rows of passes of 1 to 9 rows differently; tests/test_reproducible_products.py)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return "GenuineIntel" in info.read()
+    except OSError:
+        return False
+
+
 def tiny_data(n: int = 20, seed: int = 0) -> ImageDataset:
     """``n`` random 1 x 4 x 4 uint8 images of 3 classes named a, b, c (the runner's tests' data)."""
     gen = torch.Generator().manual_seed(seed)

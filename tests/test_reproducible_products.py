@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests._helpers import intel_cpu
+
 _ROWS = """
 import os, sys, torch
 import probust  # before any matrix product
@@ -29,14 +31,6 @@ print(os.environ.get("MKL_CBWR"), moved, by)
 """
 
 
-def _intel() -> bool:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return "GenuineIntel" in info.read()
-    except OSError:
-        return False
-
-
 def _run(env: dict[str, str]) -> str:
     shown = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_ROWS)], capture_output=True, text=True, env=env, timeout=300
@@ -50,7 +44,7 @@ def test_import_sets_mkls_strict_mode_unless_the_user_chose_one():
     env["OMP_NUM_THREADS"] = "2"
     mode, moved, by = _run(env).split()
     assert mode == "AUTO,STRICT"  # set by the import
-    if _intel():  # every row of every product has the bits of the 96-row product's
+    if intel_cpu():  # every row of every product has the bits of the 96-row product's
         assert int(moved) == 0
     else:  # a few float32 roundings of the row at most (measured 7.7e-7 on an AMD EPYC)
         assert float(by) < 4e-6
