@@ -703,8 +703,9 @@ def _staged_sketch(
 
     Stage s bounds every z from the point's first SKETCH_STAGES[s] probes (the earlier stages'
     and its new ones, :func:`pruning.sketch_z_lower`) at a failure probability of
-    :func:`pruning.stage_failure`: the bounds of all stages hold together except with the
-    sketch's share, which each sketched point's ``delta`` [P] gets whatever stage it stops at.
+    its part of the sketch's failure share (:func:`pruning.stage_failure`): the bounds of all
+    stages hold together except with that share, which each sketched point's ``delta`` [P]
+    gets whatever stage it stops at.
     ``z_screen`` and ``delta`` are updated in place.
 
     The sketch runs on the points where its worst case, every stage's probes, and the spectral
@@ -715,8 +716,7 @@ def _staged_sketch(
     """
     points = len(target)
     forced = ctx.screening == "sketch"
-    failure = pruning.stage_failure(pruning.shares(ctx.tol)[1])
-    budget = pruning.shares(ctx.tol)[0]
+    budget, failure = pruning.shares(ctx.tol)
     derivatives = torch.zeros(points, pruning.PROBES, c.shape[1], dtype=torch.float64, device=c.device)
     # The points whose whole sketch, every stage, fits the share: its worst case.
     ran = torch.ones(points, dtype=torch.bool, device=c.device)
@@ -731,13 +731,13 @@ def _staged_sketch(
             break
         which = run.nonzero().flatten()
         derivatives[which, done:probes] = _sketch(ctx, copies[which], target[which], indices[which], done, probes)
-        z_stage = pruning.sketch_z_lower(c[which], derivatives[which, :probes], failure)
+        z_stage = pruning.sketch_z_lower(c[which], derivatives[which, :probes], pruning.stage_failure(failure, stage))
         z_screen[which] = torch.maximum(z_screen[which], z_stage)
         if stage == 0:
             # The whole sketch's share, whichever later stages run: whether they run depends on
             # the first stage's bounds, so only the union over every stage is a probability
             # that holds whatever the point stops at.
-            delta[which] += pruning.shares(ctx.tol)[1]
+            delta[which] += failure
         screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = torch.where(run, screened.kept.double(), candidates_cost)
         ran, done = run, probes
