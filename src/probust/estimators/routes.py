@@ -21,8 +21,9 @@ alone:
 
 1. **spectral**: :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back on the
    same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
-   matrix's top eigenvalue) and with it every boundary's variance (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per
-   model and class count, so all points of a pass share it.
+   matrix's top eigenvalue) and with it every boundary's variance
+   (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per model and class count,
+   so all points of a pass share it.
 2. **sketch**: forward-mode probes bound each boundary's variance separately
    (:func:`probust.estimators.pruning.sketch_z_lower`), in the stages of
    :data:`probust.estimators.pruning.SKETCH_STAGES` (8, 16, then 32 probes); decided per point,
@@ -702,10 +703,9 @@ def _staged_sketch(
     counts say it pays: (the screening's selection, each point's candidates cost in pulls).
 
     Stage s bounds every z from the point's first SKETCH_STAGES[s] probes (the earlier stages'
-    and its new ones, :func:`pruning.sketch_z_lower`) at a failure probability of
-    its part of the sketch's failure share (:func:`pruning.stage_failure`): the bounds of all
-    stages hold together except with that share, which each sketched point's ``delta`` [P]
-    gets whatever stage it stops at.
+    and its new ones, :func:`pruning.sketch_z_lower`), failing with its part of the sketch's
+    failure share (:func:`pruning.stage_failure`): the bounds of all stages hold together but
+    for that share, which each sketched point's ``delta`` [P] gets whatever stage it stops at.
     ``z_screen`` and ``delta`` are updated in place.
 
     The sketch runs on the points where its worst case, every stage's probes, and the spectral

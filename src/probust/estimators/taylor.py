@@ -40,11 +40,11 @@ class Taylor(Linearised):
             out. A screening bounds every boundary's z at once (8 reverse-mode probes on the
             features, or 8 to 32 forward-mode probes, in stages), and then only the boundaries
             still within reach get exact gradients. "spectral" and "sketch" run that screening
-            on every point (to compare them; an error where pruning cannot apply). "off": every boundary is kept. The
-            boundaries left out add their tails, and any screening's failure probability, to
-            ``r.cdf_error`` (at most 7% of ``tol`` in all; the mvn-cdf samples to the rest),
-            their ``r.z`` holds a lower bound and their ``r.grad_norm`` NaN;
-            ``r.boundaries_kept`` counts the others.
+            on every point (to compare them; an error where pruning cannot apply). "off": every
+            boundary is kept. The boundaries left out add their tails, and any screening's
+            failure probability, to ``r.cdf_error`` (at most 7% of ``tol`` in all; the mvn-cdf
+            samples to the rest), their ``r.z`` holds a lower bound and their ``r.grad_norm``
+            NaN; ``r.boundaries_kept`` counts the others.
         gradients: where the exact margin gradients come from (:mod:`probust.estimators.routes`).
             "auto" (default) takes per point the cheapest, counted in backward passes from the
             model's counts and a declared cost of a forward-mode probe (never timed, so the
