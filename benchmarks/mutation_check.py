@@ -7,7 +7,7 @@ for each run against that copy (``PYTHONPATH`` puts it ahead of the editable ins
 asserts ``probust`` is imported from it). The same tests also run against the unplanted copy, beside
 the mutants, and must pass: a test that fails on the real code kills nothing.
 
-The five mutants are the bugs of issue 33 that passed, or nearly passed, the fast suite; the ones
+The first five mutants are the bugs of issue 33 that passed, or nearly passed, the fast suite; the ones
 after them are the same kinds of bug next to them. A mutant survives when its tests pass; the check
 then exits 1 naming it.
 
@@ -118,6 +118,31 @@ MUTANTS = (
             "tests/estimators/test_routes.py::test_the_routes_are_decided_before_any_timing",
             "tests/estimators/test_clock.py",
         ),
+    ),
+    # The screenings' guarantees at C = 1,000 (stop 45): a statistic that is not an upper bound,
+    # stages each spending the whole failure share, and a share counted only where the last stage ran.
+    Mutant(
+        "spectral-bound-from-the-grams-smallest-eigenvalue",
+        "estimators/pruning.py",
+        "top = torch.linalg.eigvalsh(gram.to(torch.float64))[:, -1]",
+        "top = torch.linalg.eigvalsh(gram.to(torch.float64))[:, 0]",
+        (
+            "tests/estimators/test_routes.py::test_the_spectral_bound_fails_exactly_as_often_as_stated_for_a_rank_one_covariance",
+        ),
+    ),
+    Mutant(
+        "sketch-stages-each-at-the-whole-failure-share",
+        "estimators/pruning.py",
+        "return failure * STAGE_SHARES[stage]",
+        "return failure",
+        (f"{SCREENING}::test_the_staged_sketchs_bounds_fail_together_no_more_often_than_the_sketchs_share",),
+    ),
+    Mutant(
+        "sketch-failure-counted-only-where-the-last-stage-ran",
+        "estimators/routes.py",
+        "        if stage == 0:",
+        "        if stage == len(pruning.SKETCH_STAGES) - 1:",
+        (f"{SCREENING}::test_a_screened_points_cdf_error_holds_the_screenings_failure_share",),
     ),
     # The GPU's sums: a slot's rows added in another order than the CPU's (atomics' kind of bug).
     Mutant(
