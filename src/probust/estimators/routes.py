@@ -717,7 +717,6 @@ def _staged_sketch(
     points = len(target)
     forced = ctx.screening == "sketch"
     budget, failure = pruning.shares(ctx.tol)
-    derivatives = torch.zeros(points, pruning.PROBES, c.shape[1], dtype=torch.float64, device=c.device)
     # The points whose whole sketch, every stage, fits the share: its worst case.
     ran = torch.ones(points, dtype=torch.bool, device=c.device)
     if not forced:
@@ -725,13 +724,18 @@ def _staged_sketch(
         if bool(ran.any()) and not gradients.forward_mode_runs(ctx.model, copies[:, 0]):
             return screened, candidates_cost  # a fact about the model (untimed), the same for every point
     done = 0
+    before: Tensor | None = None  # the last stage's points
+    derivatives = c.new_zeros(0)  # their derivatives along its probes, [W, done, C]
     for stage, probes in enumerate(pruning.SKETCH_STAGES):
         run = ran & ((probes - done) * ctx.jvp < candidates_cost)
         if not bool(run.any()):
             break
         which = run.nonzero().flatten()
-        derivatives[which, done:probes] = _sketch(ctx, copies[which], target[which], indices[which], done, probes)
-        z_stage = pruning.sketch_z_lower(c[which], derivatives[which, :probes], pruning.stage_failure(failure, stage))
+        new = _sketch(ctx, copies[which], target[which], indices[which], done, probes)
+        if before is not None:  # a stage's points all ran the one before
+            new = torch.cat([derivatives[torch.searchsorted(before, which)], new], dim=1)
+        before, derivatives = which, new
+        z_stage = pruning.sketch_z_lower(c[which], derivatives, pruning.stage_failure(failure, stage))
         z_screen[which] = torch.maximum(z_screen[which], z_stage)
         if stage == 0:
             # The whole sketch's share, whichever later stages run: whether they run depends on
