@@ -6,7 +6,10 @@ follows), and prints:
 
 - the probust modules entered, in order of first entry, with how often each is entered;
 - the calls from the maths (any module but the estimator's own and execution's) into
-  ``probust.execution`` (timing, plans, the plan cache): the climbs the issue forbids.
+  ``probust.execution`` (timing, plans, the plan cache): the climbs the issue forbids;
+- the calls into ``probust.execution`` from anywhere, the estimator included, once the maths
+  began (the estimator's first chunk, ``Linearised._routed``): the estimator asks execution for
+  its plan once, before the maths, so this is 0 too.
 
 Control flow, not data flow: every probust function called counts, so this bounds from above
 the modules the input's values pass through. Helpers that only check options, raise errors,
@@ -45,9 +48,10 @@ def _model(classes: int) -> nn.Module:
     ).eval()
 
 
-def trace(call: Any, keep_housekeeping: bool) -> list[tuple[str, str]]:
-    """(caller module, callee module) of every call between probust modules during ``call()``."""
-    edges: list[tuple[str, str]] = []
+def trace(call: Any, keep_housekeeping: bool) -> list[tuple[str, str, str]]:
+    """(caller module, callee module, callee function) of every call into a probust module
+    during ``call()``."""
+    edges: list[tuple[str, str, str]] = []
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
         if event != "call":
@@ -63,7 +67,7 @@ def trace(call: Any, keep_housekeeping: bool) -> list[tuple[str, str]]:
             if name.startswith("probust") and (keep_housekeeping or not name.startswith(HOUSEKEEPING)):
                 break
             caller = caller.f_back
-        edges.append((caller.f_globals["__name__"] if caller is not None else "<user>", module))
+        edges.append((caller.f_globals["__name__"] if caller is not None else "<user>", module, frame.f_code.co_name))
         return None
 
     sys.setprofile(None)
@@ -79,22 +83,32 @@ def trace(call: Any, keep_housekeeping: bool) -> list[tuple[str, str]]:
 #: A call from the maths into execution (timing, the plan cache) is a climb back up.
 EXECUTION = "probust.execution"
 
+#: Where the maths begin: the estimator's linearisation of its first chunk.
+MATHS_ENTRY = ("probust.estimators.linearised", "_routed")
 
-def summarise(edges: list[tuple[str, str]]) -> dict[str, Any]:
-    """Modules in order of first entry, entries per module, and the calls from any other module
-    into execution that come after the maths began (climbs)."""
+
+def summarise(edges: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """Modules in order of first entry, entries per module, the calls from any other module but
+    the estimator's into execution (climbs), and the calls into execution from any other module
+    once the maths began (late plans)."""
     order: list[str] = []
     entries: Counter[str] = Counter()
     climbs: Counter[tuple[str, str]] = Counter()
-    for caller, callee in edges:
+    late: Counter[tuple[str, str]] = Counter()
+    began = False
+    for caller, callee, function in edges:
+        began = began or (callee, function) == MATHS_ENTRY
         if caller == callee:
             continue
         entries[callee] += 1
         if callee not in order:
             order.append(callee)
-        if callee.startswith(EXECUTION) and not caller.startswith(EXECUTION) and not _estimator(caller):
-            climbs[(caller, callee)] += 1
-    return {"modules": order, "entries": entries, "climbs": climbs}
+        if callee.startswith(EXECUTION) and not caller.startswith(EXECUTION):
+            if not _estimator(caller):
+                climbs[(caller, callee)] += 1
+            if began:
+                late[(caller, f"{callee}.{function}")] += 1
+    return {"modules": order, "entries": entries, "climbs": climbs, "late": late, "began": began}
 
 
 def _estimator(module: str) -> bool:
@@ -135,6 +149,14 @@ def main() -> None:
     climbs = summary["climbs"]
     print(f"calls from the maths into execution (timing, plans, the plan cache): {sum(climbs.values())}")
     for (caller, callee), count in climbs.most_common():
+        print(f"  {caller} -> {callee}: {count}")
+    late = summary["late"]
+    if not summary["began"]:
+        raise SystemExit(f"the call never entered {'.'.join(MATHS_ENTRY)}: the walk has nothing to check")
+    print(
+        f"calls into execution once the maths began (the plan asked after {'.'.join(MATHS_ENTRY)}): {sum(late.values())}"
+    )
+    for (caller, callee), count in late.most_common():
         print(f"  {caller} -> {callee}: {count}")
 
 

@@ -230,8 +230,9 @@ class PointwiseMethod:
                 for method in methods:
                     method.model = model
 
-    def _clean_logits(self, x: Tensor) -> Tensor:
-        step = self.execution.clean_rows
+    def _clean_logits(self, x: Tensor, step: int | None = None) -> Tensor:
+        """Logits [B, C] of the clean ``x``, ``step`` rows per pass (default: the execution's)."""
+        step = step or self.execution.clean_rows
         with torch.no_grad():
             parts = [self.model(x[i : i + step]) for i in range(0, x.shape[0], step)]
         return check_logits(torch.cat(parts), x.shape[0])

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from probust import _rng, gradients
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
-from probust._memory_format import to_format
+from probust._memory_format import to_format, weights_in_format
 from probust._progress import progress
 from probust.errors import OptionError
 from probust.estimators import maps, pruning, routes, trust
@@ -25,7 +25,7 @@ from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import cost_model
 from probust.execution.budget import row_cost
-from probust.execution.tuning import JacobianPlan
+from probust.execution.tuning import ForwardPlan, JacobianPlan
 from probust.linear_head import find_linear_head
 from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
@@ -45,6 +45,24 @@ class Linearisation(NamedTuple):
     target: Tensor
     margin: Tensor
     normal: Tensor
+
+
+class _CallPlan(NamedTuple):
+    """What one call runs, asked of execution once, before its maths: the loop over chunks
+    then only applies it (no timing, no plan cache, no budget).
+
+    Attributes:
+        chunk: points linearised together (:meth:`Linearised.points_per_chunk`).
+        routes: how the margin gradients are taken (:meth:`Linearised.route_context`).
+        check: the trust check's forward passes on fresh draws, sized for a whole chunk; None
+            where no fresh draw is checked (``check_draws=0``, or MMSE's own copies).
+        clean_rows: rows per clean forward pass (MMSE's targets).
+    """
+
+    chunk: int
+    routes: routes.Context
+    check: ForwardPlan | None
+    clean_rows: int
 
 
 class _Problem(NamedTuple):
@@ -163,21 +181,20 @@ class Linearised(Estimator):
             target: long [B] or None (the clean prediction; a tie is an error).
             indices: int64 [B], the points' indices in the data set (their random streams).
         """
-        routed = self._routed(self._every_gradient(x), x, target, indices)
+        routed = self._routed(self._every_gradient(x), x, target, indices, self.execution.clean_rows)
         return Linearisation(routed.target, routed.margin, routed.normal)
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
         target = check_target_shape(target, x.shape[0], x.device)
-        chunk = self.points_per_chunk(x)
-        ctx = self.route_context(x)
+        plan = self._plan(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
-            for first in range(0, x.shape[0], chunk):
-                rows = slice(first, min(first + chunk, x.shape[0]))
+            for first in range(0, x.shape[0], plan.chunk):
+                rows = slice(first, min(first + plan.chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]
-                routed = self._routed(ctx, x[rows], chunk_target, indices[rows])
-                parts.append(self._from_routed(routed, x[rows], indices[rows]))
+                routed = self._routed(plan.routes, x[rows], chunk_target, indices[rows], plan.clean_rows)
+                parts.append(self._from_routed(routed, x[rows], indices[rows], plan.check))
                 bar.update(rows.stop - rows.start)
         estimate = Estimate.cat(parts)
         # One warning per call, after every chunk: stacklevel 3 from here is the caller of __call__.
@@ -187,16 +204,34 @@ class Linearised(Estimator):
     #: What the trust warning suggests instead of this method.
     _instead = "use method 'mc' there, or a smaller sigma"
 
+    def _plan(self, x: Tensor) -> _CallPlan:
+        """Everything the call asks of execution for the points ``x`` [B, *S], in one place
+        before the maths: the chunk size, the routes' context (with its Jacobian plan) and the
+        trust check's forward plan for a whole chunk's fresh draws."""
+        chunk = self.points_per_chunk(x)
+        ctx = self.route_context(x)
+        first, rest = trust.check_stages(self.check_draws)
+        check = None
+        if first and not self._checks_own_copies:
+            check = self.execution.forward_plan(self.model, x, min(chunk, x.shape[0]) * (first + rest))
+        return _CallPlan(chunk, ctx, check, self.execution.clean_rows)
+
+    @property
+    def _checks_own_copies(self) -> bool:
+        """Whether the trust check reads the linearisation's own noisy copies (MMSE's, by
+        default: :meth:`_own_check_eps`) instead of fresh draws."""
+        return False
+
     def _check_eps(self, x: Tensor, indices: Tensor, start: int, count: int) -> Tensor:
         """Fresh check draws ``start .. start + count - 1`` of each point, [B, count, *S], from the
         points' own stream (:data:`probust._rng.STREAM_TRUST`), so no other number depends on them."""
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_TRUST)
         return self.noise.sample(keys, start, count, x.shape[1:])
 
-    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
+    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor:
         """Draws the linearisation already holds and checks whole, [B, m, *S], instead of fresh
-        ones (MMSE's noisy copies); None: fresh draws (:meth:`_check_eps`)."""
-        return None
+        ones (MMSE's noisy copies), where :attr:`_checks_own_copies`."""
+        raise NotImplementedError(f"{type(self).__name__} checks fresh draws")
 
     def _check(
         self,
@@ -205,6 +240,7 @@ class Linearised(Estimator):
         indices: Tensor,
         groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
         copy_logits: Tensor,
+        plan: ForwardPlan | None,
     ) -> None:
         """Set ``part.agreement`` and ``part.agreement_draws``: the model's verdict against the
         linearisation's on the check draws (:mod:`probust.estimators.trust`); a diagnostic only,
@@ -224,20 +260,20 @@ class Linearised(Estimator):
                 points: the boundaries each point's linearisation kept, the class of each
                 (its target on padding), the margins of every class and the kept normals.
             copy_logits: [B, N, C], the model's logits on the linearisation's copies.
+            plan: the forward plan of the fresh draws' passes (:meth:`_plan`); None: none drawn.
         """
         every = torch.arange(x.shape[0], device=x.device)
-        own = self._own_check_eps(x, indices)
-        if own is not None:
+        if self._checks_own_copies:
+            own = self._own_check_eps(x, indices)
             with torch.no_grad():
                 model = trust.verdicts(copy_logits, part.target)
                 agree = self._verdicts_agree(x, every, own, part.target, groups, model)
             part.agreement = agree.sum(1).double() / own.shape[1]
             part.agreement_draws = torch.full_like(part.target, own.shape[1])
             return
-        first, rest = trust.check_stages(self.check_draws)
-        if first == 0:
+        if plan is None:
             return
-        plan = self.execution.forward_plan(self.model, x, x.shape[0] * (first + rest))
+        first, rest = trust.check_stages(self.check_draws)
 
         def model_survives(which: Tensor, eps: Tensor) -> Tensor:
             return trust.model_survives(
@@ -249,7 +285,7 @@ class Linearised(Estimator):
                 to_rows=lambda rows: to_format(rows, plan.channels_last),
             )
 
-        with torch.no_grad(), self.execution.in_format(self.model, plan):
+        with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
             eps = self._check_eps(x, indices, 0, first)
             agree = self._verdicts_agree(x, every, eps, part.target, groups, model_survives(every, eps))
             agreeing, draws = agree.sum(1), torch.full_like(part.target, first)
@@ -402,13 +438,16 @@ class Linearised(Estimator):
             every_boundary=True,
         )
 
-    def _routed(self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor) -> routes.Routed:
-        """The linearisation of a chunk of points by :func:`probust.estimators.routes.linearise`."""
-        target = self._target(x, target)
-        with self.execution.in_format(self.model, ctx.plan):
+    def _routed(
+        self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor, clean_rows: int
+    ) -> routes.Routed:
+        """The linearisation of a chunk of points by :func:`probust.estimators.routes.linearise`
+        (``clean_rows``: rows per clean forward pass, where the targets are read off one)."""
+        target = self._target(x, target, clean_rows)
+        with weights_in_format(self.model, ctx.plan.channels_last):
             return routes.linearise(ctx, self._copies(x, indices), target, indices)
 
-    def _from_routed(self, routed: routes.Routed, x: Tensor, indices: Tensor) -> Estimate:
+    def _from_routed(self, routed: routes.Routed, x: Tensor, indices: Tensor, check: ForwardPlan | None) -> Estimate:
         """The estimate of a chunk of points from its linearisation, whatever the route: the
         boundaries each point keeps (every one where nothing was pruned) make its problem.
 
@@ -423,6 +462,7 @@ class Linearised(Estimator):
                 boundary kept, ``normal`` [P, C, *S] in class order).
             x: [P, *S], the chunk's points.
             indices: int64 [P], their data-set indices.
+            check: the trust check's forward plan (:meth:`_plan`).
         """
         _check_finite(Linearisation(routed.target, routed.margin, routed.normal), indices)
         groups: list[tuple[Tensor, pruning.Pruned | None]] = (
@@ -470,12 +510,13 @@ class Linearised(Estimator):
                 for (index, _), problem in zip(groups, problems)
             ],
             routed.logits,
+            check,
         )
         return estimate
 
-    def _target(self, x: Tensor, target: Tensor | None) -> Tensor | None:
+    def _target(self, x: Tensor, target: Tensor | None, clean_rows: int) -> Tensor | None:
         """The targets of a chunk before it is linearised (Taylor: as given; None is read off the
-        logits of the linearisation's own pass)."""
+        logits of the linearisation's own pass; MMSE: off clean passes of ``clean_rows`` rows)."""
         return target
 
     #: noisy copies linearised per point (MMSE's N)

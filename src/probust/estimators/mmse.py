@@ -72,13 +72,16 @@ class MMSE(Linearised):
 
     _instead = "use method 'mc' there, a smaller sigma, or more noisy copies (n_samples)"
 
-    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor | None:
-        if self.check_draws is None:  # the copies the linearisation averaged over
-            return self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
-        return None
+    @property
+    def _checks_own_copies(self) -> bool:
+        return self.check_draws is None
 
-    def _target(self, x: Tensor, target: Tensor | None) -> Tensor:
-        return check_target(target, self._clean_logits(x))  # the copies' predictions may differ
+    def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor:
+        # the copies the linearisation averaged over
+        return self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
+
+    def _target(self, x: Tensor, target: Tensor | None, clean_rows: int) -> Tensor:
+        return check_target(target, self._clean_logits(x, clean_rows))  # the copies' predictions may differ
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         return x[:, None] + self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
