@@ -144,6 +144,24 @@ MUTANTS = (
         "        if stage == len(pruning.SKETCH_STAGES) - 1:",
         (f"{SCREENING}::test_a_screened_points_cdf_error_holds_the_screenings_failure_share",),
     ),
+    Mutant(
+        "spectral-best-without-the-quantile-ratio",
+        "estimators/pruning.py",
+        "return z_lower * math.sqrt(variance_factor(more, more_failure) / variance_factor(probes, failure))",
+        "return z_lower",
+        (
+            "tests/estimators/test_routes.py::test_the_second_spectral_stage_runs_where_its_probes_could_drop_more_than_they_cost",
+        ),
+    ),
+    Mutant(
+        "spectral-stages-each-at-the-whole-failure-share",
+        "estimators/pruning.py",
+        "return failure * SPECTRAL_STAGE_SHARES[stages][stage]",
+        "return failure",
+        (
+            "tests/estimators/test_routes.py::test_the_two_spectral_stages_fail_together_no_more_often_than_the_whole_share",
+        ),
+    ),
     # The GPU's sums: a slot's rows added in another order than the CPU's (atomics' kind of bug).
     Mutant(
         "sums-into-slots-by-rank-in-reverse",

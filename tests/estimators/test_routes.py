@@ -81,6 +81,105 @@ def test_the_spectral_bound_is_never_looser_than_the_probes_energy_and_m_times_t
     assert expected[0] <= gain <= expected[1], gain
 
 
+@pytest.mark.parametrize("spectrum", ["flat", "decaying", "rank one"])
+def test_more_spectral_probes_never_give_more_than_the_stated_best(spectrum):
+    # The later stage's bound from all 8 probes is at most pruning.spectral_z_best of the first
+    # 4's (interlacing: the first probes' Gram is a principal submatrix), on every draw: a stage
+    # skipped because that best could drop nothing would have dropped nothing.
+    values = {"flat": torch.ones(512), "decaying": 0.9 ** torch.arange(100.0), "rank one": torch.tensor([2.0, 0.0])}[
+        spectrum
+    ].double()
+    gram = _grams(values, 8, 2_000, seed=11)
+    margin, scale = torch.full((2_000, 1), 50.0), torch.full((2_000, 1), 2.0)
+    f1, f2 = pruning.spectral_stage_failure(1e-6, 0, 2), pruning.spectral_stage_failure(1e-6, 1, 2)
+    z4 = pruning.spectral_z_lower(margin, scale, gram[:, :4, :4], f1)
+    z8 = pruning.spectral_z_lower(margin, scale, gram, f2)
+    best = pruning.spectral_z_best(z4, 4, f1, 8, f2)
+    assert (z8 <= best * (1 + 1e-12)).all()
+    assert float((z8 / best).max()) > 0.3  # not vacuous: the best is reached within a few times
+
+
+def test_the_two_spectral_stages_fail_together_no_more_often_than_the_whole_share():
+    # Rank one, the worst case: each stage's bound fails at exactly its part of the share, so the
+    # union of both (what a point that runs both may use, z = the larger) fails at most at the sum.
+    failure, trials = 0.05, 40_000
+    gram = _grams(torch.tensor([1.0, 0.0]).double(), 8, trials, seed=5)
+    margin, scale = torch.ones(trials, 1), torch.ones(trials, 1)
+    z4 = pruning.spectral_z_lower(margin, scale, gram[:, :4, :4], pruning.spectral_stage_failure(failure, 0, 2))
+    z8 = pruning.spectral_z_lower(margin, scale, gram, pruning.spectral_stage_failure(failure, 1, 2))
+    first = float((z4[:, 0] > 1.0).double().mean())  # exact z: 1 / sqrt(1)
+    rate = float((torch.maximum(z4, z8)[:, 0] > 1.0).double().mean())
+    assert abs(first - 0.8 * failure) < 0.1 * 0.8 * failure, first  # the first stage at its part alone
+    assert first <= rate <= failure * 1.05, rate
+    assert pruning.spectral_stage_failure(failure, 0, 1) == failure
+
+
+def _spectral_pulls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The probes each call of routes._spectral pulled per point, appended as the calls run."""
+    used: list[int] = []
+    original = routes._spectral
+
+    def spy(*args, **kwargs):
+        z, probes = original(*args, **kwargs)
+        used.extend(int(v) for v in probes)
+        return z, probes
+
+    monkeypatch.setattr(routes, "_spectral", spy)
+    return used
+
+
+@pytest.mark.parametrize(("far", "expected"), [(1000.0, 4), (0.0, 4)])
+def test_the_spectral_screening_stops_after_its_first_stage_where_more_probes_could_drop_no_more(
+    far, expected, monkeypatch
+):
+    # 300 classes through a 16-feature head. far = 1000: every class but 10 sits 1,000 logits
+    # below, so the first 4 probes drop them all; far = 0: the classes compete and no bound from
+    # any number of probes could drop them. Neither pays for the second stage.
+    used = _spectral_pulls(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 300))
+    with torch.no_grad():
+        model[2].bias[10:] -= far
+    x = torch.randn(6, 12, generator=torch.Generator().manual_seed(0))
+    r = probust.Taylor(model, 0.05 if far else 3.0, prune="spectral", check_draws=0)(x)
+    assert used == [expected] * 6
+    if far:
+        assert (r.boundaries_kept <= 9).all()
+    else:
+        assert (r.boundaries_kept >= 250).all()
+
+
+def test_the_second_spectral_stage_runs_where_its_probes_could_drop_more_than_they_cost(monkeypatch):
+    # Far classes (1,000 logits below) at a sigma where the first 4 probes' bounds cannot drop
+    # them (about 1.4-2.7 here) but 8 probes' can (6.6-11): the second stage runs on every point,
+    # and the far boundaries are dropped on its bounds, with no exact gradient.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 300))
+    x = torch.randn(6, 12, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model[2].bias[10:] -= 1000.0
+    bounds: list[torch.Tensor] = []
+    original = routes._spectral
+
+    def spy(*args, **kwargs):
+        z, probes = original(*args, **kwargs)
+        bounds.append(z)
+        return z, probes
+
+    monkeypatch.setattr(routes, "_spectral", spy)
+    _, threshold = pruning.shares(1e-4)
+    monkeypatch.setitem(cost_model.SPECTRAL_STAGES, "cpu", (4,))
+    probust.Taylor(model, 10.0, prune="spectral", check_draws=0)(x)
+    assert float(bounds[-1][:, 10:].median()) < 4.0  # the premise: 4 probes alone leave most far classes
+    monkeypatch.setitem(cost_model.SPECTRAL_STAGES, "cpu", (4, 8))
+    used = _spectral_pulls(monkeypatch)
+    r = probust.Taylor(model, 10.0, prune="spectral", check_draws=0)(x)
+    assert used == [8] * 6
+    far = r.z[:, 10:]
+    assert bool(torch.isnan(r.grad_norm[:, 10:]).all()) and float(far.min()) > 5.0
+    torch.testing.assert_close(far, bounds[-1][:, 10:], rtol=0, atol=0)  # dropped on the screening's bounds
+
+
 def test_spectral_lower_bounds_hold_on_linear_models():
     # A linear model is its own head (features: the input, J = I), so z is a closed form.
     # tol 1e-2: the mvn-cdf (p is not checked here) costs ~1 s instead of ~40 s, and the bound is
@@ -480,16 +579,17 @@ def _record_sketch(monkeypatch) -> tuple[list[tuple[int, int, list[int]]], list[
 
 
 @pytest.mark.parametrize(
-    ("jvp_in_pulls", "device_kind", "sketched"), [(7.5, "cpu", True), (7.6, "cpu", False), (7.5, "cuda", False)]
+    ("jvp_in_pulls", "device_kind", "sketched"), [(7.6, "cpu", True), (7.7, "cpu", False), (7.6, "cuda", False)]
 )
 def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_best_route(
     monkeypatch, jvp_in_pulls, device_kind, sketched
 ):
-    # The spectral screening keeps all 499, so the sketch runs where its worst case (every stage:
-    # 32 probes) and the spectral probes together cost at most the device's screening share of
-    # 499: on the CPU (0.5) 8 + 32 * 7.5 = 248 <= 249.5 and 8 + 32 * 7.6 = 251.2 is not; at CUDA's
-    # share (0.2, run here on the CPU) 248 > 99.8. resnet50 at 224 x 224 sits in the first case
-    # on the CPU (8 + 32 * 1.5 of 999). Where it runs, its first stage takes every point.
+    # The spectral screening keeps all 499 after its first stage's 4 probes, and no bound from 8
+    # could drop any (so its second stage does not run), so the sketch runs where its worst case
+    # (every stage: 32 probes) and those 4 probes together cost at most the device's screening
+    # share of 499: on the CPU (0.5) 4 + 32 * 7.6 = 247.2 <= 249.5 and 4 + 32 * 7.7 = 250.4 is not;
+    # at CUDA's share (0.2, run here on the CPU) 247.2 > 99.8. resnet50 at 224 x 224 sits in the
+    # first case on the CPU (4 + 32 * 1.5 of 999). Where it runs, its first stage takes every point.
     monkeypatch.setitem(cost_model.JVP_IN_PULLS, "cpu", jvp_in_pulls)
     monkeypatch.setitem(cost_model.SCREENING_SHARE, "cpu", cost_model.screening_share(device_kind))
     model = _flat_map()
@@ -499,7 +599,8 @@ def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_be
     assert kept[0] == [499] * 3  # the premise: the spectral screening keeps all
     assert stages[:1] == ([(0, 8, [0, 1, 2])] if sketched else [])
     share = cost_model.screening_share(device_kind)
-    assert (routes.SPECTRAL_PROBES + pruning.PROBES * jvp_in_pulls <= share * 499) == sketched
+    spent = cost_model.spectral_stages("cpu")[0]
+    assert (spent + pruning.PROBES * jvp_in_pulls <= share * 499) == sketched
     full = probust.Taylor(model, 0.05, prune="off", jacobian="loop")(x)
     assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()
 

@@ -398,6 +398,7 @@ class Linearised(Estimator):
             share=share,
             gradients=self.gradients,
             screening=self.prune if self.prune in pruning.SCREENINGS else "auto",
+            spectral_stages=cost_model.spectral_stages(x.device),
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),
         )

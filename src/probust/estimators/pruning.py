@@ -31,6 +31,7 @@ tails (delta = 0).
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -75,6 +76,29 @@ def stage_failure(failure: float, stage: int) -> float:
     :data:`SKETCH_STAGES`): its part of the sketch's ``failure``, so that the bounds of every
     stage hold together except with probability at most ``failure`` (a union bound)."""
     return failure * STAGE_SHARES[stage]
+
+
+#: The spectral screening's stages' parts of its failure probability, by the number of stages
+#: (:data:`probust.execution.cost_model.SPECTRAL_STAGES`): most to the first, where a point whose
+#: far boundaries lie far stops.
+SPECTRAL_STAGE_SHARES = {1: (1.0,), 2: (0.8, 0.2)}
+
+
+def spectral_stage_failure(failure: float, stage: int, stages: int) -> float:
+    """The failure probability of the bounds of spectral stage ``stage`` of ``stages``: its part
+    of the screening's ``failure`` (a union bound over the stages, as :func:`stage_failure`)."""
+    return failure * SPECTRAL_STAGE_SHARES[stages][stage]
+
+
+def spectral_z_best(z_lower: Tensor, probes: int, failure: float, more: int, more_failure: float) -> Tensor:
+    """float64, the shape of ``z_lower``: the most that :func:`spectral_z_lower` could give each
+    boundary from ``more`` probes failing with ``more_failure``, given its bound ``z_lower`` from
+    the first ``probes`` of them failing with ``failure``.
+
+    The first probes' Gram matrix is a principal submatrix of all of theirs, so its top
+    eigenvalue is at most theirs (interlacing) and z' <= z sqrt(q' / q), q and q' the
+    chi-square quantiles (:func:`variance_factor`)."""
+    return z_lower * math.sqrt(variance_factor(more, more_failure) / variance_factor(probes, failure))
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,15 +194,7 @@ def drop(
     spent first. ``delta``: the failure probability of the bounds (per point or one float).
     """
     z_lower = z_lower.scatter(1, target[:, None], torch.inf)
-    tail = ndtr(-z_lower)  # 0 at the target
-    # Drop the smallest tails while their running sum fits the budget (the target first: 0),
-    # the forced ones before any other.
-    key = tail if forced is None else torch.where(forced, -1.0, tail)
-    order = torch.argsort(key, dim=1, stable=True)
-    dropped = torch.zeros_like(tail, dtype=torch.bool).scatter(1, order, tail.gather(1, order).cumsum(1) <= budget)
-    dropped = dropped.scatter(1, target[:, None], True)
-    if forced is not None:
-        dropped |= forced
+    tail, dropped = _dropped(z_lower, target, budget, forced)
     bound = torch.where(dropped, tail, 0.0).sum(1) + delta
     kept = (~dropped).sum(1)
     width = max(int(kept.max()), 1)
@@ -188,6 +204,27 @@ def drop(
     chosen = torch.where(pad, target[:, None], rank)
     spent = budget + (delta if isinstance(delta, float) else float(delta.max())) if reserved is None else reserved
     return Pruned(classes=chosen, kept=kept, z_lower=z_lower, bound=bound, reserved=spent)
+
+
+def _dropped(z_lower: Tensor, target: Tensor, budget: float, forced: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(tails Phi(-z_lower) [B, C], bool [B, C] the boundaries :func:`drop` drops); ``z_lower``
+    is +inf at the target."""
+    tail = ndtr(-z_lower)  # 0 at the target
+    # Drop the smallest tails while their running sum fits the budget (the target first: 0),
+    # the forced ones before any other.
+    key = tail if forced is None else torch.where(forced, -1.0, tail)
+    order = torch.argsort(key, dim=1, stable=True)
+    dropped = torch.zeros_like(tail, dtype=torch.bool).scatter(1, order, tail.gather(1, order).cumsum(1) <= budget)
+    dropped = dropped.scatter(1, target[:, None], True)
+    if forced is not None:
+        dropped |= forced
+    return tail, dropped
+
+
+def kept_count(z_lower: Tensor, target: Tensor, budget: float) -> Tensor:
+    """int64 [B]: how many boundaries :func:`drop` would keep from these bounds (its ``kept``)."""
+    _, dropped = _dropped(z_lower.scatter(1, target[:, None], torch.inf), target, budget, None)
+    return (~dropped).sum(1)
 
 
 def by_width(kept: Pruned, target: Tensor) -> list[tuple[Tensor, Pruned]]:

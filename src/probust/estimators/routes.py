@@ -19,11 +19,14 @@ route (:data:`probust.execution.cost_model.SCREENING_SHARE`, per device kind; so
 screenings cost at most that much more than not screening), the first at most :data:`RHO` of it
 alone:
 
-1. **spectral**: :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back on the
-   same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
+1. **spectral**: up to :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back
+   on the same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
    matrix's top eigenvalue) and with it every boundary's variance
-   (:func:`probust.estimators.pruning.spectral_z_lower`). Decided per model and class count,
-   so all points of a pass share it.
+   (:func:`probust.estimators.pruning.spectral_z_lower`). Whether it runs is decided per model
+   and class count, so all points of a pass share it; its probes come in the device kind's
+   stages (:data:`probust.execution.cost_model.SPECTRAL_STAGES`: 4, then 8 on a CPU), the second
+   only on the points where the most 8 probes could give would drop more boundaries than the
+   4 more probes cost.
 2. **sketch**: forward-mode probes bound each boundary's variance separately
    (:func:`probust.estimators.pruning.sketch_z_lower`), in the stages of
    :data:`probust.estimators.pruning.SKETCH_STAGES` (8, 16, then 32 probes); decided per point,
@@ -71,7 +74,8 @@ from probust.gradients import (
 )
 from probust.noise import Noise
 
-#: Reverse-mode probes of the spectral screening.
+#: The most reverse-mode probes of the spectral screening (its last stage's, on every device kind:
+#: :data:`probust.execution.cost_model.SPECTRAL_STAGES`).
 SPECTRAL_PROBES = 8
 #: The spectral screening runs only where its cost is at most this share of the cheapest exact route.
 RHO = 0.1
@@ -178,6 +182,8 @@ class Context:
         differentiable: keep the autograd graph of the margins and their gradients (double
             backpropagation, to the parameters and to the copies where they require grad);
             only without pruning, by the direct or forward route.
+        spectral_stages: the spectral screening's probes after each stage
+            (:func:`probust.execution.cost_model.spectral_stages` of the device kind).
         every_boundary: every pull is every boundary's (C - 1 cotangents, no head, no
             screening), so its width never depends on the other rows: vmap takes them in the
             plan's class chunks, unpadded, as the plan was timed (:func:`timed_pulls`).
@@ -202,6 +208,7 @@ class Context:
     screening: str = "auto"
     differentiable: bool = False
     every_boundary: bool = False
+    spectral_stages: tuple[int, ...] = (SPECTRAL_PROBES,)
 
     @property
     def pull(self) -> Strategy:
@@ -413,8 +420,9 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     delta = torch.zeros(points, dtype=torch.float64, device=c.device)
     candidates_cost = torch.full_like(direct_cost, math.inf)
     screened: pruning.Pruned | None = None
+    spent: Tensor | float = 0.0
     if spectral_pays(ctx, classes, inputs):
-        z_screen = _spectral(ctx, rows, c, target, indices)
+        z_screen, spent = _spectral(ctx, rows, c, target, indices)
         delta += share
         screened = pruning.drop(z_screen, target, budget=budget, delta=delta)
         candidates_cost = screened.kept.double()
@@ -428,7 +436,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
             c,
             z_screen,
             delta,
-            spent=float(SPECTRAL_PROBES if screened is not None else 0),
+            spent=spent,
             exact_cost=exact_cost,
             candidates_cost=candidates_cost,
             screened=screened,
@@ -670,19 +678,47 @@ def _expand(index: Tensor, like: Tensor) -> Tensor:
     return index.view(*index.shape, *([1] * (like.ndim - 2))).expand(*index.shape, *like.shape[2:])
 
 
-def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Tensor) -> Tensor:
-    """The spectral screening's lower bounds on z [P, C] (:func:`pruning.spectral_z_lower`)."""
+def _spectral(ctx: Context, rows: _Rows, c: Tensor, target: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The spectral screening in ``ctx.spectral_stages``: (lower bounds on z [P, C]
+    (:func:`pruning.spectral_z_lower`), the probes each point pulled, float64 [P]).
+
+    Stage s bounds every z from the point's first ``spectral_stages[s]`` probes (a function of
+    the seed, the point and its index, whichever stage pulls them) at its part of the
+    screening's failure share (:func:`pruning.spectral_stage_failure`; the caller counts the
+    whole share). A later stage runs on a point only where the most its probes could give
+    (:func:`pruning.spectral_z_best`) would drop more boundaries than it pulls probes: the far
+    boundaries of a point already dropped, or out of any such bound's reach, cost no more probes.
+    The decision reads the point's own bounds alone, so it does not depend on its batch.
+    """
     features = rows.features
+    stages = ctx.spectral_stages
     keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_SCREEN)
-    probes = _rng.normal(keys, 0, SPECTRAL_PROBES, features.shape[1], dtype=features.dtype)  # [P, m, F]
-    pulled = rows.average(rows.pull(probes[rows.row_point].transpose(0, 1)))  # [P, m, *S]
-    gram = ctx.noise.quadratic_form(pulled)  # [P, m, m]
+    probes = _rng.normal(keys, 0, stages[-1], features.shape[1], dtype=features.dtype)  # [P, m, F]
     if ctx.head is not None:
         scale = linear_head.boundary_norms_squared(ctx.head, target)
     else:
         scale = torch.full_like(c, 2.0, dtype=torch.float64)
-    _, share = pruning.shares(ctx.tol)
-    return pruning.spectral_z_lower(c, scale, gram, share)
+    budget, share = pruning.shares(ctx.tol)
+    z = torch.full_like(c, -math.inf, dtype=torch.float64)
+    run = torch.ones(len(target), dtype=torch.bool, device=c.device)
+    pulled = torch.zeros(len(target), 0, *rows.rows.shape[1:], dtype=rows.rows.dtype, device=c.device)
+    used = torch.zeros(len(target), dtype=torch.float64, device=c.device)
+    done, failure = 0, 0.0
+    for stage, count in enumerate(stages):
+        stage_failure = pruning.spectral_stage_failure(share, stage, len(stages))
+        if stage:
+            best = pruning.spectral_z_best(z, done, failure, count, stage_failure)
+            gain = pruning.kept_count(z, target, budget) - pruning.kept_count(best, target, budget)
+            run = run & ((count - done) < gain)
+            if not bool(run.any()):
+                break
+        new = rows.average(rows.pull(probes[rows.row_point, done:count].transpose(0, 1)))  # [P, k, *S]
+        pulled = torch.cat([pulled, new], dim=1)
+        z_stage = pruning.spectral_z_lower(c, scale, ctx.noise.quadratic_form(pulled), stage_failure)
+        z = torch.where(run[:, None], torch.maximum(z, z_stage), z)
+        used = torch.where(run, float(count), used)
+        done, failure = count, stage_failure
+    return z, used
 
 
 def _staged_sketch(
@@ -694,7 +730,7 @@ def _staged_sketch(
     z_screen: Tensor,
     delta: Tensor,
     *,
-    spent: float,
+    spent: Tensor | float,
     exact_cost: Tensor,
     candidates_cost: Tensor,
     screened: pruning.Pruned | None,

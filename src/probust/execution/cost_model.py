@@ -39,6 +39,16 @@ JVP_IN_PULLS: dict[str, float] = {"cpu": 1.5, "cuda": 1.5}
 SCREENING_SHARE: dict[str, float] = {"cpu": 0.5, "cuda": 0.2}
 
 
+#: The spectral screening's reverse-mode probes, in stages, by device kind: the screening bounds
+#: every z from the first stage's probes, and adds the next stage's only where that could drop
+#: more boundaries than its probes cost (:func:`probust.estimators.routes.spectral_stage_pays`).
+#: CPU: the routes pull by the loop (one backward pass per cotangent), so 4 probes cost half of 8;
+#: where the far classes lie far (ViT at 224 x 224: z bounds of about 320 from 8 probes) or no
+#: bound could drop them (resnet50: 0.9), 4 suffice. CUDA: pulls run by vmap, padded to
+#: :data:`probust.gradients.VMAP_STEP` = 8 cotangents, so a stage of 4 costs what 8 do: one stage.
+SPECTRAL_STAGES: dict[str, tuple[int, ...]] = {"cpu": (4, 8), "cuda": (8,)}
+
+
 def jvp_in_pulls(device: torch.device) -> float:
     """A forward-mode probe's declared cost in pulls on ``device`` (:data:`JVP_IN_PULLS`)."""
     return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"])
@@ -50,4 +60,17 @@ def screening_share(device: torch.device | str) -> float:
     return SCREENING_SHARE.get(kind, SCREENING_SHARE["cpu"])
 
 
-__all__ = ["JVP_IN_PULLS", "SCREENING_SHARE", "jvp_in_pulls", "screening_share"]
+def spectral_stages(device: torch.device | str) -> tuple[int, ...]:
+    """The spectral screening's probes after each stage on ``device`` (:data:`SPECTRAL_STAGES`)."""
+    kind = device if isinstance(device, str) else device.type
+    return SPECTRAL_STAGES.get(kind, SPECTRAL_STAGES["cpu"])
+
+
+__all__ = [
+    "JVP_IN_PULLS",
+    "SCREENING_SHARE",
+    "SPECTRAL_STAGES",
+    "jvp_in_pulls",
+    "screening_share",
+    "spectral_stages",
+]
