@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_positive_float, check_positive_int, finite_rows
-from probust._memory_format import to_format
+from probust._memory_format import to_format, weights_in_format
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
@@ -199,7 +199,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         plan = self._forward_plan(x, x.shape[0] * n, self.noise)
-        with self.execution.in_format(self.model, plan):
+        with weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
                 eps = self.noise.sample(keys[points], start + first, count, shape)
                 logits = self.model(to_format((x[points, None] + eps).view(-1, *shape), plan.channels_last))

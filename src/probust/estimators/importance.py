@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_fraction, check_positive_int, finite_rows
-from probust._memory_format import to_format
+from probust._memory_format import to_format, weights_in_format
 from probust._progress import Progress
 from probust._stats import upper_rate
 from probust.estimators import maps
@@ -122,7 +122,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         nonfinite = torch.zeros_like(failures)
         cumulative = log_mix.exp().cumsum(1)
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
-        with torch.no_grad(), self.execution.in_format(self.model, plan):
+        with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
                 pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]
                 which = torch.searchsorted(cumulative[points], pick.contiguous(), right=True)

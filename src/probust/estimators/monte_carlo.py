@@ -16,6 +16,7 @@ from probust._checks import (
     check_target,
     finite_rows,
 )
+from probust._memory_format import weights_in_format
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits, plan_blocks
@@ -125,7 +126,7 @@ class MonteCarlo(Estimator):
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with (
             torch.no_grad(),
-            self.execution.in_format(self.model, plan),
+            weights_in_format(self.model, plan.channels_last),
             progress(batch * self.n_samples, "mc", self.show_progress) as bar,
         ):
             if self.target_half_width is None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from torch import Tensor, nn
@@ -38,7 +37,6 @@ from probust.execution.tuning import (
     jacobian_row_bytes,
     plan_forward,
     plan_jacobian,
-    weights_in_format,
 )
 from probust.gradients import Strategy
 
@@ -276,11 +274,6 @@ class Execution:
         per_point = 4 * cost.classes * cost.input + 2 * copies * cost.input + 24 * cost.classes**2
         fits = rows_within(self.budget(x) // 2, per_point, what="the margin gradients of one point")
         return min(MAX_POINTS_PER_CHUNK, fits)
-
-    @staticmethod
-    def in_format(model: nn.Module, plan: ForwardPlan | JacobianPlan) -> AbstractContextManager[None]:
-        """Hold the model's weights in the plan's memory format for a block, then give them back."""
-        return weights_in_format(model, plan.channels_last)
 
 
 __all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution"]

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_logits, check_positive_int
+from probust._memory_format import weights_in_format
 from probust._progress import Progress, progress
 from probust.errors import OptionError
 from probust.estimators.base import PointwiseMethod, check_noisy_copies
@@ -230,7 +231,7 @@ class Certify(_Smoothing):
         seconds = torch.zeros(batch, dtype=torch.float64)
         with (
             torch.no_grad(),
-            self.execution.in_format(self.model, plan),
+            weights_in_format(self.model, plan.channels_last),
             progress(batch * (self.n0 + self.n), "certify", self.show_progress) as bar,
         ):
             started = time.perf_counter()
@@ -372,7 +373,7 @@ class Predict(_Smoothing):
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_PREDICT)
         with (
             torch.no_grad(),
-            self.execution.in_format(self.model, plan),
+            weights_in_format(self.model, plan.channels_last),
             progress(batch * self.n, "predict", self.show_progress) as bar,
         ):
             started = time.perf_counter()
