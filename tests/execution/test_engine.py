@@ -220,3 +220,17 @@ def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
     assert Execution(memory_budget=2 * 7 * per_row).graph_rows(model, x, plan) == 7
     assert Execution(memory_budget=2 * per_row).graph_rows(model, x, plan) == 2  # never below the plan's
     assert Execution(batch_size=3).graph_rows(model, x, plan) == 3  # the user's bound holds
+
+
+def test_the_estimators_door_gives_the_model_s_classes_and_each_device_kind_s_declared_costs():
+    from probust.execution import cost_model
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 7)).eval()
+    assert Execution.classes(model, torch.zeros(2, 3, 4)) == 7
+    for device, kind in ((torch.device("cpu"), "cpu"), (torch.device("cuda", 1), "cuda"), (torch.device("mps"), "cpu")):
+        costs = Execution.declared_costs(device)
+        assert costs.jvp == cost_model.JVP_IN_PULLS[kind]
+        assert costs.share == cost_model.SCREENING_SHARE[kind]
+        assert costs.spectral_stages == cost_model.SPECTRAL_STAGES[kind]
+    # The two kinds differ, so the test tells them apart.
+    assert Execution.declared_costs(torch.device("cuda")) != Execution.declared_costs(torch.device("cpu"))

@@ -35,8 +35,7 @@ from probust._model_output import (
 )
 from probust.errors import OptionError
 from probust.estimators.result import Estimate
-from probust.execution.engine import Execution
-from probust.execution.tuning import ForwardPlan
+from probust.execution import Execution, ForwardPlan
 from probust.noise import Noise
 
 

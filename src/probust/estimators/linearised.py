@@ -23,9 +23,7 @@ from probust.errors import OptionError
 from probust.estimators import maps, pruning, routes, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
-from probust.execution import cost_model
-from probust.execution.budget import row_cost
-from probust.execution.tuning import ForwardPlan, JacobianPlan
+from probust.execution import ForwardPlan, JacobianPlan
 from probust.linear_head import find_linear_head
 from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
@@ -341,7 +339,7 @@ class Linearised(Estimator):
         every = self.differentiable or not isinstance(self.model, nn.Module)
         if every or (self.prune == "off" and self.gradients != "head"):
             return self._every_gradient(x)
-        classes = row_cost(self.model, x).classes
+        classes = self.execution.classes(self.model, x)
         inputs = x[0].numel()
         # Boundaries may be left out only within the mvn-cdf's error budget, under Gaussian tails.
         prune = self.prune != "off" and self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian
@@ -351,8 +349,8 @@ class Linearised(Estimator):
         # Forward mode at its declared cost, unless it cannot run through the model: probed
         # (untimed) here where it would decide the route (a forced one, or D probes below the
         # reverse routes' passes), else only once a point's route wants the sketch.
-        jvp = cost_model.jvp_in_pulls(x.device)
-        share = cost_model.screening_share(x.device)
+        costs = self.execution.declared_costs(x.device)
+        jvp, share = costs.jvp, costs.share
         forced_forward = self.gradients == "forward" or self.prune == "sketch"
         if forced_forward or (chooses and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)):
             if not gradients.forward_mode_runs(self.model, x):
@@ -398,7 +396,7 @@ class Linearised(Estimator):
             share=share,
             gradients=self.gradients,
             screening=self.prune if self.prune in pruning.SCREENINGS else "auto",
-            spectral_stages=cost_model.spectral_stages(x.device),
+            spectral_stages=costs.spectral_stages,
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),
         )
@@ -425,13 +423,14 @@ class Linearised(Estimator):
         # as the narrow routes do, doubled a first call's planning (MMSE on ResNet18, 50 points).
         plan = self._jacobian_plan(x, x.shape[0] * self.copies)
         # No screening shares a pass here, so the passes keep the plan's rows, as timed.
+        costs = self.execution.declared_costs(x.device)
         return self._context(
             x,
             plan,
             head=None,
             prune=False,
-            jvp=cost_model.jvp_in_pulls(x.device),
-            share=cost_model.screening_share(x.device),
+            jvp=costs.jvp,
+            share=costs.share,
             gradients="forward" if plan.strategy.whole_jacobian else "direct",
             pull_rows=plan.rows,
             graph_rows=plan.rows,

@@ -21,7 +21,7 @@ from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
 from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits, plan_blocks
 from probust.estimators.result import Estimate
-from probust.execution.tuning import ForwardPlan
+from probust.execution import ForwardPlan
 from probust.noise import Noise, as_noise
 
 #: Monte Carlo draws per point by default (the paper's M = 10,000): mc, mc_cv and mc_is's

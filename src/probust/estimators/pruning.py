@@ -38,7 +38,7 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from probust.mvn.numerics import ndtr
+from probust.mvn import ndtr
 
 #: The ``prune`` setting of Taylor and MMSE: "auto" drops the boundaries that cannot matter and
 #: screens where the counts say it pays (:mod:`probust.estimators.routes`); "off" keeps every

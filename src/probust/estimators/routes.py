@@ -62,7 +62,7 @@ from probust.errors import OptionError, Part, Setting
 from probust.estimators import pruning
 from probust.estimators.base import noise_words
 from probust.estimators.result import ROUTE_NAMES as ROUTE_NAMES  # re-exported: where the routes are
-from probust.execution.tuning import JacobianPlan
+from probust.execution import JacobianPlan
 from probust.gradients import (
     Pullback,
     Strategy,

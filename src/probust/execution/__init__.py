@@ -6,8 +6,24 @@ model and a batch. Underneath: memory budgets and row costs (:mod:`~probust.exec
 measured plans (:mod:`~probust.execution.tuning`: each timed on the call's own work), the declared
 costs the gradient routes are chosen by (:mod:`~probust.execution.cost_model`), and the cache that
 keeps what was measured per model and on disk (:mod:`~probust.execution.plan_cache`).
+
+The rest of probust enters through this door only: it imports the names below from
+``probust.execution``, never from the modules underneath (``lint-imports`` checks it), and an
+estimator asks :class:`Execution` for all it needs (plans, C, the declared costs) before its maths.
 """
 
+from probust.execution.budget import check_budget, peak_memory
+from probust.execution.cost_model import DeclaredCosts
 from probust.execution.engine import Execution
+from probust.execution.tuning import JACOBIANS, ForwardPlan, JacobianPlan, sync
 
-__all__ = ["Execution"]
+__all__ = [
+    "JACOBIANS",
+    "DeclaredCosts",
+    "Execution",
+    "ForwardPlan",
+    "JacobianPlan",
+    "check_budget",
+    "peak_memory",
+    "sync",
+]

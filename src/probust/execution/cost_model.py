@@ -14,6 +14,8 @@ untimed probe (:func:`probust.gradients.forward_mode_runs`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 #: A forward-mode probe of one row in pulls of one row, by device kind. Measured on this
@@ -66,10 +68,28 @@ def spectral_stages(device: torch.device | str) -> tuple[int, ...]:
     return SPECTRAL_STAGES.get(kind, SPECTRAL_STAGES["cpu"])
 
 
+class DeclaredCosts(NamedTuple):
+    """The cost model of one device kind, as the routes weigh it."""
+
+    #: A forward-mode probe of one row, in pulls of one row (:data:`JVP_IN_PULLS`).
+    jvp: float
+    #: The screenings' share of the best route (:data:`SCREENING_SHARE`).
+    share: float
+    #: The spectral screening's probes after each stage (:data:`SPECTRAL_STAGES`).
+    spectral_stages: tuple[int, ...]
+
+
+def declared(device: torch.device) -> DeclaredCosts:
+    """The declared costs of ``device``'s kind (a kind with no figures of its own takes the CPU's)."""
+    return DeclaredCosts(jvp_in_pulls(device), screening_share(device), spectral_stages(device))
+
+
 __all__ = [
+    "DeclaredCosts",
     "JVP_IN_PULLS",
     "SCREENING_SHARE",
     "SPECTRAL_STAGES",
+    "declared",
     "jvp_in_pulls",
     "screening_share",
     "spectral_stages",

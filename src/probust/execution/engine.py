@@ -24,10 +24,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError, Setting
+from probust.execution import cost_model
 from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
@@ -147,6 +149,18 @@ class Execution:
     def budget(self, x: Tensor) -> int:
         """The memory budget in bytes for work on ``x``'s device (the default: half its free memory, now)."""
         return resolve_budget(self.memory_budget, x.device)
+
+    @staticmethod
+    def classes(model: nn.Module, x: Tensor) -> int:
+        """C, the logits per row of ``model`` on inputs like ``x`` (from its row cost, measured
+        once per model and input shape, with no autograd)."""
+        return row_cost(model, x).classes
+
+    @staticmethod
+    def declared_costs(device: torch.device) -> cost_model.DeclaredCosts:
+        """The declared costs the routes are chosen by on ``device``'s kind (never measured:
+        :mod:`probust.execution.cost_model`)."""
+        return cost_model.declared(device)
 
     @property
     def clean_rows(self) -> int:

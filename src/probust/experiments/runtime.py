@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from probust.estimators import PAPER_METHODS
-from probust.execution.budget import peak_memory
+from probust.execution import peak_memory
 from probust.experiments import style
 from probust.experiments.base import Experiment, ExperimentSkipped, Output, Shown
 from probust.experiments.common import fmt

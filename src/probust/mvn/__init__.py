@@ -7,10 +7,14 @@ Modules: ``cdf`` and ``sf`` (the two functions), ``problem`` (checked, standardi
 ``checks``), ``bivariate`` (closed form for k <= 2), ``genz`` (Genz's transform and integrand),
 ``qmc`` (adaptive randomised quasi-Monte Carlo), ``sobol`` (scrambled Sobol' points),
 ``numerics`` (batch-independent primitives). Derivations and measurements: docs/mvn.md.
+
+The rest of probust imports the names below from ``probust.mvn``, never from the modules
+underneath (``lint-imports`` checks it); :func:`ndtr` is the univariate CDF the screenings share.
 """
 
 from probust.mvn.cdf import mvn_cdf
+from probust.mvn.numerics import ndtr
 from probust.mvn.problem import DEFAULT_TOL
 from probust.mvn.sf import mvn_sf
 
-__all__ = ["DEFAULT_TOL", "mvn_cdf", "mvn_sf"]
+__all__ = ["DEFAULT_TOL", "mvn_cdf", "mvn_sf", "ndtr"]

@@ -37,8 +37,7 @@ from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS
 from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import RUN_OPTIONS
 from probust.estimators.routes import GRADIENTS, check_settings
-from probust.execution.budget import check_budget
-from probust.execution.tuning import JACOBIANS
+from probust.execution import JACOBIANS, check_budget
 from probust.mvn import DEFAULT_TOL
 from probust.run.errors import ConfigError
 from probust.run.indices import parse_indices

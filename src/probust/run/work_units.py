@@ -22,7 +22,7 @@ from torch import Tensor
 from probust._checks import eval_mode
 from probust.errors import Setting
 from probust.estimators.result import ROUTE_NAMES
-from probust.execution.tuning import sync
+from probust.execution import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs

@@ -37,7 +37,7 @@ from probust._progress import Progress, progress
 from probust.errors import OptionError
 from probust.estimators.base import PointwiseMethod, check_noisy_copies
 from probust.estimators.monte_carlo import noisy_predictions
-from probust.execution.tuning import ForwardPlan
+from probust.execution import ForwardPlan
 from probust.noise import Gaussian, Noise
 from probust.smoothing import stats
 from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
