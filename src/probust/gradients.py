@@ -36,15 +36,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from probust import _forward_mode as forward_mode
 from probust._checks import check_target
+from probust._per_model import PerModel
 
 #: Cotangents per vmapped pullback: a fixed width, so that every vmapped pass has the same
 #: shape whatever the other rows of its block need (BLAS rounding depends on shapes).
@@ -332,19 +331,19 @@ def unit_cotangents(logits: Tensor) -> Tensor:
     return eye[:, None, :].expand(-1, logits.shape[0], -1)
 
 
-_RUNS: weakref.WeakKeyDictionary[Any, dict[tuple, bool]] = weakref.WeakKeyDictionary()
+_RUNS: PerModel[bool] = PerModel()
 
 
 def forward_mode_runs(model: nn.Module, x: Tensor) -> bool:
     """Whether torch.func's forward mode runs through ``model`` on rows like ``x`` [B, *S]: one
-    probe of one row, untimed, kept per model object and input shape. False only where torch
+    probe of one row, untimed, kept per model object and input shape while the model's structure
+    stays (:mod:`probust._per_model`). False only where torch
     says it cannot (:func:`cannot_trace`, e.g. CPU flash attention has no forward-mode
     formula); any other error propagates."""
     key = (x.device, x.dtype, tuple(x.shape[1:]))
-    with contextlib.suppress(TypeError):
-        known = _RUNS.get(model, {}).get(key)
-        if known is not None:
-            return known
+    known = _RUNS.get(model, key)
+    if known is not None:
+        return known
     row = x[:1].detach()
     try:
         with torch.no_grad():
@@ -354,8 +353,7 @@ def forward_mode_runs(model: nn.Module, x: Tensor) -> bool:
         if not cannot_trace(exc):
             raise
         runs = False
-    with contextlib.suppress(TypeError):
-        _RUNS.setdefault(model, {})[key] = runs
+    _RUNS.put(model, key, runs)
     return runs
 
 

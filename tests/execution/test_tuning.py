@@ -191,7 +191,7 @@ def test_a_call_too_small_to_repay_every_timing_gets_the_default_plan_and_times_
     # 50 rows x 9 passes: less than ten times what timing the three candidates would cost.
     plan = _plan(model, x, 50)
     assert timed == [] and (plan.strategy, plan.channels_last) == ("loop", False)
-    assert not _tuning.plan_cache._MEMORY.get(model)  # not kept: a larger call may measure them all
+    assert not _tuning.plan_cache._MEMORY.holds(model)  # not kept: a larger call may measure them all
 
 
 def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatch):
@@ -200,7 +200,7 @@ def test_a_call_large_enough_times_every_candidate_and_keeps_the_plan(monkeypatc
     timed = _fake_timings(monkeypatch, 1e-5)
     plan = _plan(model, x, 10_000)
     assert len(timed) == 2  # loop and vmap (12 inputs, 10 classes: no forward mode)
-    assert _tuning.plan_cache._MEMORY.get(model)
+    assert _tuning.plan_cache._MEMORY.holds(model)
     again = _plan(model, x, 10_000)
     assert again == plan and len(timed) == 2  # kept: nothing timed again
 
@@ -252,9 +252,9 @@ def test_vmap_is_timed_only_where_torch_funcs_start_up_fits_the_allowance(monkey
     monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 2.0)
     timed = _fake_timings(monkeypatch, 1e-3)
     plan = _plan(model, x, 2_000)
-    assert len(timed) == 1 and plan.strategy == "loop" and not _tuning.plan_cache._MEMORY.get(model)
+    assert len(timed) == 1 and plan.strategy == "loop" and not _tuning.plan_cache._MEMORY.holds(model)
     monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
-    _tuning._FIRST_TIMINGS.pop(model, None)
+    _tuning._FIRST_TIMINGS.forget(model)
     timed.clear()
     _plan(model, x, 2_000)
     assert len(timed) == 2  # loop and vmap

@@ -13,7 +13,6 @@ import contextlib
 import math
 import os
 import re
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust._per_model import PerModel
 from probust.errors import OptionError, Setting
 
 #: Fraction of the free memory the default budget takes: the rest is left to the caller's own
@@ -138,19 +138,20 @@ class RowCost:
         return self.saved + 3 * self.largest + 2 * self.input
 
 
-_COSTS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, RowCost]] = weakref.WeakKeyDictionary()
+_COSTS: PerModel[RowCost] = PerModel()
 
 
 def row_cost(model: nn.Module, x: Tensor) -> RowCost:
-    """Measure :class:`RowCost` of ``model`` for rows shaped like ``x[0]`` (cached per model).
+    """Measure :class:`RowCost` of ``model`` for rows shaped like ``x[0]`` (kept per model while
+    its structure stays: :mod:`probust._per_model`).
 
     Runs one forward pass with autograd on two rows and counts the bytes of every tensor it
     saves for backward (each storage once) and of every tensor it produces.
     """
     key = (tuple(x.shape[1:]), x.dtype, x.device)
-    cache = _COSTS.get(model) if _weakrefable(model) else None
-    if cache is not None and key in cache:
-        return cache[key]
+    known = _COSTS.get(model, key)
+    if known is not None:
+        return known
     rows = x[:1].detach().expand(2, *x.shape[1:]).clone().requires_grad_(True)
     storages: dict[int, int] = {}
     largest = [0]
@@ -177,19 +178,8 @@ def row_cost(model: nn.Module, x: Tensor) -> RowCost:
         input=per_row_input,
         classes=int(out.shape[-1]) if isinstance(out, Tensor) and out.ndim == 2 else 0,
     )
-    if cache is None and _weakrefable(model):
-        cache = _COSTS.setdefault(model, {})
-    if cache is not None:
-        cache[key] = cost
+    _COSTS.put(model, key, cost)
     return cost
-
-
-def _weakrefable(model: object) -> bool:
-    try:
-        weakref.ref(model)
-    except TypeError:
-        return False
-    return True
 
 
 def rows_within(budget: int, per_row: int, fixed: int = 0, *, what: str) -> int:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import platform
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from probust._io import atomic_write_text
+from probust._per_model import PerModel
 
 CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
@@ -37,8 +37,10 @@ _FILE = "plans.json"
 # before are up to 1.5x too high.
 _VERSION = 3
 
-_MEMORY: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-_SIGNATURES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Per model object, while its structure stays (probust._per_model): a new head or layer makes
+# another network, whose signature and plans are read again.
+_MEMORY: PerModel[Any] = PerModel()
+_SIGNATURES: PerModel[str] = PerModel()
 
 
 def cache_path() -> Path | None:
@@ -60,17 +62,16 @@ def _device_name(device: torch.device) -> str:
 
 def model_signature(model: Any) -> str:
     """A digest of what a model's speed depends on: its class, module tree and parameter shapes."""
-    with contextlib.suppress(TypeError):
-        if model in _SIGNATURES:
-            return _SIGNATURES[model]
+    known = _SIGNATURES.get(model, None)
+    if known is not None:
+        return known
     digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
     if isinstance(model, nn.Module):
         digest.update(repr(model).encode())
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
     signature = digest.hexdigest()[:20]
-    with contextlib.suppress(TypeError):
-        _SIGNATURES[model] = signature
+    _SIGNATURES.put(model, None, signature)
     return signature
 
 
@@ -99,10 +100,9 @@ def _read(path: Path) -> dict[str, Any]:
 
 def lookup(model: Any, key: str, kind: type) -> Any | None:
     """The plan of ``kind`` (a dataclass) stored under ``key``: from memory, else from disk."""
-    with contextlib.suppress(TypeError):
-        found = _MEMORY.get(model, {}).get(key)
-        if found is not None:
-            return found
+    found = _MEMORY.get(model, key)
+    if found is not None:
+        return found
     path = cache_path()
     if path is None:
         return None
@@ -113,15 +113,13 @@ def lookup(model: Any, key: str, kind: type) -> Any | None:
         plan = kind(**stored)
     except TypeError:  # a plan of an older shape: measure again
         return None
-    with contextlib.suppress(TypeError):
-        _MEMORY.setdefault(model, {})[key] = plan
+    _MEMORY.put(model, key, plan)
     return plan
 
 
 def store(model: Any, key: str, plan: Any) -> None:
     """Keep ``plan`` in memory for ``model`` and on disk under ``key`` (atomically; errors ignored)."""
-    with contextlib.suppress(TypeError):
-        _MEMORY.setdefault(model, {})[key] = plan
+    _MEMORY.put(model, key, plan)
     path = cache_path()
     if path is None:
         return
@@ -135,5 +133,4 @@ def store(model: Any, key: str, plan: Any) -> None:
 
 def forget(model: Any) -> None:
     """Drop ``model``'s plans from memory (the disk cache is keyed by structure and stays)."""
-    with contextlib.suppress(TypeError):
-        _MEMORY.pop(model, None)
+    _MEMORY.forget(model)

@@ -21,11 +21,9 @@ even the default gets the default without measuring.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._memory_format import to_format, weights_in_format
+from probust._per_model import PerModel
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
@@ -154,18 +153,16 @@ class _Allowance:
 
 #: The default plan's first timing per model and plan key, in this process: (seconds per unit of
 #: work, seconds of one timed call). A later call sizes its allowance from it without timing again.
-_FIRST_TIMINGS: weakref.WeakKeyDictionary[Any, dict[tuple, tuple[float, float]]] = weakref.WeakKeyDictionary()
+_FIRST_TIMINGS: PerModel[tuple[float, float]] = PerModel()
 
 
 def _first_timing(model: Any, key: tuple, measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
     """The default plan's (seconds per unit, seconds per timed call): remembered, or ``measure()``."""
-    with contextlib.suppress(TypeError):
-        known = _FIRST_TIMINGS.get(model, {}).get(key)
-        if known is not None:
-            return known
+    known = _FIRST_TIMINGS.get(model, key)
+    if known is not None:
+        return known
     timing = measure()
-    with contextlib.suppress(TypeError):
-        _FIRST_TIMINGS.setdefault(model, {})[key] = timing
+    _FIRST_TIMINGS.put(model, key, timing)
     return timing
 
 

@@ -1,0 +1,105 @@
+"""Facts kept per model object (row costs, plans, whether forward mode runs) are dropped when the
+model's structure changes in place, as it does in a notebook: the next call computes what a fresh
+model object with the same modules computes."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+import probust
+from probust._memory_format import weights_in_format
+from probust._per_model import PerModel, structure_token
+from probust.execution import Execution
+from probust.gradients import forward_mode_runs
+
+
+def _net(classes: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, classes)
+    )
+
+
+def test_the_token_changes_with_the_structure_and_not_with_the_values():
+    model = _net(500).eval()
+    token = structure_token(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # a training step
+    model.load_state_dict(_net(500).state_dict())
+    with weights_in_format(model, True):  # probust's own channels_last swap of the weights' storage
+        assert structure_token(model) == token
+    assert structure_token(model) == token
+    model[5] = nn.Linear(32, 10)  # a new head
+    assert structure_token(model) != token
+    token = structure_token(model)
+    model[1] = nn.GELU()  # a layer without parameters swapped for another
+    assert structure_token(model) != token
+    token = structure_token(model)
+    model.double()
+    assert structure_token(model) != token
+
+
+def test_a_model_s_entries_are_empty_once_its_structure_changed():
+    kept: PerModel[int] = PerModel()
+    model = _net(500)
+    kept.put(model, "shape", 1)
+    assert kept.get(model, "shape") == 1 and kept.holds(model)
+    model[5] = nn.Linear(32, 10)
+    assert kept.get(model, "shape") is None and not kept.holds(model)
+    unheld = _Slotted()  # a callable model that cannot be held weakly keeps nothing, and fails nothing
+    kept.put(unheld, "shape", 2)
+    assert kept.get(unheld, "shape") is None
+
+
+class _Slotted:
+    __slots__ = ()
+
+    def __call__(self, x):
+        return x
+
+
+def test_a_new_head_in_place_gives_what_a_fresh_model_with_the_same_modules_gives():
+    model = _net(500).eval()
+    x = torch.rand(6, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    fixed = dict(jacobian="loop", batch_size=8, channels_last=False, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probust.LinearisationWarning)
+        probust.Taylor(model, 0.5, **fixed)(x)  # the 500-class model's facts kept
+        assert Execution.classes(model, x) == 500
+        torch.manual_seed(2)
+        model[5] = nn.Linear(32, 10)
+        assert Execution.classes(model, x) == 10
+        again = probust.Taylor(model, 0.5, **fixed)(x)
+        fresh = probust.Taylor(nn.Sequential(*model).eval(), 0.5, **fixed)(x)
+    assert 0.05 < float(again.p.min()) and float(again.p.max()) < 0.999  # not a trivial p
+    assert torch.equal(again.p, fresh.p)
+    assert torch.equal(again.route, fresh.route)
+
+
+class _NoForwardMode(torch.autograd.Function):
+    """The identity, with a backward pass but no forward-mode rule."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Opaque(nn.Module):
+    def forward(self, x):
+        return _NoForwardMode.apply(x)
+
+
+def test_whether_forward_mode_runs_is_asked_again_once_a_layer_is_swapped():
+    model = _net(10).eval()
+    x = torch.rand(2, 3, 4, 4)
+    assert forward_mode_runs(model, x)
+    model[1] = _Opaque()
+    assert not forward_mode_runs(model, x)
