@@ -103,3 +103,19 @@ def test_whether_forward_mode_runs_is_asked_again_once_a_layer_is_swapped():
     assert forward_mode_runs(model, x)
     model[1] = _Opaque()
     assert not forward_mode_runs(model, x)
+
+
+def test_an_estimator_built_before_model_bfloat16_reads_the_model_again():
+    # The estimator kept how to run the float32 model (its inputs as they are); in bfloat16 the
+    # model needs its inputs cast at its input, which a fresh estimator does.
+    model = _net(10).eval()
+    x = torch.rand(4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    fixed = dict(jacobian="loop", batch_size=8, channels_last=False, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probust.LinearisationWarning)
+        kept = probust.Taylor(model, 0.5, **fixed)
+        kept(x)
+        model.bfloat16()
+        again = kept(x)
+        fresh = probust.Taylor(model, 0.5, **fixed)(x)
+    assert torch.equal(again.p, fresh.p)

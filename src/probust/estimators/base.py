@@ -33,6 +33,7 @@ from probust._model_output import (
     logits_reading,
     parameter_dtype,
 )
+from probust._per_model import structure_token
 from probust.errors import OptionError
 from probust.estimators.result import Estimate
 from probust.execution import Execution, ForwardPlan
@@ -171,15 +172,16 @@ class PointwiseMethod:
         """What the computation runs: :attr:`model` itself when it returns logits [B, C] and
         computes in float32 or float64 (today's path, untouched), else :class:`LogitsOf` it.
 
-        Decided once per model and input shape by a probe: one forward pass without autograd, in
-        eval mode, on the first (at most) 2 rows of ``x``.
+        Decided once per model, its structure (:func:`probust._per_model.structure_token`: a new
+        head, ``model.half()``) and the input shape by a probe: one forward pass without
+        autograd, in eval mode, on the first (at most) 2 rows of ``x``.
 
         Raises:
             ModelCallError: the model raised on those rows (the message names x's shape).
             ModelOutputError: its output is not one the contract reads as logits.
         """
         model = self.model
-        key = (tuple(x.shape[1:]), x.dtype, x.device)
+        key = (tuple(x.shape[1:]), x.dtype, x.device, structure_token(model))
         found = self._logits_model_for
         if found is not None and found[0] is model and found[1] == key:
             return found[2]
