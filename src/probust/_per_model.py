@@ -24,7 +24,8 @@ V = TypeVar("V")
 def structure_token(model: Any) -> tuple:
     """What a model's kept facts depend on: the identity and class of each of its modules, and
     the identity, shape, dtype and device of each parameter and buffer (not their values, nor
-    their memory format). Empty for a callable that is not a module. About 0.1 ms for a ResNet-50."""
+    their memory format). Empty for a callable that is not a module. 0.4 ms for torchvision's
+    resnet50 on this project's 2-core CPU."""
     if not isinstance(model, nn.Module):
         return ()
     return (

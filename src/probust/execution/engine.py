@@ -152,8 +152,9 @@ class Execution:
 
     @staticmethod
     def classes(model: nn.Module, x: Tensor) -> int:
-        """C, the logits per row of ``model`` on inputs like ``x`` (from its row cost, measured
-        once per model and input shape, with no autograd)."""
+        """C, the logits per row of ``model`` on inputs like ``x``: read off its row cost (one
+        forward pass on two rows, kept per model and input shape while the model's structure
+        stays)."""
         return row_cost(model, x).classes
 
     @staticmethod
