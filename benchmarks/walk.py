@@ -6,7 +6,10 @@ Runs one ``Taylor(model, sigma)(x)`` (or MMSE) call after the estimator is built
 - control flow: every probust module a function of which runs, in order of first entry, with
   how often each is entered;
 - data flow, the input's path: the modules whose functions receive the input ``x``, its rows,
-  layouts or noisy copies (:func:`follow`; the issue's "the input enters at most 8 modules");
+  layouts or noisy copies (:func:`follow`; the issue's "the input enters at most 8 modules").
+  Below execution's door the planners get ``x`` as an ``execution.engine.Inputs``, a description
+  that draws rows only to measure a plan; rows drawn in a warm call would show here as the
+  functions that receive them;
 - where ``probust.execution`` and ``probust.mvn`` are entered from the rest of probust, and any
   call that went past their door (the names their ``__init__`` exports); a package entered only
   through its door counts as one module, the step of the call it is (the plan, the mvn-cdf);

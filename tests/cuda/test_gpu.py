@@ -33,7 +33,7 @@ import probust
 from probust._memory_format import to_format, weights_in_format
 from probust.execution import cost_model, tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
-from probust.execution.engine import FORWARD_MODE_ROWS
+from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
 from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
 from probust.gradients import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
@@ -222,21 +222,22 @@ def test_plans_chosen_on_the_gpu_fit_the_budget_and_are_kept(monkeypatch):
     model = TinyCNN(classes=5, seed=1).eval().to(DEVICE)
     x = torch.rand(16, 1, 8, 8, device=DEVICE)
     budget = 64 * 2**20
-    cost = row_cost(model, x)
-    forward = plan_forward(model, x, budget=budget, total_rows=50_000)
+    inputs = Inputs.of(x, len(x))
+    cost = row_cost(model, inputs)
+    forward = plan_forward(model, inputs, budget=budget, total_rows=50_000)
     assert 1 <= forward.rows <= rows_within(budget, cost.inference, what="one forward pass")
-    assert plan_forward(model, x, budget=budget, total_rows=50_000) == forward
+    assert plan_forward(model, inputs, budget=budget, total_rows=50_000) == forward
     run = _jacobian_runner(model)
-    jac = plan_jacobian(model, x, 5, budget=budget, total_rows=5000, run=run)
+    jac = plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000, run=run)
     assert jac.strategy in ("loop", "vmap", "forward")
     assert jac.rows * jacobian_row_bytes(cost, jac.strategy, 5, jac.class_chunk) <= budget
-    assert plan_jacobian(model, x, 5, budget=budget, total_rows=5000, run=run) == jac
+    assert plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000, run=run) == jac
     assert syncs and set(syncs) == {DEVICE.type}  # every timing waited for the device's queue
     if ON_CUDA:
         # Work too small to measure gets the default: vmap on a GPU (one vectorised pass).
         # (another architecture: plans are kept per model structure, and TinyCNN's is measured)
         other = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 5)).to(DEVICE)
-        tiny = plan_jacobian(other, x[:2], 5, budget=budget, total_rows=2, run=_jacobian_runner(other))
+        tiny = plan_jacobian(other, Inputs.of(x, 2), 5, budget=budget, total_rows=2, run=_jacobian_runner(other))
         assert tiny.strategy == "vmap"
     # The estimates under the measured plans agree with a pinned plan to rounding.
     target = torch.zeros(16, dtype=torch.long, device=DEVICE)

@@ -39,7 +39,7 @@ def test_the_input_enters_at_most_eight_modules_and_the_maths_never_call_back_in
         "probust.gradients",
     ):
         assert step in path
-    assert any(module.startswith("probust.execution.") for module in path)  # the plan runs the real work on x
+    assert "probust.execution.engine" in path  # the plan's door, which hands the planners a description of x
     assert summary["bypasses"] == {"probust.execution": set(), "probust.mvn": set()}
     assert walk.count(path, summary["bypasses"]) <= 8, path
     assert sum(summary["climbs"].values()) == 0

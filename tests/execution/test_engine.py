@@ -185,7 +185,7 @@ def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
     wide = JacobianPlan("loop", 64, None, False)
     assert Execution().forward_mode_rows(model, x, wide) == 64  # never fewer than the reverse-mode plan's
     assert Execution(batch_size=3).forward_mode_rows(model, x, one_row) == 3  # the user's bound holds
-    three_rows = 3 * 2 * row_cost(model, x).inference
+    three_rows = 3 * 2 * row_cost(model, engine.Inputs.of(x, 1)).inference
     assert Execution(memory_budget=three_rows).forward_mode_rows(model, x, one_row) == 3  # as many as fit
 
 
@@ -211,11 +211,12 @@ def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
 
 def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
     from probust.execution.budget import row_cost
+    from probust.execution.engine import Inputs
     from probust.execution.tuning import JacobianPlan
 
     model = linear_model(784, 1000, seed=0)
     x = torch.rand(4, 784)
-    per_row = row_cost(model, x).backward
+    per_row = row_cost(model, Inputs.of(x, 1)).backward
     plan = JacobianPlan("loop", 2, None, False)  # sized for every class's gradient: 2 rows
     assert Execution(memory_budget=2 * 7 * per_row).graph_rows(model, x, plan) == 7
     assert Execution(memory_budget=2 * per_row).graph_rows(model, x, plan) == 2  # never below the plan's
@@ -234,3 +235,25 @@ def test_the_estimators_door_gives_the_model_s_classes_and_each_device_kind_s_de
         assert costs.spectral_stages == cost_model.SPECTRAL_STAGES[kind]
     # The two kinds differ, so the test tells them apart.
     assert Execution.declared_costs(torch.device("cuda")) != Execution.declared_costs(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("method", ["taylor", "mmse"])
+def test_a_warm_call_finds_its_plans_by_the_batch_s_description_and_draws_none_of_its_rows(monkeypatch, method):
+    # Below the door the row cost and the plans see the batch as Inputs: a known plan is found by
+    # its description; rows are drawn (the real inputs, which the timings run on) only to measure.
+    from probust.execution import engine
+
+    drawn: list[int] = []
+    cycled = engine._cycled
+    monkeypatch.setattr(engine, "_cycled", lambda x, count: (drawn.append(count), cycled(x, count))[1])
+    torch.manual_seed(0)
+    model = build("cnn", 200, (1, 12, 12)).eval()
+    x = torch.rand(24, 1, 12, 12)
+    kind = probust.Taylor if method == "taylor" else probust.MMSE
+    estimator = kind(model, 0.3)
+    first = estimator(x).p
+    assert drawn  # the first call measured on the batch's own rows (its row cost at least)
+    drawn.clear()
+    again = estimator(x).p
+    assert drawn == []
+    assert torch.equal(first, again)

@@ -9,6 +9,7 @@ from torch import nn
 import probust
 from probust import _memory_format
 from probust.execution import tuning as _tuning
+from probust.execution.engine import Inputs
 from probust.gradients import logit_jacobian
 from probust.models import build
 
@@ -181,7 +182,7 @@ def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:
 
 def _plan(model: nn.Module, x: torch.Tensor, total_rows: int) -> _tuning.JacobianPlan:
     return _tuning.plan_jacobian(
-        model, x, 10, budget=2**30, total_rows=total_rows, run=lambda plan, rows, k: None, passes=9
+        model, Inputs.of(x, len(x)), 10, budget=2**30, total_rows=total_rows, run=lambda plan, rows, k: None, passes=9
     )
 
 
@@ -220,7 +221,7 @@ def test_on_a_cpu_vmap_is_chosen_only_where_it_wins_the_trial_clearly(monkeypatc
     monkeypatch.setattr(_tuning, "_seconds", fake)
     plan = _tuning.plan_jacobian(
         model,
-        x,
+        Inputs.of(x, len(x)),
         10,
         budget=2**30,
         total_rows=10_000,
@@ -233,12 +234,14 @@ def test_on_a_cpu_vmap_is_chosen_only_where_it_wins_the_trial_clearly(monkeypatc
 @pytest.mark.parametrize(("inputs", "forward"), [(4, True), (7, False)])
 def test_forward_mode_is_chosen_by_counts_and_never_timed(monkeypatch, inputs, forward):
     """Forward mode computes the gradients another way (a different route), so "auto" takes it by
-    counts alone: D probes at the declared cost (1.5 pulls on a CPU) against C - 1 pulls. 4 x 1.5
-    < 9 takes it without timing a thing; 7 x 1.5 >= 9 times loop and vmap only."""
+    counts alone, at the door (:meth:`probust.execution.Execution.jacobian_plan`): D probes at the
+    declared cost (1.5 pulls on a CPU) against C - 1 pulls. 4 x 1.5 < 9 takes it without timing a
+    thing; 7 x 1.5 >= 9 times loop and vmap only."""
     model, x = _mlp(inputs, 10, seed=0), torch.randn(8, inputs)
     monkeypatch.setattr(_tuning, "torch_func_startup", lambda: 0.0)
     timed = _fake_timings(monkeypatch, 1e-5)
-    plan = _plan(model, x, 10_000)
+    execution = probust.execution.Execution(memory_budget=2**30)
+    plan = execution.jacobian_plan(model, x, 10_000, run=lambda plan, rows, k: None, passes=9)
     if forward:
         assert plan.strategy == "forward" and timed == []
     else:
@@ -282,8 +285,8 @@ def test_the_forward_plan_times_both_formats_or_neither(monkeypatch):
     model = build("cnn", 10, (1, 12, 12)).eval()
     x = torch.rand(8, 1, 12, 12)
     timed = _fake_timings(monkeypatch, 0.05)  # 64 rows in 50 ms
-    plan = _tuning.plan_forward(model, x, budget=2**30, total_rows=3_000)
+    plan = _tuning.plan_forward(model, Inputs.of(x, len(x)), budget=2**30, total_rows=3_000)
     assert timed == [] and plan.channels_last is False  # too small to time both formats: the default
     timed.clear()
-    _tuning.plan_forward(model, x, budget=2**30, total_rows=200_000)
+    _tuning.plan_forward(model, Inputs.of(x, len(x)), budget=2**30, total_rows=200_000)
     assert len(timed) >= 2  # both formats, then as much of the rows ladder as the allowance pays

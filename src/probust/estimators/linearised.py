@@ -417,7 +417,7 @@ class Linearised(Estimator):
     def _every_gradient(self, x: Tensor) -> routes.Context:
         """The routes' context that takes every margin's gradient and keeps every boundary: one
         backward pass per boundary from the logits, or forward mode where the plan takes it (asked
-        for, or paying by counts: :func:`probust.execution.tuning.forward_mode_pays`, where neither
+        for, or paying by counts: :meth:`probust.execution.Execution.jacobian_plan`, where neither
         ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
         # Timed on the pulls this context runs, unpadded: padding vmap's 2 trial cotangents to 8,
         # as the narrow routes do, doubled a first call's planning (MMSE on ResNet18, 50 points).

@@ -15,13 +15,16 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from probust._per_model import PerModel
 from probust.errors import OptionError, Setting
+
+if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
+    from probust.execution.engine import Inputs
 
 #: Fraction of the free memory the default budget takes: the rest is left to the caller's own
 #: tensors, the allocator's fragmentation and other processes.
@@ -141,18 +144,18 @@ class RowCost:
 _COSTS: PerModel[RowCost] = PerModel()
 
 
-def row_cost(model: nn.Module, x: Tensor) -> RowCost:
-    """Measure :class:`RowCost` of ``model`` for rows shaped like ``x[0]`` (kept per model while
-    its structure stays: :mod:`probust._per_model`).
+def row_cost(model: nn.Module, inputs: Inputs) -> RowCost:
+    """Measure :class:`RowCost` of ``model`` for rows like ``inputs`` (kept per model and input
+    description while the model's structure stays: :mod:`probust._per_model`).
 
-    Runs one forward pass with autograd on two rows and counts the bytes of every tensor it
-    saves for backward (each storage once) and of every tensor it produces.
+    Runs one forward pass with autograd on two copies of the batch's first row and counts the
+    bytes of every tensor it saves for backward (each storage once) and of every tensor it produces.
     """
-    key = (tuple(x.shape[1:]), x.dtype, x.device)
+    key = (inputs.shape, inputs.dtype, inputs.device)
     known = _COSTS.get(model, key)
     if known is not None:
         return known
-    rows = x[:1].detach().expand(2, *x.shape[1:]).clone().requires_grad_(True)
+    rows = inputs.rows(1).expand(2, *inputs.shape).clone().requires_grad_(True)
     storages: dict[int, int] = {}
     largest = [0]
 

@@ -21,6 +21,7 @@ change float rounding (every plan computes the same quantity).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError, Setting
 from probust.execution import cost_model
 from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
+from probust.execution.cost_model import jvp_in_pulls
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
     JACOBIANS,
@@ -40,7 +42,7 @@ from probust.execution.tuning import (
     plan_forward,
     plan_jacobian,
 )
-from probust.gradients import Strategy
+from probust.gradients import Strategy, forward_mode_runs
 
 #: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
 #: any memory limit.
@@ -57,6 +59,51 @@ FORWARD_MODE_ROWS: dict[str, int] = {"cpu": 8, "cuda": 512}
 #: Rows of the batch a forward plan is timed on, and a Jacobian plan.
 _FORWARD_SAMPLE_ROWS = 8
 _JACOBIAN_SAMPLE_ROWS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """A batch ``x`` [B, *S] as the planners below the door see it: its description, and rows of it
+    drawn only where a plan is measured.
+
+    The door (:class:`Execution`) makes one from ``x`` (:meth:`of`); the row cost and the plans
+    (:mod:`~probust.execution.budget`, :mod:`~probust.execution.tuning`) are keyed by the
+    description. A plan already known (a warm call) is found from it alone and reads none of the
+    batch's values; a plan being measured times the real work on :meth:`rows`, real inputs, so
+    the timings match the call.
+    """
+
+    points: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    _draw: Callable[[int], Tensor] = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, x: Tensor, sample: int) -> Inputs:
+        """``x`` [B, *S] described; :meth:`rows` cycle through its first ``sample`` rows."""
+        return cls(x.shape[0], tuple(x.shape[1:]), x.dtype, x.device, functools.partial(_cycled, x[:sample]))
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of the batch, rows included: ``1 + len(shape)``."""
+        return 1 + len(self.shape)
+
+    @property
+    def element_size(self) -> int:
+        """Bytes per input coordinate."""
+        return self.dtype.itemsize
+
+    def rows(self, count: int) -> Tensor:
+        """``count`` inputs [count, *S], detached and contiguous, cycled from the batch's first rows
+        (realistic values, so that timings match the real work)."""
+        return self._draw(count)
+
+
+def _cycled(x: Tensor, count: int) -> Tensor:
+    reps = -(-count // x.shape[0])
+    return x.detach().repeat(reps, *([1] * (x.ndim - 1)))[:count].contiguous()
+
 
 #: The keyword arguments of an estimator that build its :class:`Execution`, with their defaults.
 EXECUTION_DEFAULTS: dict[str, Any] = {
@@ -155,7 +202,7 @@ class Execution:
         """C, the logits per row of ``model`` on inputs like ``x``: read off its row cost (one
         forward pass on two rows, kept per model and input shape while the model's structure
         stays)."""
-        return row_cost(model, x).classes
+        return row_cost(model, Inputs.of(x, 1)).classes
 
     @staticmethod
     def declared_costs(device: torch.device) -> cost_model.DeclaredCosts:
@@ -177,7 +224,7 @@ class Execution:
         Args:
             model: the classifier; a plain callable (not an ``nn.Module``) gets
                 :attr:`clean_rows` rows per pass in its own format, measuring nothing.
-            x: the batch [B, *S] (a few of its rows are timed).
+            x: the batch [B, *S] (a few of its rows are timed where the plan is measured).
             total_rows: the rows the call will run (bounds the measuring).
             step: what one pass really does, timed instead of ``model(rows)`` (it gets rows
                 already in the plan's memory format).
@@ -186,7 +233,7 @@ class Execution:
             return ForwardPlan(self.clean_rows, False)
         return plan_forward(
             model,
-            x[:_FORWARD_SAMPLE_ROWS],
+            Inputs.of(x, _FORWARD_SAMPLE_ROWS),
             budget=self.budget(x),
             total_rows=total_rows,
             rows=self.batch_size,
@@ -210,9 +257,13 @@ class Execution:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
         (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
 
+        With ``jacobian="auto"``, forward mode is taken by counts, never timed: where one probe
+        per input coordinate at its declared cost (:mod:`probust.execution.cost_model`) is cheaper
+        than C - 1 backward passes and forward mode runs through the model (one untimed probe).
+
         Args:
             model: in eval mode.
-            x: the batch [B, *S] (a few of its rows are timed).
+            x: the batch [B, *S] (a few of its rows are timed where the plan is measured).
             total_rows: rows the call will differentiate.
             run: ``run(plan, rows, k)``: the call's own work on ``rows`` for k margins (or
                 cotangents), which is what is timed.
@@ -222,13 +273,20 @@ class Execution:
             forward: forward mode, asked for by the estimator (its ``gradients="forward"``).
             offer_forward: whether ``jacobian="auto"`` may take forward mode by counts.
         """
+        inputs = Inputs.of(x, _JACOBIAN_SAMPLE_ROWS)
+        classes = row_cost(model, inputs).classes
+        strategy = self.jacobian
+        if forward or (
+            strategy == "auto" and not differentiable and offer_forward and _forward_mode_pays(model, x, classes)
+        ):
+            strategy = Strategy.FORWARD.value
         return plan_jacobian(
             model,
-            x[:_JACOBIAN_SAMPLE_ROWS],
-            row_cost(model, x).classes,
+            inputs,
+            classes,
             budget=self.budget(x) // 2,
             total_rows=total_rows,
-            strategy=Strategy.FORWARD.value if forward else self.jacobian,
+            strategy=strategy,
             rows=self.batch_size,
             class_chunk=self.class_chunk_size,
             channels_last=self.channels_last,
@@ -236,7 +294,6 @@ class Execution:
             run=run,
             passes=None if passes is None else max(1, int(passes)),
             work=work,
-            offer_forward=offer_forward,
         )
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
@@ -245,7 +302,7 @@ class Execution:
         the activations and their tangents, no graph: twice a forward pass without autograd)."""
         if self.batch_size is not None:
             return self.batch_size
-        fits = rows_within(self.budget(x), 2 * row_cost(model, x).inference, what="a forward-mode pass")
+        fits = rows_within(self.budget(x), 2 * row_cost(model, Inputs.of(x, 1)).inference, what="a forward-mode pass")
         most = FORWARD_MODE_ROWS.get(x.device.type, FORWARD_MODE_ROWS["cpu"])
         return max(plan.rows, min(most, fits))
 
@@ -262,7 +319,7 @@ class Execution:
         points = DEFAULT_JACOBIAN_ROWS if plan.strategy.whole_jacobian else plan.rows
         if points * copies <= plan.rows:
             return plan.rows
-        cost = row_cost(model, x)
+        cost = row_cost(model, Inputs.of(x, 1))
         per_row = jacobian_row_bytes(cost, Strategy.LOOP, cost.classes, None)
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
         return max(plan.rows, min(points * copies, fits))
@@ -273,7 +330,7 @@ class Execution:
         the budget (at least the plan's rows). Pulls of a few cotangents need no more."""
         if self.batch_size is not None:
             return self.batch_size
-        fits = rows_within(self.budget(x) // 2, row_cost(model, x).backward, what="a pass of pullbacks")
+        fits = rows_within(self.budget(x) // 2, row_cost(model, Inputs.of(x, 1)).backward, what="a pass of pullbacks")
         return max(plan.rows, fits)
 
     def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
@@ -285,10 +342,17 @@ class Execution:
         Raises:
             MemoryBudgetError: not even one point fits; the message names ``memory_budget``.
         """
-        cost = row_cost(model, x)
+        cost = row_cost(model, Inputs.of(x, 1))
         per_point = 4 * cost.classes * cost.input + 2 * copies * cost.input + 24 * cost.classes**2
         fits = rows_within(self.budget(x) // 2, per_point, what="the margin gradients of one point")
         return min(MAX_POINTS_PER_CHUNK, fits)
 
 
-__all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution"]
+def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:
+    """Whether every margin's gradient is cheaper by forward mode (one probe per input coordinate
+    at its declared cost, :mod:`probust.execution.cost_model`) than by C - 1 backward passes, and
+    forward mode runs through the model: counts and one untimed probe, no clock."""
+    return x[0].numel() * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
+
+
+__all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]

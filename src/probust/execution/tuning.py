@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -36,15 +36,17 @@ from probust._per_model import PerModel
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
-from probust.execution.cost_model import jvp_in_pulls
-from probust.gradients import STRATEGIES, Strategy, cannot_trace, forward_mode_runs
+from probust.gradients import STRATEGIES, Strategy, cannot_trace
+
+if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
+    from probust.execution.engine import Inputs
 
 #: The ``jacobian`` setting, how the backward passes run: "loop" (one forward with autograd, one
 #: backward pass per class), "vmap" (torch.func: the classes' backward passes vectorised, in class
 #: chunks), or "auto" (whichever is measured faster). Forward mode (torch.func, one
 #: Jacobian-vector product per input coordinate) is not a way to run backward passes but another
-#: source of the gradients: the estimators' ``gradients="forward"``, or their counts
-#: (:func:`forward_mode_pays`), ask for it.
+#: source of the gradients: the estimators' ``gradients="forward"``, or the counts of
+#: :meth:`probust.execution.Execution.jacobian_plan`, ask for it.
 JACOBIANS = ("auto", *(s for s in STRATEGIES if not Strategy(s).whole_jacobian))
 
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
@@ -106,9 +108,9 @@ def forget(model: nn.Module) -> None:
     plan_cache.forget(model)
 
 
-def can_use_channels_last(model: nn.Module, x: Tensor) -> bool:
+def can_use_channels_last(model: nn.Module, inputs: Inputs) -> bool:
     """channels_last applies to 4-D inputs of models with 4-D (convolution) weights."""
-    return x.ndim == 4 and isinstance(model, nn.Module) and any(p.ndim == 4 for p in model.parameters())
+    return inputs.ndim == 4 and isinstance(model, nn.Module) and any(p.ndim == 4 for p in model.parameters())
 
 
 def sync(device: torch.device) -> None:
@@ -170,15 +172,9 @@ def _paired(timed: Callable[[JacobianPlan], float], plan: JacobianPlan) -> tuple
     return timed(plan), 0.0
 
 
-def _rows_like(x: Tensor, rows: int) -> Tensor:
-    """``rows`` inputs cycled from ``x`` (realistic values, so timings match the real work)."""
-    reps = -(-rows // x.shape[0])
-    return x.detach().repeat(reps, *([1] * (x.ndim - 1)))[:rows].contiguous()
-
-
 def plan_forward(
     model: nn.Module,
-    x: Tensor,
+    inputs: Inputs,
     *,
     budget: int,
     total_rows: int,
@@ -186,11 +182,11 @@ def plan_forward(
     channels_last: bool | None = None,
     step: Callable[[Tensor], object] | None = None,
 ) -> ForwardPlan:
-    """Rows per pass and memory format for ``total_rows`` forward passes like ``model(x)``.
+    """Rows per pass and memory format for ``total_rows`` forward passes of ``model`` on rows like ``inputs``.
 
     Args:
         model: in eval mode; maps [B, *S] to logits.
-        x: a few real inputs [b, *S] (timings are taken on copies of them).
+        inputs: the batch as the door describes it (timings are taken on its rows).
         budget: bytes the passes may hold (inputs, noise, activations).
         total_rows: rows the caller will run; below a few passes' worth nothing is measured.
         rows: the user's rows per pass (then only checked against the budget).
@@ -198,18 +194,19 @@ def plan_forward(
         step: what one pass really does, timed instead of ``model(rows)`` (e.g. draw the
             noise, add it, run the model); it gets rows already in the memory format.
     """
-    cost = row_cost(model, x)
+    cost = row_cost(model, inputs)
     cap = rows_within(budget, cost.inference, what="one forward pass")
     if rows is not None:
         if rows > cap:
             raise _too_many("batch_size", rows, cap, budget)
-        return ForwardPlan(rows, bool(channels_last) and can_use_channels_last(model, x))
-    formats = [False, True] if channels_last is None and can_use_channels_last(model, x) else [bool(channels_last)]
-    key = ("forward", x.device, x.dtype, tuple(x.shape[1:]), tuple(formats))
+        return ForwardPlan(rows, bool(channels_last) and can_use_channels_last(model, inputs))
+    usable = can_use_channels_last(model, inputs)
+    formats = [False, True] if channels_last is None and usable else [bool(channels_last)]
+    key = ("forward", inputs.device, inputs.dtype, inputs.shape, tuple(formats))
     plan = _cached(model, key, ForwardPlan)
     if plan is None:
         plan, complete = _measure_forward(
-            model, x, formats, min(cap, _MAX_FORWARD_ROWS), step or model, total_rows, key
+            model, inputs, formats, min(cap, _MAX_FORWARD_ROWS), step or model, total_rows, key
         )
         if complete:
             _remember(model, key, plan)
@@ -219,7 +216,7 @@ def plan_forward(
 
 def _measure_forward(
     model: nn.Module,
-    x: Tensor,
+    inputs: Inputs,
     formats: list[bool],
     cap: int,
     step: Callable[[Tensor], object],
@@ -242,8 +239,8 @@ def _measure_forward(
 
     def rate(plan: ForwardPlan) -> tuple[float, float]:
         with weights_in_format(model, plan.channels_last), torch.inference_mode():
-            batch = to_format(_rows_like(x, plan.rows), plan.channels_last)
-            seconds = _seconds(functools.partial(step, batch), x.device)
+            batch = to_format(inputs.rows(plan.rows), plan.channels_last)
+            seconds = _seconds(functools.partial(step, batch), inputs.device)
         return plan.rows / max(seconds, 1e-9), seconds
 
     seconds_per_row, seconds = _first_timing(model, key, lambda: _inverse(rate(default)))
@@ -278,13 +275,6 @@ def _inverse(timing: tuple[float, float]) -> tuple[float, float]:
     return 1 / max(timing[0], 1e-12), timing[1]
 
 
-def forward_mode_pays(model: nn.Module, x: Tensor, inputs: int, classes: int) -> bool:
-    """Whether every margin's gradient is cheaper by forward mode (one probe per input coordinate
-    at its declared cost, :mod:`probust.execution.cost_model`) than by C - 1 backward passes, and
-    forward mode runs through the model: counts and one untimed probe, no clock."""
-    return inputs * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
-
-
 def jacobian_row_bytes(cost: RowCost, strategy: Strategy | str, classes: int, class_chunk: int | None) -> int:
     """Bytes per row of one Jacobian pass: the pass itself and the [C, *S] Jacobian it returns
     (about three copies of it live at once: per-class gradients, the stacked Jacobian and
@@ -301,7 +291,7 @@ def jacobian_row_bytes(cost: RowCost, strategy: Strategy | str, classes: int, cl
 
 def plan_jacobian(
     model: nn.Module,
-    x: Tensor,
+    inputs: Inputs,
     classes: int,
     *,
     budget: int,
@@ -314,18 +304,18 @@ def plan_jacobian(
     run: Callable[[JacobianPlan, Tensor, int], object],
     passes: int | None = None,
     work: str = "margins",
-    offer_forward: bool = True,
 ) -> JacobianPlan:
     """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
 
     Args:
         model: in eval mode.
-        x: a few real inputs [b, *S].
+        inputs: the batch as the door describes it (timings are taken on its rows).
         classes: C, the number of logits.
         budget: bytes the passes may hold.
         total_rows: rows the caller will differentiate; tiny jobs get a default plan.
-        strategy: "auto", or a :class:`~probust.gradients.Strategy` value used as given
-            (forward mode where the caller asks for it).
+        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.gradients.Strategy` value
+            used as given (forward mode where the estimator asks for it or the door's counts
+            take it: :meth:`probust.execution.Execution.jacobian_plan`).
         rows: the user's rows per pass (checked against the budget).
         class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
         channels_last: the user's choice of format; None measures it (off when differentiable).
@@ -336,21 +326,17 @@ def plan_jacobian(
             caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
         work: names what ``run`` does, in the plan's key: plans of different work are timed and
             kept apart.
-        offer_forward: whether "auto" may take forward mode where the counts say it pays (False:
-            loop or vmap only, e.g. for routes whose forward route is not their cheapest).
     """
-    cost = row_cost(model, x)
-    d = cost.input // x.element_size()
-    if differentiable or not can_use_channels_last(model, x):
+    cost = row_cost(model, inputs)
+    d = cost.input // inputs.element_size
+    if differentiable or not can_use_channels_last(model, inputs):
         channels_last = False
-    if strategy == "auto" and not differentiable and offer_forward and forward_mode_pays(model, x, d, classes):
-        strategies = [Strategy.FORWARD]  # decided by counts (a different computation), never timed
-    elif strategy == "auto":
+    if strategy == "auto":
         # The default (timed first, kept where there is no time to time more) by device: a CPU
         # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
         # Loop and vmap pull the same cotangents: timing them changes speed and rounding only.
         pair = [Strategy.LOOP, Strategy.VMAP]
-        strategies = pair[::-1] if x.device.type == "cuda" else pair
+        strategies = pair[::-1] if inputs.device.type == "cuda" else pair
     else:
         strategies = [Strategy(strategy)]
     formats = [False, True] if channels_last is None else [channels_last]
@@ -374,9 +360,9 @@ def plan_jacobian(
         return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
     key = (
         "jacobian",
-        x.device,
-        x.dtype,
-        tuple(x.shape[1:]),
+        inputs.device,
+        inputs.dtype,
+        inputs.shape,
         classes,
         tuple(strategies),
         tuple(formats),
@@ -389,7 +375,7 @@ def plan_jacobian(
         plan, complete = _measure_jacobian(
             model,
             key,
-            x,
+            inputs,
             strategies,
             formats,
             fitted,
@@ -409,7 +395,7 @@ def plan_jacobian(
 def _measure_jacobian(
     model: nn.Module,
     key: tuple,
-    x: Tensor,
+    inputs: Inputs,
     strategies: list[Strategy],
     formats: list[bool],
     fitted: Callable[[Strategy, int], JacobianPlan],
@@ -454,8 +440,8 @@ def _measure_jacobian(
         return default, False
 
     def timed(plan: JacobianPlan) -> float:
-        batch = _rows_like(x, plan.rows)
-        return _seconds(lambda: run(plan, batch, margins), x.device)
+        batch = inputs.rows(plan.rows)
+        return _seconds(lambda: run(plan, batch, margins), inputs.device)
 
     def per_row(plan: JacobianPlan, seconds: float) -> float:
         # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
@@ -488,7 +474,7 @@ def _measure_jacobian(
             failures.append(exc)
             continue
         cost = per_row(plan, seconds)
-        if plan.strategy is Strategy.VMAP and x.device.type != "cuda":
+        if plan.strategy is Strategy.VMAP and inputs.device.type != "cuda":
             cost /= VMAP_PAYS  # the trial flatters vmap on a CPU (see the docstring)
         if best is None or cost < best[0]:
             best = (cost, plan)
@@ -499,7 +485,7 @@ def _measure_jacobian(
         return plan, True
     grown = fitted(plan.strategy, default_rows)
     plan = JacobianPlan(plan.strategy, grown.rows, grown.class_chunk, plan.channels_last)
-    if x.device.type != "cuda":
+    if inputs.device.type != "cuda":
         return plan, True  # on a CPU a few dozen rows per pass are as fast as more
     # The plan is kept whether or not the rows grow (they may change float rounding, but a kept
     # plan gives later calls the same rows).
