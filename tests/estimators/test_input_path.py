@@ -41,6 +41,7 @@ def test_the_input_enters_at_most_eight_modules_and_the_maths_never_call_back_in
         assert step in path
     assert "probust.execution.engine" in path  # the plan's door, which hands the planners a description of x
     assert summary["bypasses"] == {"probust.execution": set(), "probust.mvn": set()}
+    assert len(path) <= 8, path  # module by module, execution's door included
     assert walk.count(path, summary["bypasses"]) <= 8, path
     assert sum(summary["climbs"].values()) == 0
     assert sum(summary["late"].values()) == 0
