@@ -118,3 +118,34 @@ def test_an_estimator_built_before_model_bfloat16_reads_the_model_again():
     again = kept(x)
     fresh = probust.Taylor(model, 0.5, **FIXED)(x)
     assert torch.equal(again.p, fresh.p)
+
+
+def _first_ten(model: nn.Sequential):
+    return lambda x: nn.Sequential.forward(model, x)[:, :10]
+
+
+def test_a_forward_replaced_on_the_model_or_a_forward_hook_is_a_new_structure():
+    model = _net(500).eval()
+    token = structure_token(model)
+    model.forward = _first_ten(model)  # type: ignore[method-assign]
+    assert structure_token(model) != token
+    del model.forward
+    assert structure_token(model) == token
+    handle = model[5].register_forward_hook(lambda module, args, out: out[:, :10])
+    assert structure_token(model) != token
+    handle.remove()
+    assert structure_token(model) == token
+
+
+def test_a_forward_replaced_in_place_gives_what_a_fresh_model_with_the_same_forward_gives():
+    model = _net(500).eval()
+    x = torch.rand(6, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    probust.Taylor(model, 0.5, **FIXED)(x)  # the 500-class model's facts kept
+    model.forward = _first_ten(model)  # type: ignore[method-assign]
+    assert Execution.classes(model, x) == 10
+    again = probust.Taylor(model, 0.5, **FIXED)(x)
+    fresh_model = nn.Sequential(*model).eval()
+    fresh_model.forward = _first_ten(fresh_model)  # type: ignore[method-assign]
+    fresh = probust.Taylor(fresh_model, 0.5, **FIXED)(x)
+    assert 0.05 < float(again.p.min()) and float(again.p.max()) < 0.999  # not a trivial p
+    assert torch.equal(again.p, fresh.p)
