@@ -31,8 +31,7 @@ from torch import Tensor, nn
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError, Setting
 from probust.execution import cost_model
-from probust.execution.budget import check_budget, resolve_budget, row_cost, rows_within
-from probust.execution.cost_model import jvp_in_pulls
+from probust.execution.budget import RowCost, check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
     JACOBIANS,
@@ -63,8 +62,8 @@ _JACOBIAN_SAMPLE_ROWS = 16
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """A batch ``x`` [B, *S] as the planners below the door see it: its description, and rows of it
-    drawn only where a plan is measured.
+    """A batch ``x`` [B, *S] as the planners below the door see it: its description (S, dtype,
+    device), and rows of it drawn only where a plan is measured.
 
     The door (:class:`Execution`) makes one from ``x`` (:meth:`of`); the row cost and the plans
     (:mod:`~probust.execution.budget`, :mod:`~probust.execution.tuning`) are keyed by the
@@ -73,7 +72,6 @@ class Inputs:
     the timings match the call.
     """
 
-    points: int
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
@@ -82,7 +80,7 @@ class Inputs:
     @classmethod
     def of(cls, x: Tensor, sample: int) -> Inputs:
         """``x`` [B, *S] described; :meth:`rows` cycle through its first ``sample`` rows."""
-        return cls(x.shape[0], tuple(x.shape[1:]), x.dtype, x.device, functools.partial(_cycled, x[:sample]))
+        return cls(tuple(x.shape[1:]), x.dtype, x.device, functools.partial(_cycled, x[:sample]))
 
     @property
     def ndim(self) -> int:
@@ -202,7 +200,7 @@ class Execution:
         """C, the logits per row of ``model`` on inputs like ``x``: read off its row cost (one
         forward pass on two rows, kept per model and input shape while the model's structure
         stays)."""
-        return row_cost(model, Inputs.of(x, 1)).classes
+        return _row_cost(model, x).classes
 
     @staticmethod
     def declared_costs(device: torch.device) -> cost_model.DeclaredCosts:
@@ -302,7 +300,7 @@ class Execution:
         the activations and their tangents, no graph: twice a forward pass without autograd)."""
         if self.batch_size is not None:
             return self.batch_size
-        fits = rows_within(self.budget(x), 2 * row_cost(model, Inputs.of(x, 1)).inference, what="a forward-mode pass")
+        fits = rows_within(self.budget(x), 2 * _row_cost(model, x).inference, what="a forward-mode pass")
         most = FORWARD_MODE_ROWS.get(x.device.type, FORWARD_MODE_ROWS["cpu"])
         return max(plan.rows, min(most, fits))
 
@@ -319,7 +317,7 @@ class Execution:
         points = DEFAULT_JACOBIAN_ROWS if plan.strategy.whole_jacobian else plan.rows
         if points * copies <= plan.rows:
             return plan.rows
-        cost = row_cost(model, Inputs.of(x, 1))
+        cost = _row_cost(model, x)
         per_row = jacobian_row_bytes(cost, Strategy.LOOP, cost.classes, None)
         fits = rows_within(self.budget(x) // 2, per_row, what="a pass of pullbacks")
         return max(plan.rows, min(points * copies, fits))
@@ -330,7 +328,7 @@ class Execution:
         the budget (at least the plan's rows). Pulls of a few cotangents need no more."""
         if self.batch_size is not None:
             return self.batch_size
-        fits = rows_within(self.budget(x) // 2, row_cost(model, Inputs.of(x, 1)).backward, what="a pass of pullbacks")
+        fits = rows_within(self.budget(x) // 2, _row_cost(model, x).backward, what="a pass of pullbacks")
         return max(plan.rows, fits)
 
     def points_per_chunk(self, model: nn.Module, x: Tensor, copies: int = 1) -> int:
@@ -342,17 +340,22 @@ class Execution:
         Raises:
             MemoryBudgetError: not even one point fits; the message names ``memory_budget``.
         """
-        cost = row_cost(model, Inputs.of(x, 1))
+        cost = _row_cost(model, x)
         per_point = 4 * cost.classes * cost.input + 2 * copies * cost.input + 24 * cost.classes**2
         fits = rows_within(self.budget(x) // 2, per_point, what="the margin gradients of one point")
         return min(MAX_POINTS_PER_CHUNK, fits)
+
+
+def _row_cost(model: nn.Module, x: Tensor) -> RowCost:
+    """The row cost of ``model`` on rows like ``x`` [B, *S] (measured on its first row, once)."""
+    return row_cost(model, Inputs.of(x, 1))
 
 
 def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:
     """Whether every margin's gradient is cheaper by forward mode (one probe per input coordinate
     at its declared cost, :mod:`probust.execution.cost_model`) than by C - 1 backward passes, and
     forward mode runs through the model: counts and one untimed probe, no clock."""
-    return x[0].numel() * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
+    return x[0].numel() * cost_model.jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
 
 
 __all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]

@@ -196,11 +196,11 @@ def plan_forward(
     """
     cost = row_cost(model, inputs)
     cap = rows_within(budget, cost.inference, what="one forward pass")
+    usable = can_use_channels_last(model, inputs)
     if rows is not None:
         if rows > cap:
             raise _too_many("batch_size", rows, cap, budget)
-        return ForwardPlan(rows, bool(channels_last) and can_use_channels_last(model, inputs))
-    usable = can_use_channels_last(model, inputs)
+        return ForwardPlan(rows, bool(channels_last) and usable)
     formats = [False, True] if channels_last is None and usable else [bool(channels_last)]
     key = ("forward", inputs.device, inputs.dtype, inputs.shape, tuple(formats))
     plan = _cached(model, key, ForwardPlan)
