@@ -3,10 +3,11 @@
 :class:`Execution` (:mod:`~probust.execution.engine`) is the one object an estimator runs by:
 rows per pass, memory budget, memory format and Jacobian strategy, turned into plans for a
 model and a batch. It hands the batch down as :class:`~probust.execution.engine.Inputs`, its
-description, by which known plans are found, and rows of it drawn only to measure. Underneath: memory budgets and row costs (:mod:`~probust.execution.budget`),
-measured plans (:mod:`~probust.execution.tuning`: each timed on the call's own work), the declared
-costs the gradient routes are chosen by (:mod:`~probust.execution.cost_model`), and the cache that
-keeps what was measured per model and on disk (:mod:`~probust.execution.plan_cache`).
+description, by which known plans are found, and rows of it drawn only to measure.
+Underneath: memory budgets and row costs (:mod:`~probust.execution.budget`), measured plans
+(:mod:`~probust.execution.tuning`: each timed on the call's own work), the declared costs the
+gradient routes are chosen by (:mod:`~probust.execution.cost_model`), and the cache that keeps
+what was measured per model and on disk (:mod:`~probust.execution.plan_cache`).
 
 The rest of probust enters through this door only: it imports the names below from
 ``probust.execution``, never from the modules underneath (``lint-imports`` checks it), and an
