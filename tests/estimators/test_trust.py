@@ -233,32 +233,137 @@ def test_agreement_does_not_depend_on_batch_split(estimator):
     assert (whole.agreement < 1).any()  # non-trivial: a ReLU net at sigma 2 is not linear
 
 
-def test_the_rest_of_the_draws_go_only_where_the_first_leave_the_verdict_open():
-    # A quadratic model at a disagreement rate of about 0.15: some points' first 8 draws all
-    # agree (they stop there, at agreement 1), a few disagree on 3 or more (flagged, they stop
-    # too), the others get all 32, continuing the same stream.
+class ShiftedQuadratic(Quadratic):
+    """:class:`Quadratic` around points x = t e_1: the margin there is c + t - k ||x||^2, so a
+    batch of t puts some points far from the boundary (z large, the residual -k ||eps||^2 too
+    small to matter) and some near it."""
+
+
+def _first_stage_stops(est, x: torch.Tensor) -> torch.Tensor:
+    """Where the check should stop after its first 2 draws, recomputed apart from
+    probust.estimators.trust: the verdicts of the model and of the linearisation on the draws,
+    the residuals of the model's margins against the linearisation's, and the flip rate of the
+    documented rule, or where both disagree (flagged: a lower bound of 0.22 on the rate) (residual range widened by 2 x its width + 0.5 x its size; union over
+    boundaries of P(L_i in the interval where a residual flips it), L_i ~ N(c_i, scale_i^2),
+    with scipy's normal CDF)."""
+    indices = torch.arange(len(x))
+    lin = est.linearise(x, None, indices)
+    eps = est._check_eps(x, indices, 0, 2).double()  # the stream's first two draws
+    c, u, t = lin.margin.double().numpy(), lin.normal.double().flatten(2).numpy(), lin.target.numpy()
+    with torch.no_grad():
+        logits = est.model((x[:, None] + eps.float()).flatten(0, 1)).view(len(x), 2, -1).double().numpy()
+    e = eps.flatten(2).numpy()
+    stops = []
+    for b in range(len(x)):
+        others = [i for i in range(c.shape[1]) if i != t[b]]
+        L = c[b, others, None] + u[b, others] @ e[b].T  # [K, 2]
+        G = logits[b][:, [t[b]]].T - logits[b][:, others].T  # [K, 2]
+        agreeing = (L > 0).all(0) == (G > 0).all(0)
+        r = G - L
+        low, high = r.min(1), r.max(1)
+        widen = 2.0 * (high - low) + 0.5 * np.maximum(np.abs(low), np.abs(high))
+        rises, falls = np.maximum(high + widen, 0), np.maximum(widen - low, 0)
+        scale = est.noise.sigma * np.linalg.norm(u[b, others], axis=1)
+        rate = (stats.norm.cdf((falls - c[b, others]) / scale) - stats.norm.cdf((-rises - c[b, others]) / scale)).sum()
+        # all agree and a rate of at most 1% clear the point; 2 of 2 disagreeing flag it
+        stops.append(bool((agreeing.all() and min(rate, 1.0) <= 0.01) or not agreeing.any()))
+    return torch.tensor(stops)
+
+
+def test_the_first_two_draws_stop_a_point_only_where_they_agree_and_their_residuals_cannot_flip_it():
+    # Points from far to near the boundary of a quadratic model: the far ones stop after draws
+    # 0-1, the near ones go on to draws 2-7; exactly those the rule, recomputed apart, stops.
+    d, c, k = 50, 0.5, 0.004
+    model = ShiftedQuadratic(d, c, k)
+    x = torch.zeros(40, d)
+    x[:, 0] = torch.linspace(0.0, 6.0, 40)
+    est = probust.Taylor(model, 1.0, prune="off", check_draws=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", trust.LinearisationWarning)
+        r = est(x)
+    expected = _first_stage_stops(est, x)
+    assert 5 <= int(expected.sum()) <= 35  # both kinds of point
+    assert torch.equal(r.agreement_draws == trust.FIRST_CHECK_DRAWS, expected)
+    assert (r.agreement_draws[~expected] >= 8).all()
+
+
+def test_later_stages_stop_where_the_draws_so_far_all_agree_or_flag_the_point():
+    # A quadratic model at a disagreement rate of about 0.15 (residual -k ||eps||^2 of about -1
+    # against z = 2): no point stops after its first 2 draws; after 8, those whose 8 all agree
+    # stop, and so do those the 8 already flag; the others get all 32, continuing the same stream.
     d, c, k = 50, 2.0, 0.02
     model, x = Quadratic(d, c, k), torch.zeros(80, d)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", trust.LinearisationWarning)
         staged = probust.Taylor(model, 1.0, prune="off", check_draws=32)(x)
-        first = probust.Taylor(model, 1.0, prune="off", check_draws=trust.FIRST_CHECK_DRAWS)(x)
-    stopped = staged.agreement_draws == trust.FIRST_CHECK_DRAWS
-    assert set(staged.agreement_draws.tolist()) == {trust.FIRST_CHECK_DRAWS, 32}
+        eight = probust.Taylor(model, 1.0, prune="off", check_draws=8)(x)
+        two = probust.Taylor(model, 1.0, prune="off", check_draws=2)(x)
+    # After 2 draws only the points both of whose draws disagree stop (flagged: a lower bound of 0.22).
+    at_two = staged.agreement_draws == 2
+    assert set(staged.agreement_draws.tolist()) <= {2, 8, 32} and (staged.agreement[at_two] == 0).all()
+    assert torch.equal(at_two, two.agreement == 0) and torch.equal(at_two, trust.untrusted(two))
+    stopped = staged.agreement_draws == 8
     assert 0 < int(stopped.sum()) < len(x)
-    # Where the first draws all agree, or already flag the point, it stops; otherwise it goes on.
-    cleared, flagged = first.agreement == 1, trust.untrusted(first)
+    cleared, flagged = eight.agreement == 1, trust.untrusted(eight)
     assert cleared.any() and flagged.any()
-    assert torch.equal(stopped, cleared | flagged)
-    assert torch.equal(staged.agreement[stopped], first.agreement[stopped])
-    assert torch.equal(trust.untrusted(staged)[flagged], flagged[flagged])
-    # The first 8 of the 32 are the first stage's own draws: their disagreements are among the 32's.
-    first_k = torch.round((1 - first.agreement) * trust.FIRST_CHECK_DRAWS)
+    assert torch.equal(stopped, (cleared | flagged) & ~at_two)
+    assert torch.equal(staged.agreement[stopped], eight.agreement[stopped])
+    assert trust.untrusted(staged)[flagged].all()
+    # The counts add up over the stages: 8 draws hold the first 2's disagreements, 32 the first 8's.
+    disagreeing = {n: torch.round((1 - r.agreement) * r.agreement_draws) for n, r in ((2, two), (8, eight))}
     staged_k = torch.round((1 - staged.agreement) * staged.agreement_draws)
-    assert (staged_k[~stopped] >= first_k[~stopped]).all() and (staged_k > first_k).any()
-    # The stages are what check_stages says, for any check_draws.
-    assert trust.check_stages(None) == (trust.FIRST_CHECK_DRAWS, trust.TAYLOR_CHECK_DRAWS - trust.FIRST_CHECK_DRAWS)
-    assert trust.check_stages(3) == (3, 0) and trust.check_stages(0) == (0, 0)
+    assert (disagreeing[8] >= disagreeing[2]).all() and (disagreeing[8] > disagreeing[2]).any()
+    assert (staged_k[~stopped] >= disagreeing[8][~stopped]).all() and (staged_k > disagreeing[8]).any()
+
+
+def test_check_stages_are_the_cumulative_draw_counts():
+    assert trust.check_stages(None) == (2, 8, trust.TAYLOR_CHECK_DRAWS) == (2, 8, 32)
+    assert trust.check_stages(64) == (2, 8, 64) and trust.check_stages(8) == (2, 8)
+    assert trust.check_stages(5) == (2, 5) and trust.check_stages(2) == (2,) and trust.check_stages(1) == (1,)
+    assert trust.check_stages(0) == ()
+
+
+def test_undecided_stops_flagged_points_and_cleared_ones():
+    agreeing, draws = torch.tensor([2, 2, 1, 0, 8, 7, 5]), torch.tensor([2, 2, 2, 2, 8, 8, 8])
+    rate = torch.tensor([0.005, 0.02, 0.0, 0.0, 0.5, 0.0, 0.0], dtype=torch.float64)
+    # all agree and a rate of at most 1%: stop; a rate above it: go on; one of 2 disagreeing: go
+    # on; both (the lower bound is 0.22 > 5%): flagged, stop.
+    assert trust.undecided(agreeing[:4], draws[:4], rate[:4]).tolist() == [False, True, True, False]
+    # Later stages (no rate): all agree stops whatever the residuals; 1 of 8 goes on; 3 of 8 flag.
+    assert trust.undecided(agreeing[4:], draws[4:]).tolist() == [False, True, False]
+
+
+def test_flip_rate_is_the_union_of_the_flipping_bands():
+    gen = np.random.default_rng(0)
+    z = gen.normal(3.0, 2.0, (6, 4))
+    scale = gen.uniform(0.5, 2.0, (6, 4))
+    c = z * scale
+    low = gen.normal(-0.5, 1.0, (6, 4))
+    high = low + gen.uniform(0.0, 1.0, (6, 4))
+    active = gen.uniform(size=(6, 4)) > 0.2
+    expected = np.zeros(6)
+    for b in range(6):
+        for i in range(4):
+            w = 2.0 * (high[b, i] - low[b, i]) + 0.5 * max(abs(low[b, i]), abs(high[b, i]))
+            rises, falls = max(high[b, i] + w, 0.0), max(w - low[b, i], 0.0)
+            band = stats.norm.cdf(falls, c[b, i], scale[b, i]) - stats.norm.cdf(-rises, c[b, i], scale[b, i])
+            expected[b] += band * active[b, i]
+    t = lambda a: torch.from_numpy(np.asarray(a))
+    got = trust.flip_rate(t(z), t(scale), t(c), t(low), t(high), t(active))
+    assert np.allclose(got.numpy(), np.minimum(expected, 1.0), rtol=1e-9, atol=1e-12)
+
+    # A boundary the noise cannot move flips only where the residual reaches its margin; a
+    # residual that was not finite makes the rate 1.
+    def frozen(c: float, residual: float) -> float:
+        return trust.flip_rate(
+            t([[np.inf if c > 0 else -np.inf]]), t([[0.0]]), t([[c]]), t([[residual]]), t([[residual]]), t([[True]])
+        ).item()
+
+    # widened by 0.5 x 0.5: a residual of -0.75 at most reaches the margin 0.4; -0.15 does not
+    assert frozen(0.4, -0.5) == 1.0 and frozen(0.4, -0.1) == 0.0
+    assert frozen(-0.4, 0.5) == 1.0 and frozen(-0.4, 0.1) == 0.0  # the same, the other way
+    nan = trust.flip_rate(t([[1.0]]), t([[1.0]]), t([[1.0]]), t([[np.nan]]), t([[np.nan]]), t([[True]]))
+    assert nan.tolist() == [1.0]
 
 
 def test_check_draws_is_validated():
@@ -306,7 +411,7 @@ def test_the_runner_passes_check_draws_and_keeps_it_in_the_folders_identity(tmp_
     off = run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "off", check_draws=0)
     assert off.agreement.isna().all() and off.agreement_draws.isna().all()
     few = run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "few", check_draws=3)
-    assert set(few.agreement_draws) == {3}  # fresh draws for MMSE too, one stage
+    assert set(few.agreement_draws) <= {2, 3}  # fresh draws for MMSE too, in stages (2, 3)
     assert (few.p.to_numpy() == off.p.to_numpy()).all()  # p does not depend on the check
     with pytest.raises(ConfigMismatchError, match="check_draws"):
         run_estimate(data, model, 0.3, ["taylor", "mmse"], out=tmp_path / "few", check_draws=0)

@@ -77,6 +77,32 @@ class _Problem(NamedTuple):
     std: maps.Standardised
 
 
+class _Checked(NamedTuple):
+    """What the trust check reads of a group of points' linearisation.
+
+    Attributes:
+        points: int64 [n], the group's positions in the chunk.
+        classes: int64 [n, K], each kept boundary's class (the target's column, and padding, hold the target).
+        margin: [n, C], the margins of every class.
+        normal: [n, K, *S], the kept boundaries' u_i.
+        z: float64 [n, K], their z-scores.
+        scale: float64 [n, K], the standard deviation of u_i . eps.
+    """
+
+    points: Tensor
+    classes: Tensor
+    margin: Tensor
+    normal: Tensor
+    z: Tensor
+    scale: Tensor
+
+    @classmethod
+    def of(cls, points: Tensor, problem: _Problem, margin: Tensor) -> _Checked:
+        """The group ``points`` of a chunk whose mvn problem is ``problem`` (its own, not a stack)."""
+        assert problem.std.scale is not None  # set by maps.standardise; only stacks lack it
+        return cls(points, problem.columns, margin, problem.normal, problem.std.z, problem.std.scale)
+
+
 def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
     """Refuse margins or margin gradients that are NaN or inf (a model whose Jacobian is not
     finite somewhere, e.g. sqrt at 0): p could not be linearised there, naming the points."""
@@ -208,10 +234,10 @@ class Linearised(Estimator):
         trust check's forward plan for a whole chunk's fresh draws."""
         chunk = self.points_per_chunk(x)
         ctx = self.route_context(x)
-        first, rest = trust.check_stages(self.check_draws)
+        stages = trust.check_stages(self.check_draws)
         check = None
-        if first and not self._checks_own_copies:
-            check = self.execution.forward_plan(self.model, x, min(chunk, x.shape[0]) * (first + rest))
+        if stages and not self._checks_own_copies:
+            check = self.execution.forward_plan(self.model, x, min(chunk, x.shape[0]) * stages[-1])
         return _CallPlan(chunk, ctx, check, self.execution.clean_rows)
 
     @property
@@ -236,7 +262,7 @@ class Linearised(Estimator):
         part: Estimate,
         x: Tensor,
         indices: Tensor,
-        groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
+        groups: list[_Checked],
         copy_logits: Tensor,
         plan: ForwardPlan | None,
     ) -> None:
@@ -244,19 +270,17 @@ class Linearised(Estimator):
         linearisation's on the check draws (:mod:`probust.estimators.trust`); a diagnostic only,
         computed without autograd, that changes no other field.
 
-        Fresh draws come in two stages (:func:`probust.estimators.trust.check_stages`): every point
-        gets the first; the rest of ``check_draws`` go only to the points the first leave
-        undecided (:func:`probust.estimators.trust.undecided`: some disagree, too few to flag).
-        A point's draws depend on its own verdicts alone, not on its batch. On the linearisation's
-        own copies (MMSE's) the model's verdicts are read off the logits its pass already computed.
+        Fresh draws come in stages (:func:`probust.estimators.trust.check_stages`): every point
+        gets the first; each later stage goes only to the points the draws so far leave open
+        (:func:`probust.estimators.trust.undecided`). A point's draws depend on its own verdicts
+        and residuals alone, not on its batch. On the linearisation's own copies (MMSE's) the
+        model's verdicts are read off the logits its pass already computed.
 
         Args:
             part: the chunk's estimate (points in the order of ``x``).
             x: [B, *S].
             indices: int64 [B], the points' indices in the data set.
-            groups: (points, classes [n, K], margin [n, C], normal [n, K, *S]) per group of
-                points: the boundaries each point's linearisation kept, the class of each
-                (its target on padding), the margins of every class and the kept normals.
+            groups: the boundaries each group of points kept (:class:`_Checked`).
             copy_logits: [B, N, C], the model's logits on the linearisation's copies.
             plan: the forward plan of the fresh draws' passes (:meth:`_plan`); None: none drawn.
         """
@@ -264,62 +288,71 @@ class Linearised(Estimator):
         if self._checks_own_copies:
             own = self._own_check_eps(x, indices)
             with torch.no_grad():
-                model = trust.verdicts(copy_logits, part.target)
-                agree = self._verdicts_agree(x, every, own, part.target, groups, model)
+                agree, _ = self._compare(every, own, part.target, groups, copy_logits, screen=False)
             part.agreement = agree.sum(1).double() / own.shape[1]
             part.agreement_draws = torch.full_like(part.target, own.shape[1])
             return
         if plan is None:
             return
-        first, rest = trust.check_stages(self.check_draws)
-
-        def model_survives(which: Tensor, eps: Tensor) -> Tensor:
-            return trust.model_survives(
-                self.model,
-                x[which],
-                eps,
-                part.target[which],
-                plan.rows,
-                to_rows=lambda rows: to_format(rows, plan.channels_last),
-            )
-
+        agreeing, draws = torch.zeros_like(part.target), torch.zeros_like(part.target)
+        open_, start = every, 0
         with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
-            eps = self._check_eps(x, indices, 0, first)
-            agree = self._verdicts_agree(x, every, eps, part.target, groups, model_survives(every, eps))
-            agreeing, draws = agree.sum(1), torch.full_like(part.target, first)
-            again = every[trust.undecided(agreeing, first)] if rest else every[:0]
-            if len(again):
-                more = self._check_eps(x[again], indices[again], first, rest)
-                model = model_survives(again, more)
-                agreeing[again] += self._verdicts_agree(x, again, more, part.target, groups, model).sum(1)
-                draws[again] += rest
+            for stage, upto in enumerate(trust.check_stages(self.check_draws)):
+                if not len(open_):
+                    break
+                eps = self._check_eps(x[open_], indices[open_], start, upto - start)
+                logits = trust.model_logits(
+                    self.model, x[open_], eps, plan.rows, to_rows=lambda rows: to_format(rows, plan.channels_last)
+                )
+                agree, rate = self._compare(open_, eps, part.target, groups, logits, screen=stage == 0)
+                agreeing[open_] += agree.sum(1)
+                draws[open_] = upto
+                open_, start = open_[trust.undecided(agreeing[open_], draws[open_], rate)], upto
         part.agreement = agreeing.double() / draws
         part.agreement_draws = draws
 
-    def _verdicts_agree(
-        self,
-        x: Tensor,
-        which: Tensor,
-        eps: Tensor,
-        target: Tensor,
-        groups: list[tuple[Tensor | slice, Tensor, Tensor, Tensor]],
-        model: Tensor,
-    ) -> Tensor:
-        """bool [W, m]: whether the model's verdict ``model`` (bool [W, m]) and the
-        linearisation's agree on the draws ``eps`` [W, m, *S] of the points ``which`` (int64 [W],
-        positions in ``x``)."""
+    def _compare(
+        self, which: Tensor, eps: Tensor, target: Tensor, groups: list[_Checked], logits: Tensor, screen: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The model's verdicts against the linearisation's on the draws ``eps`` [W, m, *S] of
+        the points ``which`` (int64 [W], positions in the chunk), whose logits there are
+        ``logits`` [W, m, C].
+
+        Returns:
+            (agree, rate): bool [W, m], whether the two verdicts agree on each draw, and, where
+            ``screen``, float64 [W], :func:`probust.estimators.trust.flip_rate` of the residuals of
+            the model's margins on these draws against the linearisation's (else None).
+        """
+        model = trust.verdicts(logits, target[which])
         linear = torch.empty_like(model)
-        position = torch.full_like(target, -1).index_put_((which,), torch.arange(len(which), device=x.device))
-        for points, classes, margin, normal in groups:
-            at = position[points]
+        rate = torch.zeros(len(which), dtype=torch.float64, device=which.device) if screen else None
+        position = torch.full_like(target, -1).index_put_((which,), torch.arange(len(which), device=which.device))
+        for group in groups:
+            at = position[group.points]
             here = at >= 0
             if not bool(here.any()):
                 continue
+            classes, margin, normal, z, scale = group.classes, group.margin, group.normal, group.z, group.scale
             if not bool(here.all()):  # a copy of the normals only for a subset of the group
-                classes, margin, normal, at = classes[here], margin[here], normal[here], at[here]
+                classes, margin, normal, z, scale = classes[here], margin[here], normal[here], z[here], scale[here]
+            at = at[here]
             active = classes != target[which[at], None]
-            linear[at] = trust.linear_survives(margin.gather(1, classes), normal, eps[at], active)
-        return model == linear
+            c = margin.gather(1, classes)
+            lin = trust.linear_margins(c, normal, eps[at])  # [n, K, m]
+            linear[at] = ((lin > 0) | ~active[:, :, None]).all(dim=1)
+            if rate is None:
+                continue
+            seen = logits[at].to(lin.dtype)  # [n, m, C]
+            # The model's margins f_t - f_i on the kept boundaries, [n, K, m], less the linearisation's.
+            gap = seen.gather(2, target[which[at], None, None].expand(-1, seen.shape[1], 1)) - seen.gather(
+                2, classes[:, None, :].expand(-1, seen.shape[1], -1)
+            )
+            residual = gap.transpose(1, 2) - lin
+            finite = torch.isfinite(residual).all(dim=2)
+            low = torch.where(finite, residual.amin(dim=2), torch.nan)
+            high = torch.where(finite, residual.amax(dim=2), torch.nan)
+            rate[at] = trust.flip_rate(z, scale, c, low, high, active)
+        return model == linear, rate
 
     def route_context(self, x: Tensor) -> routes.Context:
         """How the margin gradients of points like ``x`` are computed: the settings of
@@ -505,10 +538,7 @@ class Linearised(Estimator):
             estimate,
             x,
             indices,
-            [
-                (index, problem.columns, routed.margin[index], problem.normal)
-                for (index, _), problem in zip(groups, problems)
-            ],
+            [_Checked.of(index, problem, routed.margin[index]) for (index, _), problem in zip(groups, problems)],
             routed.logits,
             check,
         )

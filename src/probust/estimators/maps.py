@@ -24,11 +24,14 @@ from probust.noise import Noise
 
 @dataclass
 class Standardised:
-    """z [B, C] (+inf at the target), z_others [B, C-1], corr [B, C-1, C-1] (float64)."""
+    """z [B, C] (+inf at the target), z_others [B, C-1], corr [B, C-1, C-1] (float64), and
+    scale [B, C], the standard deviation sqrt(u_i S u_i^T) of u_i . eps (0 where the noise cannot
+    move the boundary; None once problems are stacked)."""
 
     z: Tensor
     z_others: Tensor
     corr: Tensor
+    scale: Tensor | None = None
 
 
 def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Standardised:
@@ -61,7 +64,7 @@ def standardise(margin: Tensor, u: Tensor, target: Tensor, noise: Noise) -> Stan
     corr = torch.where(eye.bool(), 1.0, corr.clamp(-1.0, 1.0))
     rows = others[:, :, None].expand(-1, -1, margin.shape[1])
     corr = corr.gather(1, rows).gather(2, others[:, None, :].expand(-1, others.shape[1], -1))
-    return Standardised(z=z, z_others=z_others, corr=corr)
+    return Standardised(z=z, z_others=z_others, corr=corr, scale=torch.where(frozen, 0.0, scale))
 
 
 def stack(parts: list[Standardised]) -> Standardised:
