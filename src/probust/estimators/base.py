@@ -35,6 +35,7 @@ from probust._model_output import (
 )
 from probust._per_model import structure_token
 from probust.errors import OptionError
+from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import Execution, ForwardPlan
 from probust.noise import Noise
@@ -255,6 +256,18 @@ class PointwiseMethod:
             return noisy_logits(model, drawn, rows[:1], keys, 0, rows.shape[0], channels_last)
 
         return self.execution.forward_plan(self.model, x, total_rows, step=one_pass)
+
+    def _noisy_plan(
+        self, x: Tensor, total_rows: int, noise: Noise, clean: Tensor | None = None
+    ) -> tuple[ForwardPlan, AffineLogits | None]:
+        """How the noisy copies of ``x`` run: where the model is affine and the noise Gaussian,
+        their logits are drawn in the logits' space (:mod:`probust.estimators.affine`: no forward
+        pass, a fixed number of rows per pass); elsewhere through the model by the measured
+        forward plan (:meth:`_forward_plan`). ``clean``: the logits at ``x``, where known."""
+        affine = affine_logits(self.model, noise, x, lambda: self._clean_logits(x) if clean is None else clean)
+        if affine is not None:
+            return self.execution.drawn_plan(x, affine.row_bytes, affine.rows), affine
+        return self._forward_plan(x, total_rows, noise), None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"

@@ -19,6 +19,7 @@ from probust._checks import (
 from probust._memory_format import weights_in_format
 from probust._progress import progress
 from probust._stats import INTERVALS, binomial_interval
+from probust.estimators.affine import AffineLogits
 from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits, plan_blocks
 from probust.estimators.result import Estimate
 from probust.execution import ForwardPlan
@@ -33,7 +34,14 @@ DEFAULT_CONFIDENCE = 0.95
 
 
 def noisy_predictions(
-    model: nn.Module, noise: Noise, x: Tensor, keys: Tensor, start: int, n: int, plan: ForwardPlan
+    model: nn.Module,
+    noise: Noise,
+    x: Tensor,
+    keys: Tensor,
+    start: int,
+    n: int,
+    plan: ForwardPlan,
+    affine: AffineLogits | None = None,
 ) -> Iterator[tuple[slice, Tensor, Tensor]]:
     """The model's predicted class on noisy copies x + eps, one forward pass at a time.
 
@@ -50,6 +58,9 @@ def noisy_predictions(
         start: the first sample of each point's stream.
         n: copies per point.
         plan: rows per pass and memory format.
+        affine: where the model is affine (:mod:`probust.estimators.affine`), its logits at the
+            points of ``x``: the copies' logits are drawn in the logits' space (copy j of point b
+            from samples start + j of its stream, C normals each) instead of through the model.
 
     Yields:
         (points, predicted, finite) per pass: the slice of points it covers, their predicted
@@ -57,7 +68,10 @@ def noisy_predictions(
         non-finite copy has no prediction: ``predicted`` is meaningless there).
     """
     for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
-        logits = noisy_logits(model, noise, x[points], keys[points], start + first, count, plan.channels_last)
+        if affine is not None:
+            logits = affine.logits(points, keys[points], start + first, count)
+        else:
+            logits = noisy_logits(model, noise, x[points], keys[points], start + first, count, plan.channels_last)
         yield points, logits.argmax(dim=1).view(-1, count), finite_rows(logits, count)
 
 
@@ -103,14 +117,23 @@ class MonteCarlo(Estimator):
         self.check_every = check_positive_int(check_every, "check_every")
 
     def _count(
-        self, x: Tensor, target: Tensor, keys: Tensor, indices: Tensor, start: int, n: int, bar, plan: ForwardPlan
+        self,
+        x: Tensor,
+        target: Tensor,
+        keys: Tensor,
+        indices: Tensor,
+        start: int,
+        n: int,
+        bar,
+        plan: ForwardPlan,
+        affine: AffineLogits | None,
     ) -> Tensor:
         """Number of noisy copies (samples start..start+n-1) still predicted as target: int64 [B].
 
         Raises ValueError (naming the points) if any copy gave NaN or inf logits."""
         counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros_like(counts)
-        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan):
+        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan, affine):
             kept = (predicted == target[points, None]) & finite
             counts[points] += kept.sum(dim=1)
             nonfinite[points] += predicted.shape[1] - finite.sum(dim=1)
@@ -120,17 +143,18 @@ class MonteCarlo(Estimator):
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
-        target = check_target(target, self._clean_logits(x))
+        clean = self._clean_logits(x)
+        target = check_target(target, clean)
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
         batch = x.shape[0]
-        plan = self._forward_plan(x, batch * self.n_samples, self.noise)
+        plan, affine = self._noisy_plan(x, batch * self.n_samples, self.noise, clean)
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),
             progress(batch * self.n_samples, "mc", self.show_progress) as bar,
         ):
             if self.target_half_width is None:
-                successes = self._count(x, target, keys, indices, 0, self.n_samples, bar, plan)
+                successes = self._count(x, target, keys, indices, 0, self.n_samples, bar, plan, affine)
                 trials = torch.full_like(successes, self.n_samples)
             else:
                 successes = torch.zeros(batch, dtype=torch.int64, device=x.device)
@@ -141,7 +165,15 @@ class MonteCarlo(Estimator):
                     n = min(self.check_every, self.n_samples - start)
                     rows = active.nonzero().flatten()
                     successes[rows] += self._count(
-                        x[rows], target[rows], keys[rows], indices[rows], start, n, bar, plan
+                        x[rows],
+                        target[rows],
+                        keys[rows],
+                        indices[rows],
+                        start,
+                        n,
+                        bar,
+                        plan,
+                        None if affine is None else affine.subset(rows),
                     )
                     trials[rows] += n
                     start += n

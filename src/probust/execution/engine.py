@@ -40,6 +40,7 @@ from probust.execution.tuning import (
     jacobian_row_bytes,
     plan_forward,
     plan_jacobian,
+    too_many,
 )
 from probust.gradients import Strategy, forward_mode_runs
 
@@ -238,6 +239,23 @@ class Execution:
             channels_last=self.channels_last,
             step=step,
         )
+
+    def drawn_plan(self, x: Tensor, per_row: int, most: int) -> ForwardPlan:
+        """Rows per pass of work that runs no model (logits drawn in their own space:
+        :mod:`probust.estimators.affine`): ``most`` rows, or :attr:`batch_size` where given,
+        within the memory budget at ``per_row`` bytes a row, beside one input row like ``x``'s
+        (the clean pass's least). Nothing is measured.
+
+        Raises:
+            MemoryBudgetError: not one row fits, or ``batch_size`` rows do not.
+        """
+        budget = self.budget(x)
+        fits = rows_within(budget, per_row, x[0].numel() * x.element_size(), what="a pass of noisy copies")
+        if self.batch_size is None:
+            return ForwardPlan(min(most, fits), False)
+        if self.batch_size > fits:
+            raise too_many("batch_size", self.batch_size, fits, budget)
+        return ForwardPlan(self.batch_size, False)
 
     def jacobian_plan(
         self,

@@ -199,7 +199,7 @@ def plan_forward(
     usable = can_use_channels_last(model, inputs)
     if rows is not None:
         if rows > cap:
-            raise _too_many("batch_size", rows, cap, budget)
+            raise too_many("batch_size", rows, cap, budget)
         return ForwardPlan(rows, bool(channels_last) and usable)
     formats = [False, True] if channels_last is None and usable else [bool(channels_last)]
     key = ("forward", inputs.device, inputs.dtype, inputs.shape, tuple(formats))
@@ -352,7 +352,7 @@ def plan_jacobian(
         per_row = jacobian_row_bytes(cost, name, classes, chunk)
         cap = rows_within(budget, per_row, what=f"one Jacobian pass ({name})")
         if rows is not None and rows > cap:
-            raise _too_many("batch_size", rows, cap, budget)
+            raise too_many("batch_size", rows, cap, budget)
         return JacobianPlan(name, min(rows_wanted, cap), chunk, False)
 
     if len(strategies) == 1 and len(formats) == 1:
@@ -504,7 +504,7 @@ def _measure_jacobian(
     return plan, True
 
 
-def _too_many(name: str, rows: int, cap: int, budget: int) -> MemoryBudgetError:
+def too_many(name: str, rows: int, cap: int, budget: int) -> MemoryBudgetError:
     return MemoryBudgetError(
         Setting(name, rows),
         " rows per pass need more than ",
@@ -526,5 +526,6 @@ __all__ = [
     "plan_forward",
     "plan_jacobian",
     "to_format",
+    "too_many",
     "weights_in_format",
 ]

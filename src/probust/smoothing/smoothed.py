@@ -35,6 +35,7 @@ from probust._checks import check_logits, check_positive_int
 from probust._memory_format import weights_in_format
 from probust._progress import Progress, progress
 from probust.errors import OptionError
+from probust.estimators.affine import AffineLogits
 from probust.estimators.base import PointwiseMethod, check_noisy_copies
 from probust.estimators.monte_carlo import noisy_predictions
 from probust.execution import ForwardPlan
@@ -132,17 +133,19 @@ class _Smoothing(PointwiseMethod):
         *,
         classes: int | None = None,
         of: Tensor | None = None,
+        affine: AffineLogits | None = None,
     ) -> Tensor:
         """Votes of the noisy copies (samples start..start+n-1 of each point's stream).
 
         With ``classes``: int64 [B, classes], the copies predicted as each class. With ``of``
-        (int64 [B], one class per point): int64 [B], the copies predicted as that class.
+        (int64 [B], one class per point): int64 [B], the copies predicted as that class. With
+        ``affine`` (an affine model's logits at x), the copies' logits are drawn without the model.
         Raises ValueError (naming the points) if any copy gave NaN or inf logits.
         """
         batch = x.shape[0]
         votes = torch.zeros((batch, classes) if classes is not None else (batch,), dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros(batch, dtype=torch.int64, device=x.device)
-        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan):
+        for points, predicted, finite in noisy_predictions(self.model, self.noise, x, keys, start, n, plan, affine):
             if of is None:
                 block = torch.zeros(predicted.shape[0], votes.shape[1], dtype=torch.int64, device=x.device)
                 votes[points] += block.scatter_add_(1, predicted, finite.long())
@@ -227,7 +230,7 @@ class Certify(_Smoothing):
     def _certify(self, x: Tensor, indices: Tensor) -> CertifyResult:
         batch = x.shape[0]
         classes = self._classes(x)
-        plan = self._forward_plan(x, batch * (self.n0 + self.n), self.noise)
+        plan, affine = self._noisy_plan(x, batch * (self.n0 + self.n), self.noise)
         seconds = torch.zeros(batch, dtype=torch.float64)
         with (
             torch.no_grad(),
@@ -236,10 +239,12 @@ class Certify(_Smoothing):
         ):
             started = time.perf_counter()
             keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_SELECT)
-            selected = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes).argmax(dim=1)
+            selected = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes, affine=affine).argmax(
+                dim=1
+            )
             keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_ESTIMATE)
             if self.radii is None:
-                hits = self._count(x, keys, indices, 0, self.n, plan, bar, of=selected)
+                hits = self._count(x, keys, indices, 0, self.n, plan, bar, of=selected, affine=affine)
                 trials = torch.full_like(hits, self.n)
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
@@ -249,7 +254,7 @@ class Certify(_Smoothing):
             else:
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
-                hits, trials, certified = self._sequential(x, keys, indices, selected, plan, bar, seconds)
+                hits, trials, certified = self._sequential(x, keys, indices, selected, plan, bar, seconds, affine)
                 p_lower = stats.cs_lower(hits, trials, self.alpha).cpu()
                 # The confidence sequence holds at every look at once, so each radius certified at
                 # an earlier look stays certified, and the bound is at least its threshold.
@@ -286,6 +291,7 @@ class Certify(_Smoothing):
         plan: ForwardPlan,
         bar: Progress,
         seconds: Tensor,
+        affine: AffineLogits | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Estimation draws in rounds until every radius of every point is decided.
 
@@ -307,7 +313,15 @@ class Certify(_Smoothing):
             started = time.perf_counter()
             on = rows.to(device)
             hits[rows] += self._count(
-                x[on], keys[on], indices[on], start, stop - start, plan, bar, of=selected[on]
+                x[on],
+                keys[on],
+                indices[on],
+                start,
+                stop - start,
+                plan,
+                bar,
+                of=selected[on],
+                affine=None if affine is None else affine.subset(on),
             ).cpu()
             trials[rows] = stop
             s, t = hits[rows, None], trials[rows, None]
@@ -369,7 +383,7 @@ class Predict(_Smoothing):
     def _predict(self, x: Tensor, indices: Tensor) -> PredictResult:
         batch = x.shape[0]
         classes = self._classes(x)
-        plan = self._forward_plan(x, batch * self.n, self.noise)
+        plan, affine = self._noisy_plan(x, batch * self.n, self.noise)
         keys = _rng.point_keys(self.seed, indices, _rng.STREAM_PREDICT)
         with (
             torch.no_grad(),
@@ -377,7 +391,7 @@ class Predict(_Smoothing):
             progress(batch * self.n, "predict", self.show_progress) as bar,
         ):
             started = time.perf_counter()
-            votes = self._count(x, keys, indices, 0, self.n, plan, bar, classes=classes)
+            votes = self._count(x, keys, indices, 0, self.n, plan, bar, classes=classes, affine=affine)
             _sync(x.device)
             seconds = torch.full((batch,), (time.perf_counter() - started) / batch, dtype=torch.float64)
         count_top, top = votes.max(dim=1)
