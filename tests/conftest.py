@@ -6,8 +6,12 @@ from __future__ import annotations
 import fcntl
 import os
 
-import pytest
-import torch
+# The batch-split contract's premise, as the `probust` command sets it for its own process
+# (probust.cli.STRICT_PRODUCTS): before any matrix product of the suite's processes and workers.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tests._helpers import linear_model, require_fashion_mnist
 

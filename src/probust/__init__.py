@@ -16,15 +16,6 @@ Randomized smoothing (Cohen et al.'s certified L2 radius; :mod:`probust.smoothin
 models are extras (``pip install 'probust[all]'``); a missing one is named in the error.
 """
 
-import os as _os
-
-# A point's number must not depend on the batch it is computed in. On CPUs with AVX-512, MKL's
-# default matrix products round a row differently by the number of rows in the call (a linear
-# layer's output moved by ~1e-7 between 9 and 18 rows); its strict reproducible mode (a few
-# percent slower) gives every row the same bits at any row count. Set before MKL's first call,
-# and only where the user has not chosen a mode (docs/estimate.md, "What probust guarantees").
-_os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-
 from probust.estimators import (
     METHODS,
     MMSE,
