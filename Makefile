@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-all test-slow test-cuda test-core core-deps mutation lint bench install clean
+.PHONY: demo test test-all test-slow test-cuda test-core core-deps mutation lint bench bench-gate install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,16 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_mvn.py
 	$(BIN)/python benchmarks/bench_estimators.py
+
+# The speed gate (CI): each headline ratio against what a user would otherwise run (the paper's
+# approach, a plain Monte Carlo loop, Cohen et al.'s CERTIFY), alternating in one process; fails
+# below its floor (benchmarks/gate.py; about 2 minutes on 2 cores, nothing else running). glibc's
+# allocator is pinned (GATE_MALLOC): with its adaptive mmap threshold, the references' few-MB
+# batches were served from fresh pages in some processes and not others (Cohen et al.'s code 3.5
+# or 4.9 s for the same work), which made a run's ratios bimodal.
+GATE_MALLOC := MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456
+bench-gate: $(STAMP)
+	$(GATE_MALLOC) $(BIN)/python benchmarks/gate.py
 
 clean:
 	rm -rf $(VENV) $(CORE_VENV) build dist src/*.egg-info .pytest_cache

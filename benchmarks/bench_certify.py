@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import stats
 from torch import Tensor, nn
 
 import probust
 import probust.data
+from baselines import cohen_certify
 from probust.training import train
 
 RUNS = Path("runs/bench_certify")
@@ -83,47 +83,6 @@ def noisy_cnn(sigma: float = SIGMA, epochs: int = 5) -> tuple[nn.Module, float]:
         num_threads=1,
     )
     return result.model.eval(), float(result.meta["test_accuracy"])
-
-
-# ---------------------------------------------------------------- the authors' CERTIFY, per point
-
-
-def _sample_noise(model: nn.Module, x: Tensor, num: int, batch_size: int, sigma: float, classes: int) -> np.ndarray:
-    """``Smooth._sample_noise`` of the authors' core.py: class counts of ``num`` noisy copies of one input."""
-    with torch.no_grad():
-        counts = np.zeros(classes, dtype=int)
-        remaining = num
-        for _ in range(int(np.ceil(num / batch_size))):
-            this_batch_size = min(batch_size, remaining)
-            remaining -= this_batch_size
-            batch = x.repeat((this_batch_size, 1, 1, 1))
-            noise = torch.randn_like(batch) * sigma
-            predictions = model(batch + noise).argmax(1)
-            # (the authors count with a Python loop over the predictions; bincount is the same, faster)
-            counts += np.bincount(predictions.cpu().numpy(), minlength=classes)
-        return counts
-
-
-def cohen_certify(
-    model: nn.Module, x: Tensor, sigma: float, n0: int, n: int, alpha: float, batch: int, classes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``Smooth.certify`` of the authors' core.py, one point after the other: (prediction, radius)."""
-    model.eval()
-    predictions, radii = [], []
-    for x_i in x:
-        counts_selection = _sample_noise(model, x_i, n0, batch, sigma, classes)
-        c_a = int(counts_selection.argmax())
-        counts_estimation = _sample_noise(model, x_i, n, batch, sigma, classes)
-        n_a = int(counts_estimation[c_a])
-        # proportion_confint(nA, N, alpha=2 * alpha, method="beta")[0]
-        p_a = float(stats.beta.ppf(alpha, n_a, n - n_a + 1)) if n_a > 0 else 0.0
-        if p_a < 0.5:
-            predictions.append(-1)
-            radii.append(0.0)
-        else:
-            predictions.append(c_a)
-            radii.append(sigma * float(stats.norm.ppf(p_a)))
-    return np.array(predictions), np.array(radii)
 
 
 # ---------------------------------------------------------------- measurements

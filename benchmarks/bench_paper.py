@@ -35,16 +35,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
-from scipy.stats import multivariate_normal, norm
 from torch import Tensor, nn
 
+import baselines
 import probust
 from probust.gradients import logit_jacobian
 from probust.models import build, load_model
 
-PAPER_MVN = {"maxpts": 10_000, "abseps": 1e-4, "releps": 1e-4}  # the paper code's defaults
 SPEEDUP, FRACTION, MEMORY_MB, FLOOR = 1.5, 0.8, 4096.0, 1.15
 SHAPES = {"resnet18": (3, 32, 32), "cnn": (1, 28, 28), "linear": (1, 28, 28)}
 Row = dict[str, Any]
@@ -79,70 +77,12 @@ def _points(arch: str, n: int, seed: int) -> Tensor:
     return torch.rand(n + 2, *SHAPES[arch], generator=torch.Generator().manual_seed(seed))
 
 
-# ---- the paper code's approach ------------------------------------------------------------------
-def _paper_jacobian(model: nn.Module, x: Tensor, vectorized: bool) -> tuple[Tensor, Tensor]:
-    """Logits [n, C] and their input gradients [n, C, D]: one backward pass per class."""
-    x = x.detach().clone().requires_grad_(True)
-    logits = model(x)
-    if vectorized:  # what src/fns_sigma.py x_to_gradf does (a second forward, vmapped backward)
-        jac = torch.autograd.functional.jacobian(lambda v: model(v).sum(0), x, vectorize=True).transpose(0, 1)
-    else:
-        rows = [torch.autograd.grad(logits[:, j].sum(), x, retain_graph=True)[0] for j in range(logits.shape[1])]
-        jac = torch.stack(rows, 1)
-    return logits.detach(), jac.flatten(2)
-
-
-def _paper_p(g: Tensor, u: Tensor, sigma: float, rng: np.random.Generator) -> float:
-    """mvn-cdf of z = g / (sigma ||u||) with correlation U U^T (+1e-5 I, ensure_cov_psd)."""
-    g64, u64 = g.double().numpy(), u.double().numpy()
-    norms = np.linalg.norm(u64, axis=1)
-    z = g64 / (sigma * norms)
-    if z.size == 1:
-        return float(norm.cdf(z[0]))
-    unit = u64 / norms[:, None]
-    cov = unit @ unit.T + 1e-5 * np.eye(z.size)
-    return float(multivariate_normal.cdf(z, mean=np.zeros(z.size), cov=cov, rng=rng, **PAPER_MVN))
-
-
-def _boundaries(logits: Tensor, jac: Tensor, t: int) -> tuple[Tensor, Tensor]:
-    """g [n, C-1] and u [n, C-1, D] for the margins f_t - f_j, j != t."""
-    others = [j for j in range(logits.shape[1]) if j != t]
-    return logits[:, t, None] - logits[:, others], jac[:, t, None] - jac[:, others]
-
-
-def _paper_taylor(model: nn.Module, x: Tensor, sigma: float, seed: int, vectorized: bool) -> Tensor:
-    rng, ps = np.random.default_rng(seed), []
-    for xi in x:
-        logits, jac = _paper_jacobian(model, xi[None], vectorized)
-        g, u = _boundaries(logits, jac, int(logits[0].argmax()))
-        ps.append(_paper_p(g[0], u[0], sigma, rng))
-    return torch.tensor(ps, dtype=torch.float64)
-
-
-def _paper_mmse(model: nn.Module, x: Tensor, sigma: float, n: int, seed: int, vectorized: bool) -> Tensor:
-    torch.manual_seed(seed)
-    rng, ps = np.random.default_rng(seed), []
-    for xi in x:
-        with torch.no_grad():
-            t = int(model(xi[None]).argmax())
-        logits, jac = _paper_jacobian(model, xi + sigma * torch.randn(n, *xi.shape), vectorized)
-        g, u = _boundaries(logits, jac, t)
-        ps.append(_paper_p(g.mean(0), u.mean(0), sigma, rng))
-    return torch.tensor(ps, dtype=torch.float64)
+# ---- the paper code's approach (benchmarks/baselines.py) ----------------------------------------
+_paper_taylor, _paper_mmse = baselines.paper_taylor, baselines.paper_mmse
 
 
 def _paper_mc(model: nn.Module, x: Tensor, sigma: float, n: int, seed: int, batch: int) -> Tensor:
-    torch.manual_seed(seed)
-    ps = []
-    with torch.no_grad():
-        for xi in x:
-            t = model(xi[None]).argmax(1)
-            kept = sum(
-                int((model(xi + sigma * torch.randn(b, *xi.shape)).argmax(1) == t).sum())
-                for b in [batch] * (n // batch) + ([n % batch] if n % batch else [])
-            )
-            ps.append(kept / n)
-    return torch.tensor(ps, dtype=torch.float64)
+    return baselines.plain_monte_carlo(model, x, sigma, n, seed, batch)
 
 
 # ---- probust ----------------------------------------------------------------------------------------
@@ -516,7 +456,7 @@ def main() -> None:
     print(
         f"models: {'CNN from ' + args.cnn_checkpoint if args.cnn_checkpoint else 'all'} "
         f"{'' if args.cnn_checkpoint else 'randomly initialised (speed does not depend on training)'}; "
-        f"paper side: {args.paper_jacobian} Jacobian, scipy mvn-cdf {PAPER_MVN}"
+        f"paper side: {args.paper_jacobian} Jacobian, scipy mvn-cdf {baselines.PAPER_MVN}"
     )
     out: dict[str, Any] = {
         "args": vars(args),

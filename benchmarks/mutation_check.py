@@ -170,6 +170,44 @@ MUTANTS = (
         "for k in reversed(range(int(rank.max()) + 1)):",
         ("tests/test_segments.py",),
     ),
+    # Issue 50: the trust check's stages and the drawn logits of affine models.
+    Mutant(
+        "trust-first-stage-clears-whatever-the-residuals",
+        "estimators/trust.py",
+        "        cleared &= rate <= CLEAR_RATE",
+        "        cleared &= rate <= 1.0",
+        (
+            "tests/estimators/test_trust.py::test_the_first_two_draws_stop_a_point_only_where_they_agree_and_their_residuals_cannot_flip_it",
+        ),
+    ),
+    Mutant(
+        "trust-flip-rate-without-widening",
+        "estimators/trust.py",
+        "widen = RESIDUAL_SPREAD * (high - low) + RESIDUAL_SLACK * torch.maximum(low.abs(), high.abs())",
+        "widen = 0.0 * (high - low)",
+        ("tests/estimators/test_trust.py::test_flip_rate_is_the_union_of_the_flipping_bands",),
+    ),
+    Mutant(
+        "trust-later-stages-draw-the-first-stages-draws-again",
+        "estimators/linearised.py",
+        "open_, start = open_[trust.undecided(agreeing[open_], draws[open_], rate)], upto",
+        "open_, start = open_[trust.undecided(agreeing[open_], draws[open_], rate)], 0",
+        ("tests/estimators/test_trust.py::test_later_stages_stop_where_the_draws_so_far_all_agree_or_flag_the_point",),
+    ),
+    Mutant(
+        "affine-factor-transposed",
+        "estimators/affine.py",
+        "noisy = torch.matmul(z, self.factor.T) + self.clean[points, None]",
+        "noisy = torch.matmul(z, self.factor) + self.clean[points, None]",
+        ("tests/estimators/test_affine.py::test_the_drawn_logits_have_the_covariance_of_j_s_j",),
+    ),
+    Mutant(
+        "normal-radius-without-the-factor-two",
+        "_rng.py",
+        "_unit(scratch, radius).log_().mul_(-2.0).sqrt_()",
+        "_unit(scratch, radius).log_().mul_(-1.0).sqrt_()",
+        ("tests/test_rng.py::test_normal_and_uniform_have_their_laws",),
+    ),
 )
 
 
