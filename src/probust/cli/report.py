@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         results = load_results(args.results_dir)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a damaged results file, named with what to do
+        print(f"probust report: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
     out = args.out if args.out is not None else args.results_dir
     extra = None
     record = Path(args.results_dir) / "demo.json"  # results made by `probust demo`: show how

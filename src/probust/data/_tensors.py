@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from probust._extras import import_extra
+from probust._untrusted import numpy_load, torch_load
 from probust.data._errors import DataFormatError
 from probust.errors import Placeholder, Setting
 
@@ -162,6 +163,8 @@ def check_inputs(x: np.ndarray, path: Path, what: str) -> np.ndarray:
         raise DataFormatError(f"{path}: {what} must be numbers, got dtype {x.dtype}")
     if x.ndim < 2:
         raise DataFormatError(f"{path}: {what} must have shape [N, ...] (one row per point), got {list(x.shape)}")
+    if x.shape[0] == 0:
+        raise DataFormatError(f"{path}: {what} holds no points (shape {list(x.shape)})")
     out = x.astype(np.float32)
     finite = np.isfinite(out.reshape(out.shape[0], -1)).all(axis=1)
     if not finite.all():
@@ -190,6 +193,17 @@ def _array(value: Any, path: Path, key: str) -> np.ndarray:
         raise DataFormatError(f"{path}: {key!r} has mixed shapes ({exc})") from None
 
 
+#: How to save data so that loading it runs no code (ends a refusal's message).
+_SAFE_DATA = (
+    "save the inputs and labels as arrays (numpy.savez(path, x=x, y=y)) or tensors (torch.save({'x': x, 'y': y}))"
+)
+
+
+def _numpy(path: Path) -> Any:
+    """A ``.npy`` array or ``.npz`` archive, never unpickled (:func:`probust._untrusted.numpy_load`)."""
+    return numpy_load(path, error=DataFormatError, advice=_SAFE_DATA)
+
+
 def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
     """A ``.npz``/``.pt`` file holding inputs ``x_key`` [N, ...] and labels ``y_key`` [N]
     (optionally ``classes``, a list of names), or a ``.npy`` of inputs whose labels are the
@@ -204,14 +218,14 @@ def read_tensor_file(path: Path, x_key: str, y_key: str) -> TensorDataset:
                     f"{path}: the labels of a .npy file are another .npy file, named by y_key=FILE, "
                     f"relative to its folder; {y_path} is not one"
                 )
-            x_raw, y_raw = np.load(path, allow_pickle=False), np.load(y_path, allow_pickle=False)
+            x_raw, y_raw = _numpy(path), _numpy(y_path)
         elif suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
+            with _numpy(path) as f:
                 contents = {k: f[k] for k in f.files}
             x_raw, y_raw = _keys(contents, path, x_key, y_key)
             classes = contents.get("classes")
         else:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = torch_load(path, allow_pickle=None, error=DataFormatError, advice=_SAFE_DATA)
             if isinstance(obj, (tuple, list)) and len(obj) == 2:
                 x_raw, y_raw = _array(obj[0], path, "x"), _array(obj[1], path, "y")
             elif isinstance(obj, dict):

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
+from probust._io import atomic_write_text
+
 if TYPE_CHECKING:
     from probust.experiments.runs import Results
 
@@ -58,12 +60,13 @@ class Output:
 
 
 def write_tables(out: Path, name: str, tables: dict[str, pd.DataFrame]) -> list[Path]:
-    """Write each table as CSV in ``out``; returns the paths."""
+    """Write each table as CSV in ``out`` (each whole or not at all, replacing a file or link of its
+    name rather than writing through it); returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for key, frame in tables.items():
         path = out / (f"{name}.csv" if key == name else f"{name}_{key}.csv")
-        frame.to_csv(path, index=False, float_format="%.6g")
+        atomic_write_text(path, frame.to_csv(index=False, float_format="%.6g"), durable=False)
         paths.append(path)
     return paths
 

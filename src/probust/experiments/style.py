@@ -20,6 +20,7 @@ matplotlib.use("Agg", force=True)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from probust._io import atomic_write  # noqa: E402
 from probust.plots.style import (  # noqa: E402
     MC_BAND_COLOR,
     METHOD_COLORS,
@@ -150,7 +151,8 @@ def html_names(text: str) -> str:
 
 
 def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
-    """Write ``stem.png`` and ``stem.svg`` and close the figure.
+    """Write ``stem.png`` and ``stem.svg`` (each whole or not at all, replacing a file or link of
+    its name rather than writing through it) and close the figure.
 
     Returns:
         [png path, svg path].
@@ -159,7 +161,9 @@ def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
     with matplotlib.rc_context(RC):
-        fig.savefig(paths[0], metadata={"Software": None})
-        fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
+        atomic_write(paths[0], lambda f: fig.savefig(f, format="png", metadata={"Software": None}), durable=False)
+        atomic_write(
+            paths[1], lambda f: fig.savefig(f, format="svg", metadata={"Date": None, "Creator": None}), durable=False
+        )
     plt.close(fig)
     return paths

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from probust._io import atomic_write, first_line
+from probust._untrusted import torch_load
 from probust.errors import ProbustError
 from probust.models._registry import ARCHS, spec_of
 
@@ -138,7 +139,15 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not path.is_file():
         raise FileNotFoundError(f"no model file at {path}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch_load(
+            path,
+            allow_pickle=None,
+            error=CheckpointError,
+            advice="a probust checkpoint holds tensors only (probust.models.save_checkpoint)",
+            map_location=map_location,
+        )
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(f"{path}: not a probust checkpoint ({type(exc).__name__}: {first_line(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from probust import _model_output
 from probust._io import first_line
+from probust._untrusted import torch_load
 from probust.models._checkpoint import CheckpointError
 
 #: ``package.module:function`` (dotted names on both sides).
@@ -71,19 +71,29 @@ def build_from_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> nn
     return model
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+def load_weights(model: nn.Module, path: str | os.PathLike, *, allow_pickle: bool = False) -> None:
     """Load a state_dict file (``torch.save(model.state_dict(), path)``) into ``model`` (strict).
 
-    A probust checkpoint's weights are accepted too.
+    A probust checkpoint's weights are accepted too. The file is read with ``weights_only=True``
+    (:func:`probust._untrusted.torch_load`): one holding pickled Python objects loads only with
+    ``allow_pickle``.
 
     Raises:
-        CheckpointError: no such file, not a state_dict, or keys/shapes that do not fit the model.
+        CheckpointError: no such file, not a state_dict, keys/shapes that do not fit the model, or
+            pickled objects without ``allow_pickle``.
     """
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"{p}: no weights file there")
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        obj = torch_load(
+            p,
+            allow_pickle=allow_pickle,
+            error=CheckpointError,
+            advice="save the weights alone: torch.save(model.state_dict(), path)",
+        )
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(f"{p}: not a state_dict file ({type(exc).__name__}: {first_line(exc)})") from None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._io import first_line
+from probust._untrusted import refusal, refused_objects
 from probust.errors import OptionError
 from probust.models._checkpoint import CheckpointError
 from probust.models._stats_sources import PROCESSOR_FILE, hf_stats
@@ -105,8 +106,16 @@ def load_hf_classifier(folder: str | os.PathLike, *, warn: bool = True) -> tuple
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a local folder loads in a moment; keep stderr for probust
     try:
-        model = AutoModelForImageClassification.from_pretrained(str(path), local_files_only=True)
+        # No code from the folder runs: no remote code, and transformers reads weights saved with
+        # torch.save with weights_only=True (safetensors need no unpickling at all).
+        model = AutoModelForImageClassification.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:
+        if refused_objects(exc):
+            found = "weights saved with pickled Python objects (pytorch_model.bin)"
+            advice = "save the model with save_pretrained (safetensors), or its state_dict of tensors"
+            raise CheckpointError(*refusal(path, found, advice, allowed=False)) from None
         raise CheckpointError(
             f"{path}: cannot load an image classifier from it ({type(exc).__name__}: {first_line(exc)})"
         ) from None

@@ -1,9 +1,14 @@
 """Loading a model from any file probust accepts: a probust checkpoint (rebuilt from its meta),
 a TorchScript file, a ``torch.export`` program, or (with ``allow_pickle``) a pickled module.
+
+Every file is read through :mod:`probust._untrusted`: whatever it is called, content that would
+run code when loaded (pickled objects, a ``torch.export`` archive's pickled payloads, native
+libraries or shape expressions that are Python code) is refused unless ``allow_pickle``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
@@ -15,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._io import first_line
-from probust.errors import Setting
+from probust._untrusted import check_export_archive, torch_load
 from probust.models._checkpoint import (
     FORMAT,
     CheckpointError,
@@ -27,6 +32,8 @@ from probust.models._checkpoint import (
 from probust.models._registry import build
 
 _TS_META = "probust_meta.json"  # optional extra file in a TorchScript archive
+#: How to save a model so that loading it runs no code (ends a refusal's message).
+SAFE_SAVE = "save the model with probust.models.save_checkpoint or torch.export"
 
 
 class ExportedModel(nn.Module):
@@ -64,8 +71,11 @@ class ExportedModel(nn.Module):
         return torch.cat(outs)
 
 
-def _load_export(path: Path) -> tuple[nn.Module, dict[str, Any]]:
-    program = torch.export.load(str(path))
+def _load_export(path: Path, allow_pickle: bool) -> tuple[nn.Module, dict[str, Any]]:
+    data = path.read_bytes()  # checked and loaded from the same bytes
+    if not allow_pickle:
+        check_export_archive(data, name=path, error=CheckpointError, advice=SAFE_SAVE)
+    program = torch.export.load(io.BytesIO(data))
     user_inputs = set(program.graph_signature.user_inputs)
     shape = None
     for node in program.graph.nodes:
@@ -81,7 +91,8 @@ def _load_export(path: Path) -> tuple[nn.Module, dict[str, Any]]:
         if all(isinstance(s, int) for s in shape[1:]):
             meta["input_shape"] = [int(s) for s in shape[1:]]
     meta["batch_size"] = batch_size if batch_size is not None else "dynamic"
-    return ExportedModel(program.module(), batch_size), meta
+    # No guards: module() would compile the archive's guard strings as Python source.
+    return ExportedModel(program.module(check_guards=False), batch_size), meta
 
 
 def _load_torchscript(path: Path, map_location: Any) -> tuple[nn.Module, dict[str, Any]]:
@@ -101,18 +112,13 @@ def _load_torchscript(path: Path, map_location: Any) -> tuple[nn.Module, dict[st
 
 def _load_torch_save(path: Path, map_location: Any, allow_pickle: bool) -> tuple[nn.Module, dict[str, Any]]:
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch_load(
+            path, allow_pickle=allow_pickle, error=CheckpointError, advice=SAFE_SAVE, map_location=map_location
+        )
+    except CheckpointError:
+        raise
     except Exception as exc:
-        if "unsupported global" not in str(exc).lower():  # not a pickle of Python objects
-            raise CheckpointError(f"{path}: not a model file ({type(exc).__name__}: {first_line(exc)})") from None
-        if not allow_pickle:
-            raise CheckpointError(
-                f"{path}: holds pickled Python objects (e.g. torch.save(model)), and loading them runs "
-                "code from the file; pass ",
-                Setting("allow_pickle", True),
-                " if you trust it, or save the model with probust.models.save_checkpoint or torch.export",
-            ) from None
-        obj = torch.load(path, map_location=map_location, weights_only=False)
+        raise CheckpointError(f"{path}: not a model file ({type(exc).__name__}: {first_line(exc)})") from None
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         return _rebuild(path, check_version(path, obj))
     if isinstance(obj, nn.Module):
@@ -156,7 +162,9 @@ def load_model(
     * a TorchScript archive (``torch.jit.save``); meta from an optional ``probust_meta.json``
       extra file;
     * a ``torch.export`` program (``torch.export.save``, ``.pt2``); meta records the input shape
-      and batch size found in the program;
+      and batch size found in the program. An archive holding pickled weights, constants or
+      sample inputs, AOTInductor code, or a shape expression that is not arithmetic loads only
+      with ``allow_pickle=True`` (:func:`probust._untrusted.check_export_archive`);
     * a pickled ``nn.Module`` (``torch.save(model)``), only with ``allow_pickle=True``.
 
     Args:
@@ -165,14 +173,16 @@ def load_model(
         expect_arch, expect_num_classes, expect_input_shape, expect_dataset: refuse a model that
             does not match (see :func:`check_compatible`). For files without recorded metadata,
             class count and input shape are checked by running one zero input through the model.
-        allow_pickle: allow files that run code when loaded.
+        allow_pickle: allow files that run code when loaded (pickled objects, and the ``torch.export``
+            archives above).
 
     Returns:
         ``(model, meta)``; the model is in eval mode, maps ``[B, *input_shape]`` to ``[B, C]``.
 
     Raises:
         FileNotFoundError: no such file.
-        CheckpointError: unreadable or not self-describing file.
+        CheckpointError: unreadable or not self-describing file, or one that would run code when
+            loaded without ``allow_pickle`` (the message names the file and what in it).
         CheckpointMismatchError: the model is not what was expected.
     """
     path = Path(path)
@@ -181,7 +191,7 @@ def load_model(
     kind = zip_kind(path)
     try:
         if kind == "export":
-            model, meta = _load_export(path)
+            model, meta = _load_export(path, allow_pickle)
         elif kind == "torchscript":
             model, meta = _load_torchscript(path, map_location)
         else:

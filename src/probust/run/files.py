@@ -6,6 +6,7 @@ for what each column means.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,22 +164,57 @@ def damaged(path: Path, reason: str) -> ValueError:
     )
 
 
-def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = ESTIMATE) -> pa.Table:
+def _run_of(stored: pa.Schema) -> dict[str, Any] | None:
+    """The "run" a results file records in its metadata: a part's is the run itself, a merged
+    file's is its whole configuration's "run"; None where it records none."""
+    raw = (stored.metadata or {}).get(CONFIG_META_KEY)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}  # unreadable: matches no run
+    if isinstance(value, dict) and isinstance(value.get("run"), dict):
+        return value["run"]
+    return value if isinstance(value, dict) else {}
+
+
+def _other_run(recorded: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """The settings in which a file's recorded run differs from the folder's (those both record,
+    so that a setting renamed or added later does not count)."""
+    return [
+        f"{key}: {str(recorded[key])[:40]} in the file, {str(run[key])[:40]} in config.json"
+        for key in run
+        if key in recorded and recorded[key] != run[key]
+    ]
+
+
+def read_table_file(
+    path: Path, columns: Sequence[str] | None, layout: Layout = ESTIMATE, *, run: dict[str, Any] | None = None
+) -> pa.Table:
     """One results file's rows in the layout's columns (all, or ``columns``; default layout:
     :data:`ESTIMATE`), under their current names also where the file was written in an earlier
     format version (:attr:`Layout.former`).
 
+    Args:
+        run: the "run" section of the folder's config.json: a file whose metadata records
+            another run (a part copied from another folder) is refused. None: not checked.
+
     Raises:
         FileNotFoundError: the file is gone (a merge removed it meanwhile).
         ValueError: the file is damaged (unreadable, a page checksum that does not match, a
-            column of another type, a row without its key) or is not a probust results file;
-            the message names it.
+            column of another type, a row without its key), is not a probust results file, or
+            holds rows of another run than ``run``; the message names it.
     """
     full = layout.schema
     schema = full if columns is None else pa.schema([full.field(c) for c in columns])
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
             stored = parquet.schema_arrow
+            recorded = _run_of(stored) if run is not None else None
+            differs = _other_run(recorded, run) if recorded is not None and run is not None else []
+            if differs or recorded == {}:
+                raise _ForeignFile("; ".join(differs) or "its record of the run is unreadable")
             # A file of an earlier format version: read its columns under their current names.
             renamed = {was: now for was, now in layout.former if was in stored.names and now not in stored.names}
             stored = pa.schema([f.with_name(renamed.get(f.name, f.name)) for f in stored])
@@ -187,6 +223,11 @@ def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = 
             table = table.rename_columns([renamed.get(c, c) for c in table.column_names])
     except FileNotFoundError:
         raise
+    except _ForeignFile as exc:
+        raise ValueError(
+            f"results file {path} holds rows of another run ({exc}); move it out of the folder (or delete it) "
+            "and run the same command again to compute its rows again"
+        ) from None
     except Exception as exc:  # disk trouble or a hand edit: name the file
         raise damaged(path, f"cannot read it: {first_line(exc)}") from None
     absent = [name for name in schema.names if name not in stored.names]
@@ -210,6 +251,10 @@ def read_table_file(path: Path, columns: Sequence[str] | None, layout: Layout = 
         return table.select(schema.names).cast(schema).replace_schema_metadata(None)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise damaged(path, first_line(exc)) from None
+
+
+class _ForeignFile(Exception):
+    """A results file whose metadata records another run than its folder's."""
 
 
 def make_table(columns: dict[str, Any], layout: Layout = ESTIMATE) -> pa.Table:

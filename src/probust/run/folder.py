@@ -20,6 +20,7 @@ import datetime as _dt
 import os
 import platform
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probust.errors import Setting
+from probust.errors import Setting, first_parts
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, ConfigMismatchError, first_line
 from probust.run.indices import index_ranges
@@ -35,7 +36,14 @@ from probust.run.methods import LINEARISED_MC_METHODS, sample_kind, uses_mmse_sa
 from probust.run.prepared import PreparedRun
 from probust.run.results_config import ResultsConfig
 from probust.run.sources import config_value, data_name, data_split, hash_data, input_shape, num_classes
-from probust.run.store import FORMAT, FORMAT_VERSION, FORMER_FORMAT_VERSIONS, FolderLockedError, ResultStore
+from probust.run.store import (
+    FORMAT,
+    FORMAT_VERSION,
+    FORMER_FORMAT_VERSIONS,
+    FolderLockedError,
+    ResultsLinkError,
+    ResultStore,
+)
 
 __all__ = ["claim_folder", "new_config", "now", "request", "start_history"]
 
@@ -305,10 +313,13 @@ def claim_folder(
         raise ConfigError(f"{path} exists and is not a folder", field="out")
     try:
         store.create()
-        probe = store.parts_dir / f".write-test-{os.getpid()}.tmp"
-        probe.write_bytes(b"")
+        # A new name of its own (O_EXCL): an existing file or link of that name is never opened.
+        fd, probe = tempfile.mkstemp(dir=store.parts_dir, prefix=".write-test-", suffix=".tmp")
+        os.close(fd)
         # missing_ok: a run holding the folder may clean temporaries meanwhile
-        probe.unlink(missing_ok=True)
+        Path(probe).unlink(missing_ok=True)
+    except ResultsLinkError as exc:
+        raise ConfigError(*first_parts(exc), field="out") from None
     except OSError as exc:
         raise ConfigError(f"cannot write to {path} ({exc.strerror or first_line(exc)})", field="out") from None
     try:

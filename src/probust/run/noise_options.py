@@ -17,6 +17,7 @@ before these options existed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probust._untrusted import numpy_load
 from probust.errors import Setting
 from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.run.errors import ConfigError, first_line
@@ -105,7 +107,13 @@ def _array(value: Any, name: str) -> tuple[np.ndarray, dict[str, Any]]:
     if isinstance(value, (str, os.PathLike)):
         path = Path(value)
         try:
-            array = np.load(path, allow_pickle=False)
+            array = numpy_load(
+                path,
+                error=functools.partial(ConfigError, field=name, path=path),
+                advice="save the numbers as a plain array (numpy.save of a float array)",
+            )
+        except ConfigError:
+            raise
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot read {path} as a .npy array ({first_line(exc)})", field=name, path=path

@@ -396,7 +396,8 @@ class SourceOptions:
     )
     allow_pickle: bool = option(
         False,
-        help="accept model files that run code when loaded (torch.save(model))",
+        help="accept model and weights files that run code when loaded (torch.save(model), a torch.export "
+        "archive with pickled parts); see docs/security.md",
         check=_bool,
     )
     mean: Sequence[float] | None = option(

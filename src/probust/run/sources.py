@@ -475,7 +475,7 @@ def load_model(
             raise ConfigError(*first_parts(exc), field="model") from None
         if weights is not None:
             try:
-                pmodels.load_weights(built, weights)
+                pmodels.load_weights(built, weights, allow_pickle=allow_pickle)
             except pmodels.CheckpointError as exc:
                 raise ConfigError(*first_parts(exc), field="weights") from None
         info = {

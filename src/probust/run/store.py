@@ -9,11 +9,17 @@ A results folder holds::
       .lock              held by the process writing into the folder (released by the
                          operating system when that process ends, even by SIGKILL)
 
+probust writes, truncates and deletes only inside the folder: a ``parts/``, ``.lock``,
+``config.json``, ``results.parquet`` or part that is a symbolic link is refused by name
+(:class:`ResultsLinkError`) before anything is written, the lock is opened with ``O_NOFOLLOW``
+and must be a plain file of its own. Reading a folder through links is allowed.
+
 Every part is written to a hidden temporary name in ``parts/``, flushed to disk and then
 ``os.replace``d into place, so a reader (or a resumed run) sees a whole part or none of it,
 whatever kills the writer; a write that fails (a full disk) raises :class:`ResultsWriteError`
 naming the folder and leaves it as it was. Each data page carries a checksum, so a file
-damaged later is refused by name rather than read with other numbers. :func:`read_results`
+damaged later is refused by name rather than read with other numbers, and so is a file whose
+metadata says another run wrote it (a part copied in from another folder). :func:`read_results`
 reads either layout, or both at once.
 
 The folder's ``config.json`` says which run made the rows; it is marked ``"format":``
@@ -28,8 +34,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -70,6 +78,7 @@ __all__ = [
     "FolderLockedError",
     "MemoryStore",
     "ResultStore",
+    "ResultsLinkError",
     "ResultsWriteError",
     "make_table",
     "merge",
@@ -100,6 +109,12 @@ MEMORY = Path("<memory>")
 
 class FolderLockedError(ProbustError, RuntimeError):
     """Another process holds the results folder's lock."""
+
+
+class ResultsLinkError(ProbustError, OSError):
+    """A file or folder that probust would write, truncate or delete in a results folder is a
+    symbolic link (or, for the lock, not a plain file of its own): following it would change
+    something outside the folder, so nothing is written. The message names it."""
 
 
 class ResultsWriteError(ProbustError, OSError):
@@ -142,8 +157,53 @@ class ResultStore:
     # -- folder ------------------------------------------------------------------------------
 
     def create(self) -> None:
-        """Create the folder and its ``parts/`` subfolder (OSError if that is impossible)."""
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        """Create the folder and its ``parts/`` subfolder (OSError if that is impossible).
+
+        Raises:
+            ResultsLinkError: a file or folder probust writes there is a symbolic link
+                (:meth:`refuse_links`).
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._own(self.parts_dir, "its parts folder")
+        self.parts_dir.mkdir(exist_ok=True)
+        self.refuse_links()
+
+    def _own(self, path: Path, what: str) -> None:
+        """Raise :class:`ResultsLinkError` if ``path`` (in the folder) is a symbolic link."""
+        if path.is_symlink():
+            try:
+                target = f" to {os.readlink(path)}"
+            except OSError:  # pragma: no cover - gone meanwhile
+                target = ""
+            raise ResultsLinkError(
+                f"{path} ({what}) is a symbolic link{target}; probust writes and deletes only inside {self.path}, "
+                "never through a link: remove the link (or choose another output folder)"
+            )
+
+    def refuse_links(self) -> None:
+        """Refuse a folder in which writing or deleting would follow a symbolic link out of it:
+        ``parts/``, ``.lock``, ``config.json``, ``results.parquet`` and every file in ``parts/``
+        must be the folder's own (the folder itself may be reached through a link).
+
+        Raises:
+            ResultsLinkError: naming the link.
+        """
+        self._own(self.parts_dir, "its parts folder")
+        own = self.path.resolve()
+        if self.parts_dir.exists() and self.parts_dir.resolve() != own / PARTS_DIR:
+            raise ResultsLinkError(
+                f"{self.parts_dir} resolves to {self.parts_dir.resolve()}, outside {own}; probust writes and "
+                "deletes only inside the folder: choose another output folder"
+            )
+        for path, what in (
+            (self.path / _LOCK_NAME, "its lock"),
+            (self.config_path, "its configuration"),
+            (self.merged_path, "its results file"),
+        ):
+            self._own(path, what)
+        if self.parts_dir.is_dir():
+            for path in self.parts_dir.iterdir():
+                self._own(path, "a results part")
 
     def data_files(self) -> list[Path]:
         """Every file holding rows: ``results.parquet`` first, then the parts by name."""
@@ -156,7 +216,12 @@ class ResultStore:
         return bool(self.data_files())
 
     def clear(self) -> None:
-        """Remove what probust wrote here (config, parts, merged table); other files are kept."""
+        """Remove what probust wrote here (config, parts, merged table); other files are kept.
+
+        Raises:
+            ResultsLinkError: deleting would follow a symbolic link (:meth:`refuse_links`).
+        """
+        self.refuse_links()
         for path in self.data_files():
             path.unlink(missing_ok=True)
         self.remove_temporaries()
@@ -166,7 +231,11 @@ class ResultStore:
         """Delete half-written files left by a killed writer; returns how many there were.
 
         Only call this while no process writes into the folder.
+
+        Raises:
+            ResultsLinkError: ``parts/`` is a symbolic link.
         """
+        self._own(self.parts_dir, "its parts folder")
         removed = 0
         for folder in (self.path, self.parts_dir):
             if folder.is_dir():
@@ -180,8 +249,12 @@ class ResultStore:
         """Take the folder's lock, so two runs cannot write into it at once; the folder must
         exist. Held until :meth:`release_lock` or the process ends (even by SIGKILL).
 
+        The lock file is opened without following a link, and must be a plain file with no other
+        name (a hard link): its contents are replaced by this process's id.
+
         Raises:
             FolderLockedError: another process holds it.
+            ResultsLinkError: ``.lock`` is a symbolic link, or not a plain file of its own.
         """
         if self._lock_fd is not None:
             return
@@ -189,7 +262,22 @@ class ResultStore:
             import fcntl
         except ImportError:  # pragma: no cover - Windows: no advisory locks
             return
-        fd = os.open(self.path / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.path / _LOCK_NAME
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self._own(lock, "its lock")
+            raise
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+            os.close(fd)
+            kind = "a plain file" if stat.S_ISREG(info.st_mode) else "not a plain file"
+            raise ResultsLinkError(
+                f"{lock} (its lock) is {kind}{' with another name (a hard link)' if info.st_nlink > 1 else ''}; "
+                "probust writes its process id there: remove it (or choose another output folder)"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -276,6 +364,7 @@ class ResultStore:
         table = make_table(columns, self.layout)
         if metadata is not None:
             table = table.replace_schema_metadata({CONFIG_META_KEY: json.dumps(metadata).encode()})
+        self._own(self.parts_dir, "its parts folder")
         path = self.parts_dir / f"{name}.parquet"
         if path.exists():  # never overwrite rows that are already there
             path = self.parts_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.parquet"
@@ -283,13 +372,24 @@ class ResultStore:
             atomic_write_table(path, table)
         return path
 
+    def _run(self) -> dict[str, Any] | None:
+        """The "run" section of the folder's config.json (None without one), against which each
+        file's own record of its run is checked (:func:`~probust.run.files.read_table_file`)."""
+        try:
+            config = self.read_config()
+        except ValueError:
+            return None  # a damaged config.json is refused where the folder is claimed
+        run = config.get("run") if isinstance(config, dict) else None
+        return run if isinstance(run, dict) else None
+
     def _read(self, columns: Sequence[str] | None) -> pa.Table:
         # A concurrent merge() may delete parts between listing and reading them; their rows are
         # then in results.parquet, so list again.
+        run = self._run()
         for attempt in range(10):
             files = self.data_files()
             try:
-                tables = [read_table_file(p, columns, self.layout) for p in files]
+                tables = [read_table_file(p, columns, self.layout, run=run) for p in files]
             except FileNotFoundError:
                 time.sleep(0.05 * (attempt + 1))
                 continue
@@ -334,7 +434,9 @@ class ResultStore:
 
         Raises:
             ResultsWriteError: ``results.parquet`` could not be written (the parts are then kept).
+            ResultsLinkError: writing or deleting would follow a symbolic link (:meth:`refuse_links`).
         """
+        self.refuse_links()
         files = self.data_files()
         parts = [p for p in files if p != self.merged_path]
         if not parts and self.merged_path.is_file():
@@ -398,6 +500,15 @@ class MemoryStore(ResultStore):
 
     def remove_temporaries(self) -> int:
         return 0
+
+    def refuse_links(self) -> None:
+        pass  # no folder
+
+    def _own(self, path: Path, what: str) -> None:
+        pass
+
+    def _run(self) -> dict[str, Any] | None:
+        return None  # its parts are this process's own
 
     def acquire_lock(self) -> None:
         pass  # one process owns the object
