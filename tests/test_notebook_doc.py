@@ -76,6 +76,8 @@ def test_the_page_has_a_block_for_each_part():
         "probust.plots.extremes",
         "ViTForImageClassification",
         "timm.create_model",
+        "mc_samples=",
+        "target_half_width=",
     ):
         assert name in codes, name
     assert all(out is not None for _, out in blocks()), "every block shows its output"

@@ -15,6 +15,7 @@ the code that differentiates the model still sees the user's own modules inside 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -29,6 +30,9 @@ __all__ = [
     "ModelCallError",
     "ModelOutputError",
     "Reading",
+    "call_error",
+    "first_layer",
+    "input_problem",
     "is_low_precision",
     "logits_model",
     "logits_reading",
@@ -52,7 +56,120 @@ class ModelOutputError(OptionError):
 
 class ModelCallError(ProbustError, ValueError):
     """The model raised on a few rows of ``x`` (``field`` is ``"x"``): the message names x's shape
-    as it was read (a batch of B inputs of shape S); the model's own error is chained."""
+    as it was read (a batch of B inputs of shape S), what about it the model's first layer does
+    not take (:func:`input_problem`), and quotes the model's own error, which is chained."""
+
+
+#: The spatial dimensions' names of a convolution's input, by its number of them.
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def first_layer(model: object) -> tuple[str, nn.Module] | None:
+    """The model's first layer that says what inputs it takes, with its name in the model: the
+    first convolution (``in_channels``), linear layer (``in_features``) or module declaring
+    ``input_channels`` (an int, the channels it takes in dimension 1, e.g. :class:`probust.Normalize`)
+    in ``model.modules()`` order. That is the order the modules were assigned in ``__init__``,
+    which is the order they run in an ``nn.Sequential`` and in the torchvision, timm and Hugging
+    Face image classifiers (their stem or patch embedding first). None for a callable that is not
+    an ``nn.Module``, or a model without such a layer."""
+    if not isinstance(model, nn.Module):
+        return None
+    for name, module in model.named_modules():
+        if isinstance(module, _CONVOLUTIONS) and module.in_channels > 0:  # 0: a lazy one, not yet built
+            return name, module
+        if isinstance(module, nn.Linear) and module.in_features > 0:
+            return name, module
+        if isinstance(getattr(module, "input_channels", None), int):
+            return name, module
+    return None
+
+
+def input_problem(model: object, shape: Sequence[int], inputs: str = "x", has: str = "has") -> tuple[str, bool] | None:
+    """What about inputs of ``shape`` ([B, *S]) the model's first layer (:func:`first_layer`)
+    does not take, in words naming the inputs ``inputs`` (with the verb ``has``), and whether the
+    shape says a batch dimension is missing; None where the first layer takes them, or is not known.
+
+    The rules, by the first layer:
+
+    - a convolution over k spatial dimensions takes [B, C_in, *k]: x with k + 1 dimensions lacks
+      the batch dimension (and may have other channels too); with k + 2 dimensions and another
+      size than C_in in dimension 1, the channels differ;
+    - a module declaring ``input_channels`` C takes [B, C, ...]: another size in dimension 1 is
+      other channels, or, where dimension 0 is C, a single input without its batch dimension;
+    - a linear layer takes F features per input: rows of another count than F (neither a row's
+      numbers nor its last dimension) are other inputs, and, where x holds F numbers in all, maybe
+      a single input without its batch dimension.
+    """
+    found = first_layer(model)
+    if found is None or len(shape) < 2:
+        return None
+    name, layer = found
+    shape = [int(n) for n in shape]
+    called = f"{type(layer).__name__} {name!r}" if name else type(layer).__name__
+    if isinstance(layer, _CONVOLUTIONS):
+        k, channels = len(layer.kernel_size), layer.in_channels
+        takes = f"{called}, inputs [B, {channels}, {_SPATIAL[k]}]"
+        if len(shape) == k + 1:
+            other = "" if shape[0] == channels else f", and {_count(shape[0], 'channel')} where it expects {channels}"
+            return (
+                f"{inputs} {has} the dimensions of one input of the model's first layer ({takes}), without "
+                f"the batch dimension{other}",
+                True,
+            )
+        if len(shape) == k + 2 and shape[1] != channels:
+            return f"the model's first layer expects {channels} channels, {inputs} {has} {shape[1]} ({takes})", False
+        return None
+    if isinstance(layer, nn.Linear):
+        features, row = layer.in_features, math.prod(shape[1:])
+        if row == features or shape[-1] == features:
+            return None
+        cause = (
+            f"the model's first layer expects {features} features per input, {inputs} {has} {row} per input ({called})"
+        )
+        if math.prod(shape) == features:  # the features of one input, read as rows
+            return f"{cause}, and {features} numbers in all, one input's worth", True
+        return cause, False
+    channels = int(getattr(layer, "input_channels", 1))  # an int: first_layer checked it
+    if channels == 1 or shape[1] == channels:
+        return None
+    takes = f"{called}, inputs [B, {channels}, ...]"
+    if shape[0] == channels:
+        return (
+            f"{inputs} {has} the {channels} channels of one input of the model's first layer ({takes}) in dimension 0, "
+            "without the batch dimension",
+            True,
+        )
+    return f"the model's first layer expects {channels} channels, {inputs} {has} {shape[1]} ({takes})", False
+
+
+def call_error(model: object, x: Tensor, rows: int, error: BaseException) -> ModelCallError:
+    """The error for a model that raised ``error`` on the first ``rows`` rows of ``x`` (a probe):
+    x's shape as it was read, what its first layer does not take (:func:`input_problem`), the
+    advice to add a batch dimension only where x's shape says one is missing, and the model's
+    own error, with the shape it was given where that is not x's."""
+    shape = list(x.shape)
+    text = f"the model fails on x of shape {shape}, read as a batch of {_count(shape[0], 'input')} of shape {shape[1:]}"
+    problem = input_problem(model, shape)
+    if problem is not None:
+        text += f": {problem[0]}"
+    own = f"{type(error).__name__}: {_first_line(error)}"
+    if rows < shape[0]:
+        text += f" (the model's error on x's first {rows} rows, shape {[rows, *shape[1:]]}: {own})"
+    else:
+        text += f" (the model's error: {own})"
+    if problem is not None and problem[1]:
+        text += "; if x is a single input, pass x.unsqueeze(0)"
+    return ModelCallError(text, field="x")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def logits_reading(out: object, batch: int) -> Reading:

@@ -1,12 +1,32 @@
-"""A progress bar that costs nothing when it is off."""
+"""Progress bars that cost nothing when they are off, and one bar for a whole run.
+
+An estimator opens :func:`progress` over its own work and reports into it: Monte Carlo methods
+(and CERTIFY / PREDICT) count their draws, Taylor and MMSE their points. Called alone with
+``show_progress=True``, it draws its own tqdm bar.
+
+The runner (``probust.score``, ``probust estimate``, ``probust certify``) draws one bar for a
+whole call instead (:func:`run_bar`, counting model evaluations) and hands each piece of work a
+:class:`Share` of it with :func:`counting`: inside, the :func:`progress` an estimator opens draws
+nothing and forwards its updates to that share, times a scale (:func:`counted_as`: an MMSE point
+is its noisy copies), never past the share's size; :meth:`Share.finish` fills what the work did
+not report (adaptive draws that were not needed, a method without a bar of its own). Work that
+is not counted but may take a while (measuring the rows per pass at a model's first call) is
+named beside the bar while it runs (:func:`uncounted`). Outside :func:`counting`, and with no
+bar asked for, :func:`progress` yields a no-op.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from collections.abc import Iterator
-from typing import Protocol
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 from probust._extras import import_extra
+
+__all__ = ["Progress", "Share", "counted_as", "counting", "progress", "run_bar", "uncounted"]
 
 
 class Progress(Protocol):
@@ -20,15 +40,161 @@ class _Silent:
         pass
 
 
+_SILENT = _Silent()
+
+
+class Share:
+    """A piece of a run's bar: ``size`` units of it (model evaluations), filled by the work's
+    updates and, at the end, by :meth:`finish`.
+
+    Args:
+        bar: the run's bar (anything with ``update(n)``).
+        size: the units this piece adds to the bar once done.
+    """
+
+    def __init__(self, bar: Progress, size: int) -> None:
+        self.bar = bar
+        self.left = size
+
+    def add(self, n: int) -> None:
+        """Move the bar by ``n`` units, never past this share's size."""
+        step = min(n, self.left)
+        if step > 0:
+            self.left -= step
+            self.bar.update(step)
+
+    def finish(self) -> None:
+        """Move the bar by what this share has not yet added (the work is done)."""
+        self.add(self.left)
+
+    def note(self, text: str) -> None:
+        """Show ``text`` beside the bar ("" clears it), at once (a bar without notes ignores it)."""
+        show = getattr(self.bar, "set_postfix_str", None)
+        if show is not None:
+            show(text, refresh=True)
+
+    def resume_clock(self) -> None:
+        """Leave the time since the bar last moved out of its rate and time left (tqdm's
+        ``unpause``): work it does not count took it."""
+        resume = getattr(self.bar, "unpause", None)
+        if resume is not None:
+            resume()
+
+
+class _Forward:
+    """The bar an estimator's :func:`progress` gets inside :func:`counting`: its updates, times
+    ``scale``, go to ``share``. ``open``: a :func:`progress` of the work holds it (one at a time)."""
+
+    def __init__(self, share: Share, scale: int) -> None:
+        self.share = share
+        self.scale = scale
+        self.open = False
+
+    def update(self, n: int = 1) -> None:
+        self.share.add(n * self.scale)
+
+
+_TARGET: ContextVar[_Forward | None] = ContextVar("probust_progress_target", default=None)
+
+
+@contextlib.contextmanager
+def counting(share: Share | None, scale: int = 1) -> Iterator[None]:
+    """Inside, the :func:`progress` the work opens forwards its updates (times ``scale``) to
+    ``share`` instead of drawing a bar; a :func:`progress` opened inside another one's is silent,
+    so nothing is counted twice. ``share`` None: nothing changes."""
+    if share is None:
+        yield
+        return
+    token = _TARGET.set(_Forward(share, scale))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+@contextlib.contextmanager
+def counted_as(scale: int) -> Iterator[None]:
+    """Inside :func:`counting`: each unit the work reports counts ``scale`` units of the share
+    (e.g. an MMSE estimator counts points, and a point is its noisy copies). Outside: nothing."""
+    target = _TARGET.get()
+    if target is None:
+        yield
+        return
+    token = _TARGET.set(_Forward(target.share, scale))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+#: Uncounted work shorter than this (in seconds) leaves the bar's clock alone.
+_PAUSE = 0.5
+
+
+@contextlib.contextmanager
+def uncounted(text: str) -> Iterator[None]:
+    """Inside :func:`counting`: work the bar does not count (an estimator measuring its rows per
+    pass), named by ``text`` beside the run's bar while it lasts; where it took a while, its time
+    is left out of the bar's rate and time left, so these estimate the counted work. Outside:
+    nothing."""
+    target = _TARGET.get()
+    if target is None:
+        yield
+        return
+    started = time.perf_counter()
+    target.share.note(text)
+    try:
+        yield
+    finally:
+        target.share.note("")
+        if time.perf_counter() - started >= _PAUSE:
+            target.share.resume_clock()
+
+
 @contextlib.contextmanager
 def progress(total: int, description: str, enabled: bool) -> Iterator[Progress]:
     """A tqdm bar over ``total`` units (points or model evaluations), or a no-op.
 
-    tqdm comes with the 'run' extra; without it, asking for a bar raises a MissingExtraError.
+    Inside :func:`counting` the updates go to the run's share instead, whatever ``enabled`` says
+    (and no bar is drawn). tqdm comes with the 'run' extra; without it, asking for a bar raises a
+    MissingExtraError.
     """
+    target = _TARGET.get()
+    if target is not None:
+        if target.open:  # inside another progress of the same work: counted there
+            yield _SILENT
+            return
+        target.open = True
+        try:
+            yield target
+        finally:
+            target.open = False
+        return
     if not enabled:
-        yield _Silent()
+        yield _SILENT
         return
     tqdm = import_extra("tqdm.auto", extra="run", feature="a progress bar (show_progress=True)").tqdm
     with tqdm(total=total, desc=description, unit="eval" if total > 10**5 else "pt", dynamic_ncols=True) as bar:
+        yield bar
+
+
+@contextlib.contextmanager
+def run_bar(total: int, description: str, enabled: bool, *, initial: int = 0) -> Iterator[Any]:
+    """The one bar of a run: ``total`` model evaluations (``initial`` of them already done, e.g.
+    stored by an earlier run), on stderr, with tqdm's rate and time left; None when not
+    ``enabled``. Its ``set_description`` names the work in progress."""
+    if not enabled:
+        yield None
+        return
+    tqdm = import_extra("tqdm.auto", extra="run", feature="a progress bar (show_progress=True)").tqdm
+    with tqdm(
+        total=total,
+        initial=initial,
+        desc=description,
+        unit="eval",
+        unit_scale=total >= 10_000,  # 1.2M/16M beyond; exact counts below
+        dynamic_ncols=True,
+        file=sys.stderr,
+        smoothing=0.1,
+    ) as bar:
         yield bar

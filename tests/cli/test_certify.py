@@ -274,3 +274,15 @@ def test_the_draw_counts_read_as_the_authors_flags_or_lowercase(in_root):
     assert lower != _args("x")
     assert settings_from(parser.parse_args(lower)) == upper
     assert (upper.n0, upper.n) == (16, 256)
+
+
+def test_progress_is_one_bar_over_every_draw(in_root, capsys):
+    args = [a for a in _args("bar", "--N", "32") if a != "--quiet"]
+    at = args.index("--radii")
+    del args[at : at + 1 + len(RADII)]  # fixed-n CERTIFY: every point draws N0 + N, and one Taylor estimate
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    total = N_POINTS * len(SIGMAS) * (16 + 32 + 1)
+    assert f"{total}/{total}" in err and "eval/s" in err
+    assert f"/{N_POINTS} " not in err and "pt/s" not in err  # no bar over points, none per sigma
+    assert "certify sigma=1: 100%" in err and f"{N_POINTS * len(SIGMAS)} rows" in err

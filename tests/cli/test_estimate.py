@@ -97,7 +97,7 @@ def test_progress_and_summary_go_to_stderr(checkpoints, tmp_path, capsys):
     ]
     assert estimate(*args) == 0
     err = capsys.readouterr().err
-    assert "sigma=0.1 mc n=10" in err and "pt/s" in err and "8 rows" in err
+    assert "sigma=0.1 mc n=10" in err and "eval/s" in err and "80/80" in err and "8 rows" in err
     assert list((tmp_path / "r" / "parts").glob("*.parquet"))
 
 

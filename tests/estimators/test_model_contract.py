@@ -234,6 +234,93 @@ def test_a_missing_batch_dimension_is_named_with_how_x_was_read(method):
     assert isinstance(failed.value, ValueError) and isinstance(failed.value.__cause__, RuntimeError)
 
 
+def _message(model: Any, x: Tensor) -> str:
+    with pytest.raises(ModelCallError) as failed:
+        probust.Taylor(model, 0.1)(x)
+    assert failed.value.field == "x"
+    return str(failed.value)
+
+
+def test_a_single_image_is_named_by_the_shape_given_and_the_first_layers_input():
+    message = _message(LogitsAndFeatures(), torch.rand(3, 8, 8))
+    assert message.startswith(
+        "x: the model fails on x of shape [3, 8, 8], read as a batch of 3 inputs of shape [8, 8]: x has the "
+        "dimensions of one input of the model's first layer (Conv2d 'features.0', inputs [B, 3, H, W]), without "
+        "the batch dimension"
+    )
+    # The model's own error quotes the probe's rows, not x: the message says which rows it ran on.
+    assert "(the model's error on x's first 2 rows, shape [2, 8, 8]: RuntimeError: " in message
+    assert message.endswith("; if x is a single input, pass x.unsqueeze(0)")
+
+
+def test_other_channels_are_named_without_the_batch_dimension_advice():
+    message = _message(LogitsAndFeatures(), torch.rand(4, 1, 8, 8))
+    assert message.startswith(
+        "x: the model fails on x of shape [4, 1, 8, 8], read as a batch of 4 inputs of shape [1, 8, 8]: the model's "
+        "first layer expects 3 channels, x has 1 (Conv2d 'features.0', inputs [B, 3, H, W])"
+    )
+    assert "unsqueeze" not in message
+
+
+def test_a_normalize_in_front_names_its_channels_and_a_missing_batch_dimension():
+    model = nn.Sequential(probust.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]), LogitsAndFeatures())
+    single = _message(model, torch.rand(3, 8, 8))
+    assert (
+        "x has the 3 channels of one input of the model's first layer (Normalize '0', inputs [B, 3, ...]) "
+        "in dimension 0, without the batch dimension" in single
+    )
+    assert single.endswith("pass x.unsqueeze(0)")
+    grey = _message(model, torch.rand(2, 1, 8, 8))
+    assert "the model's first layer expects 3 channels, x has 1 (Normalize '0', inputs [B, 3, ...])" in grey
+    assert "unsqueeze" not in grey
+
+
+def test_a_flat_model_names_the_features_it_expects():
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+    single = _message(mlp, torch.rand(8, 8))  # one 8 x 8 image, read as 8 rows of 8
+    assert (
+        "the model's first layer expects 64 features per input, x has 8 per input (Linear '1'), and 64 "
+        "numbers in all, one input's worth" in single
+    )
+    assert single.endswith("pass x.unsqueeze(0)")
+    other = _message(mlp, torch.rand(4, 1, 5, 5))
+    assert "the model's first layer expects 64 features per input, x has 25 per input (Linear '1')" in other
+    assert "unsqueeze" not in other
+
+
+def test_a_failure_the_input_does_not_explain_is_quoted_without_advice():
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            raise KeyError("no such head")
+
+    message = _message(Fails(), torch.rand(5, 3, 8, 8))
+    assert message == (
+        "x: the model fails on x of shape [5, 3, 8, 8], read as a batch of 5 inputs of shape [3, 8, 8] (the "
+        "model's error on x's first 2 rows, shape [2, 3, 8, 8]: KeyError: 'no such head')"
+    )
+    one = _message(Fails(), torch.rand(1, 3, 8, 8))  # the probe ran on x itself
+    assert one.endswith("read as a batch of 1 input of shape [3, 8, 8] (the model's error: KeyError: 'no such head')")
+
+
+def test_the_runner_names_the_channels_the_model_expects():
+    from probust.run import ConfigError
+
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ConfigError) as refused:
+        probust.score(
+            LogitsAndFeatures(), (x, torch.zeros(6, dtype=torch.int64)), 0.1, ["softmax"], show_progress=False
+        )
+    assert refused.value.field == "model"
+    assert str(refused.value).startswith(
+        "model: does not accept inputs of shape [1, 8, 8] from tensors: the model's first layer expects 3 channels, "
+        "the points have 1 (Conv2d 'features.0', inputs [B, 3, H, W]) (RuntimeError: "
+    )
+
+
 # ---------------------------------------------------------------- bfloat16 models
 
 

@@ -18,6 +18,7 @@ from torch import nn
 import probust
 from probust import models as pm
 from probust.errors import OptionError
+from probust.models import StatisticsError
 from tests._helpers import save_tiny_vit
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -106,6 +107,41 @@ def test_bad_statistics_are_option_errors_naming_the_argument(build, field, text
     assert error.value.field == field and isinstance(error.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    "mean,std,field,text",
+    [
+        (
+            [0.5],
+            [0.5, 0.5],
+            "mean",
+            r"mean has 1 value and std 2 values, a list gives one value per channel: give 2 values to both, or mean "
+            r"as a single number for every channel \(mean=0.5, not \[0.5\]\)",
+        ),
+        (
+            IMAGENET_MEAN,
+            [0.25],
+            "std",
+            r"mean has 3 values and std 1 value, .* or std as a single number for every channel \(std=0.25, not",
+        ),
+        ([0.5, 0.5], [0.5, -1.0], "std", r"std must be positive, got \[0.5, -1.0\]"),
+        ([0.5, 0.5], [0.5, 0.0], "std", r"std must be positive"),
+        ([0.5, 0.5], [0.5, float("inf")], "std", r"std must be finite numbers"),
+        ([0.5, float("nan")], [0.5, 0.5], "mean", r"mean must be finite numbers"),
+    ],
+)
+def test_statistics_that_disagree_or_are_not_finite_are_refused_when_built(mean, std, field, text):
+    with pytest.raises(StatisticsError, match=text) as error:
+        probust.Normalize(mean, std)
+    assert error.value.field == field
+
+
+def test_a_single_number_or_channels_broadcasts_where_two_lists_would_disagree():
+    assert probust.Normalize(0.5, [0.5, 0.25]).mean.flatten().tolist() == [0.5, 0.5]
+    assert probust.Normalize([0.5, 0.25], torch.tensor(0.5)).std.flatten().tolist() == [0.5, 0.5]
+    assert probust.Normalize([0.5], [0.5, 0.25], channels=2).mean.flatten().tolist() == [0.5, 0.5]
+    assert probust.Normalize([0.5], [0.25]).channels == 1
+
+
 def test_an_input_with_other_channels_is_refused_with_the_shapes():
     layer = probust.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     with pytest.raises(ValueError, match=r"statistics for 3 channels, but the input has shape \[2, 1, 4, 4\]"):
@@ -115,7 +151,7 @@ def test_an_input_with_other_channels_is_refused_with_the_shapes():
 # ---- sigma in pixel units -----------------------------------------------------------------------
 
 
-def _linear_pair(std: list[float]):
+def _linear_pair(std: float | list[float]):
     """A 2-class linear model on normalised inputs [B, 3, 2, 2], and its weights."""
     torch.manual_seed(1)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 2, dtype=torch.float64))
@@ -124,7 +160,7 @@ def _linear_pair(std: list[float]):
 
 
 def test_sigma_in_pixel_units_is_sigma_over_std_in_normalised_units():
-    net, wrapped, mean = _linear_pair([0.25])  # one std for every channel: isotropic in both spaces
+    net, wrapped, mean = _linear_pair(0.25)  # one std for every channel: isotropic in both spaces
     x = torch.rand(6, 3, 2, 2, dtype=torch.float64)
     z = _by_hand(x, mean, [0.25] * 3)
     sigma = 0.05

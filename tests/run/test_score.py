@@ -162,6 +162,21 @@ def test_unknown_keywords_are_refused_naming_the_valid_ones(tmp_path, call):
     assert not (tmp_path / "r").exists()
 
 
+def test_every_keyword_score_takes_is_documented_in_its_docstring():
+    import dataclasses
+    import inspect
+
+    from probust.run import RunSettings
+
+    doc = inspect.getdoc(probust.score)
+    named = set(inspect.signature(probust.score).parameters) - {"options"}
+    options = {f.name for f in dataclasses.fields(RunSettings)} - {"data", "model", "sigmas", "methods", "out"}
+    missing = sorted(name for name in named | options if f"``{name}``" not in doc and f"    {name}:" not in doc)
+    assert missing == []
+    # The first two a user reaches for, with an example value.
+    assert "``mc_samples=1000``" in doc and "target_half_width=0.02" in doc
+
+
 def test_score_takes_sigma_not_sigmas():
     with pytest.raises(ConfigError, match="sigmas: not an argument of score \\(did you mean sigma\\?\\)"):
         probust.score(tiny_model(), tiny_data(), 0.1, sigmas=[0.2])

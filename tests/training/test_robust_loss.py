@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -49,6 +50,30 @@ def test_robust_loss_is_mu_times_mean_negative_log_p_and_reaches_every_parameter
     opt.step()
     after = probust.Taylor(model, 0.3, cdf="mv-sigmoid")(x, y).p.log().mean()
     assert after > before
+
+
+def test_a_training_step_runs_no_trust_check_and_warns_nothing(monkeypatch):
+    # The loss needs p and its gradient: the trust check's forward passes and its warning would
+    # come with every step (a tanh net at a large sigma, where the check would flag points).
+    from probust.estimators import trust
+    from probust.estimators.linearised import Linearised
+
+    checked = []
+    original = Linearised._check
+    monkeypatch.setattr(
+        Linearised, "_check", lambda self, *a, **k: checked.append(self.check_draws) or original(self, *a, **k)
+    )
+    model = _mlp(4, seed=1)
+    x = torch.randn(16, 6, generator=torch.Generator().manual_seed(2), dtype=F64) * 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", trust.LinearisationWarning)
+        for linearisation in ("taylor", "mmse"):
+            y = torch.zeros(len(x), dtype=torch.int64)
+            loss = probust.RobustLoss(3.0, mu=1.0, linearisation=linearisation, warmup_steps=0)(model, x, y)
+            loss.backward()
+    assert checked and set(checked) == {0}  # the check is asked for no draw
+    with pytest.warns(trust.LinearisationWarning):  # the premise: a check would flag points here
+        probust.Taylor(model, 3.0, check_draws=32)(x)
 
 
 def test_robust_loss_per_example_is_capped_at_minus_log_min_p_for_badly_wrong_examples():

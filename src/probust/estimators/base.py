@@ -22,18 +22,18 @@ from torch import Tensor, nn
 
 from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
-from probust._io import first_line
 from probust._memory_format import to_format
 from probust._model_output import (
     CONTRACT,
     LogitsOf,
-    ModelCallError,
+    call_error,
     is_low_precision,
     logits_model,
     logits_reading,
     parameter_dtype,
 )
 from probust._per_model import structure_token
+from probust._progress import uncounted
 from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
@@ -61,7 +61,9 @@ class PointwiseMethod:
             added in float32 and cast to the model's dtype at its input, its logits come back as
             float32, and the CDF arithmetic stays in float64. A model that raises on the first
             rows of ``x`` gives a :class:`~probust._model_output.ModelCallError` (``field="x"``)
-            naming how x's shape was read (e.g. a single image without its batch dimension).
+            naming how x's shape was read and what the model's first layer does not take in it
+            (other channels; a single image without its batch dimension, with the advice to pass
+            ``x.unsqueeze(0)`` only then).
         batch_size: the most rows (clean or noisy copies) in one pass through the model.
             None (default): measured on the first call, the fastest that fits
             ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
@@ -178,7 +180,9 @@ class PointwiseMethod:
         autograd, in eval mode, on the first (at most) 2 rows of ``x``.
 
         Raises:
-            ModelCallError: the model raised on those rows (the message names x's shape).
+            ModelCallError: the model raised on those rows: the message names x's shape, what its
+                first layer does not take (the channels; a batch dimension missing, with the advice
+                to add one only then) and the model's own error on those rows.
             ModelOutputError: its output is not one the contract reads as logits.
         """
         model = self.model
@@ -196,12 +200,7 @@ class PointwiseMethod:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
-                raise ModelCallError(
-                    f"the model fails on x of shape {list(x.shape)}, read as a batch of {x.shape[0]} inputs of "
-                    f"shape {list(x.shape[1:])} ({type(exc).__name__}: {first_line(exc)}); if x is a single input, "
-                    "pass x.unsqueeze(0)",
-                    field="x",
-                ) from exc
+                raise call_error(model, x, rows.shape[0], exc) from exc
             runner = logits_model(model, logits_reading(out, rows.shape[0]), dtype)
         self._logits_model_for = (model, key, runner)
         return runner
@@ -243,7 +242,12 @@ class PointwiseMethod:
         """Rows per forward pass without autograd (noisy copies) and the memory format
         (:meth:`probust.execution.Execution.forward_plan`).
 
-        With ``noise``, the pass timed is the real one (:func:`noisy_logits`), drawing and adding the noise."""
+        With ``noise``, the pass timed is the real one (:func:`noisy_logits`), drawing and adding the noise.
+        A run's progress bar names the measuring while it lasts (:func:`probust._progress.uncounted`)."""
+        with uncounted("measuring rows per pass (once per model and input shape)"):
+            return self._measured_forward_plan(x, total_rows, noise)
+
+    def _measured_forward_plan(self, x: Tensor, total_rows: int, noise: Noise | None) -> ForwardPlan:
         if noise is None or not isinstance(self.model, nn.Module):
             return self.execution.forward_plan(self.model, x, total_rows)
         drawn: Noise = noise

@@ -179,6 +179,7 @@ class MonteCarlo(Estimator):
                     start += n
                     low, high = binomial_interval(successes, trials, self.confidence, self.interval)
                     active &= (high - low) / 2 > self.target_half_width
+                bar.update(int(batch * self.n_samples - trials.sum()))  # the draws that were not needed
         p = successes.double() / trials.double()
         low, high = binomial_interval(successes, trials, self.confidence, self.interval)
         return Estimate(

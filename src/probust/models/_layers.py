@@ -53,6 +53,16 @@ def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | Non
     return values["channels"], values["mean"], values["std"]
 
 
+def _is_single(value: Stat) -> bool:
+    """Whether a statistic was given as one number for every channel (a number, a 0-d tensor or
+    array, or None), not as a list of one value per channel."""
+    return value is None or isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0
+
+
+def _values(n: int) -> str:
+    return f"{n} value" if n == 1 else f"{n} values"
+
+
 def _stat(value: Stat, name: str, empty: float) -> Tensor:
     """A statistic as float32 [n] (``empty`` where None)."""
     if value is None:
@@ -85,10 +95,12 @@ class Normalize(nn.Module):
     are the buffers' names and shapes: checkpoints load as before.
 
     Args:
-        mean: the per-channel means (C values, or one for every channel); None: 0.
-        std: the per-channel standard deviations, positive (C values or one); None: 1.
-        channels: C, when it is not the length of ``mean`` or ``std`` (one value broadcast to C
-            channels); by default the longer of the two.
+        mean: the per-channel means: a list of C values, or a single number for every channel;
+            None: 0.
+        std: the per-channel standard deviations, positive: a list of C values, or a single
+            number; None: 1. Without ``channels``, two lists give the same C.
+        channels: C, when it is not the length of ``mean`` or ``std`` (a list of one value is
+            then broadcast to C channels too); by default the longer of the two.
 
     Attributes:
         mean, std: float32 buffers [1, C, 1, 1] (saved with the model).
@@ -96,8 +108,9 @@ class Normalize(nn.Module):
 
     Raises:
         StatisticsError: (an :class:`~probust.errors.OptionError`, a ``ValueError``) a statistic
-            that is not finite, a std that is not positive, or lengths that disagree (``field``
-            names the argument).
+            that is not finite, a std that is not positive, or lengths that disagree (``mean`` and
+            ``std`` lists of different lengths without ``channels``, e.g. ``Normalize([0.5],
+            [0.5, 0.5])``); ``field`` names the argument.
 
     Shapes:
         ``[B, C, ...]`` -> the same: images ``[B, C, H, W]``, or features ``[B, F]`` (one statistic
@@ -127,6 +140,16 @@ class Normalize(nn.Module):
                 )
         if (std_t <= 0).any():
             raise StatisticsError(f"std must be positive, got {std_t.tolist()}", field="std")
+        if channels is None and not _is_single(mean) and not _is_single(std) and mean_t.numel() != std_t.numel():
+            # Two lists give one value per channel each, so they must agree on the channels (the
+            # one-value list is the shorter: other lengths are refused above).
+            short, one = ("mean", mean_t) if mean_t.numel() < std_t.numel() else ("std", std_t)
+            raise StatisticsError(
+                f"mean has {_values(mean_t.numel())} and std {_values(std_t.numel())}, a list gives one value per "
+                f"channel: give {c} values to both, or {short} as a single number for every channel "
+                f"({short}={one.item():g}, not [{one.item():g}])",
+                field=short,
+            )
         self.channels = c
         self.register_buffer("mean", mean_t.expand(c).clone().view(1, c, 1, 1))
         self.register_buffer("std", std_t.expand(c).clone().view(1, c, 1, 1))
@@ -147,6 +170,14 @@ class Normalize(nn.Module):
                 f"(expected [B, {channels}, ...])"
             )
         return (x - mean) / std
+
+    @property
+    def input_channels(self) -> int | None:
+        """The channels this layer takes in dimension 1 of its input; None where one statistic
+        applies to any input (how the model contract names a mismatch:
+        :func:`probust._model_output.input_problem`)."""
+        channels = self.__dict__.get("channels") or int(self.mean.shape[1])
+        return None if channels == 1 else channels
 
     def extra_repr(self) -> str:
         # float32 buffers: 0.485 is stored as 0.48500001...; 6 significant digits read as given

@@ -34,6 +34,7 @@ import pyarrow as pa
 import torch
 
 from probust._options import option
+from probust._progress import counted_as
 from probust.estimators.mmse import DEFAULT_COPIES
 from probust.run.errors import ConfigError
 from probust.run.files import Layout
@@ -304,6 +305,19 @@ class _CertifyUnits:
     def before(self, plan: PreparedRun, pending: list[tuple[np.ndarray, np.ndarray]]) -> None:
         pass
 
+    def cost(self, plan: PreparedRun, task: _SigmaTask) -> int:
+        """CERTIFY's draws (selection and estimation; with ``radii``, the most a point may draw),
+        plus the analytic estimate's evaluations (its MMSE copies, or one for Taylor)."""
+        s: CertifySettings = plan.settings
+        return s.n0 + s.n + self._estimate_cost(s)
+
+    @staticmethod
+    def _estimate_cost(s: CertifySettings) -> int:
+        """Evaluations per point of the analytic estimate beside the certificate (0: none)."""
+        if s.estimate is None:
+            return 0
+        return s.estimate_copies if s.estimate == "mmse" else 1
+
     def start(self, plan: PreparedRun, task: _SigmaTask) -> tuple[Any, Any]:
         from probust.smoothing import Certify
 
@@ -353,7 +367,8 @@ class _CertifyUnits:
         if estimator is not None:
             p, radius, target = [], [], []
             for r in runs:
-                est = estimator(x[r], index_offset=int(todo[r.start]))
+                with counted_as(self._estimate_cost(s)):  # the estimator counts points
+                    est = estimator(x[r], index_offset=int(todo[r.start]))
                 p.append(est.p.detach().cpu().double())
                 radius.append(radius_estimate(est, task.sigma).detach().cpu())
                 target.append(est.target.detach().cpu())

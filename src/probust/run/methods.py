@@ -18,7 +18,9 @@ __all__ = [
     "LINEARISED_MC_METHODS",
     "METHODS",
     "P_FAIL_METHODS",
+    "evaluations",
     "make_task_estimator",
+    "reported_as",
     "sample_kind",
     "tasks",
     "uses_mmse_samples",
@@ -43,6 +45,20 @@ def sample_kind(method: str) -> str | None:
 def uses_mmse_samples(method: str) -> bool:
     """Whether ``mmse_samples`` changes a method's rows: MMSE's copies or its linearisation's."""
     return sample_kind(method) == "mmse" or method in LINEARISED_MC_METHODS
+
+
+def evaluations(task: Task) -> int:
+    """The model evaluations one point of ``task`` costs, as the run's progress bar counts them:
+    its Monte Carlo draws (mc, mc_cv, mc_is), its MMSE copies (mmse, mmse_mvs), else one (the
+    clean pass or the linearisation of taylor, taylor_mvs and softmax)."""
+    return task.n_samples if sample_kind(task.method) is not None else 1
+
+
+def reported_as(task: Task) -> int:
+    """The evaluations (:func:`evaluations`) each unit ``task``'s estimator reports to its progress
+    bar stands for: the Monte Carlo methods report draws (1), the linearised ones points (an MMSE
+    point is its copies)."""
+    return task.n_samples if sample_kind(task.method) == "mmse" else 1
 
 
 def tasks(sigmas: list[float], methods: list[str], mc: list[int], mmse: list[int]) -> list[Task]:

@@ -1,6 +1,7 @@
 """``probust.score``: a data set scored in memory, a pandas DataFrame out.
 
     df = probust.score(model, loader, sigma=0.1, methods=["mc", "mmse"], mc_samples=1000)
+    df = probust.score(model, loader, sigma=0.1, methods=["mc"], target_half_width=0.02)
 
 The runner's machinery without its folder: the arguments are :class:`~probust.run.RunSettings`'
 and checked by it, :func:`~probust.run.prepare` loads and probes as for ``probust estimate``,
@@ -68,11 +69,51 @@ def score(
         sigma: a noise standard deviation per input coordinate, or a list of them.
         methods: names of ``probust.METHODS``; default the paper's six.
         out: a results folder to write the rows into as well (then resumable and extendable,
-            with the folder options ``overwrite``, ``extend``, ``merge``,
-            ``allow_version_change``); None (default): nothing is written anywhere.
-        **options: the other fields of :class:`~probust.run.RunSettings` (``mc_samples``,
-            ``mmse_samples``, ``seed``, ``target``, ``limit``, ``indices``, ``device``,
-            ``unit_size``, ``batch_size``, ``show_progress``, ...).
+            with the folder options below); None (default): nothing is written anywhere.
+        **options: the other fields of :class:`~probust.run.RunSettings` (``probust estimate
+            --help`` shows each flag's full help); an unknown one is refused with the list of these.
+
+            How much work per point (the first to reach for: the defaults are the paper's):
+
+            - ``mc_samples``: Monte Carlo draws per point of mc, mc_cv and mc_is (default
+              10,000; e.g. ``mc_samples=1000`` for a first look, ten times faster); several values
+              give one row each.
+            - ``target_half_width``: adaptive Monte Carlo (mc, mc_cv): stop a point once its
+              confidence interval's half-width is at most this (e.g. ``target_half_width=0.02``:
+              p within about +-0.02), checked every 1,000 draws (500 for mc_cv), at most
+              ``mc_samples`` draws; column ``n_drawn`` holds the draws used. Default None.
+            - ``mmse_samples``: MMSE noisy copies per point (default 5); several values give
+              one row each.
+
+            The points: ``limit`` (the first N selected points), ``indices`` (a list of
+            data-set indices or a spec such as ``"0-99:10"``), ``split`` ("test" or "train", a
+            data set named), ``data_root``, ``download``, ``data_options`` (how a file or
+            folder is read: :class:`probust.data.FileOptions`' fields).
+
+            The model: ``mean``, ``std`` (the normalisation it expects, applied inside it, one
+            value per channel or one for all), ``weights`` (a state_dict for a
+            ``package.module:function`` model), ``model_args`` (that function's keyword
+            arguments), ``allow_pickle`` (accept model files that run code when loaded).
+
+            The noise: ``noise`` ("gaussian" by default, "uniform", "laplace"), ``noise_std``
+            (per-coordinate multipliers), ``noise_cov`` (a covariance), ``noise_scale``
+            ("absolute" or "std").
+
+            The estimators: ``seed`` (of every random stream; default 0), ``target``
+            ("prediction", the default, or "label"), ``confidence`` (of the Monte Carlo
+            interval, 0.95), ``interval`` ("wilson" or "clopper-pearson"), ``temperature``
+            (softmax), ``tol`` (the mvn-cdf's error tolerance), ``sampling`` (MMSE's draws),
+            ``p_fail`` (also 1 - p with relative accuracy), ``prune`` and ``gradients`` (which
+            boundaries get exact gradients, and from where), ``check_draws`` (the trust check's
+            draws).
+
+            How it runs (no number changes): ``device`` ("auto", "cpu", "cuda", ...),
+            ``unit_size`` (points per estimator call, 256), ``batch_size`` (rows per pass
+            through the model), ``memory_budget``, ``channels_last``, ``jacobian``,
+            ``show_progress`` (default True: one bar over the call's model evaluations, Monte
+            Carlo draws and MMSE copies, with the time left; False: none).
+
+            With ``out`` only: ``overwrite``, ``extend``, ``merge``, ``allow_version_change``.
 
     Returns:
         The runner's table (:func:`probust.run.read_results` documents every column: ``index``,

@@ -33,6 +33,7 @@ from probust._io import sha256_file
 from probust._json import jsonable
 from probust._model_output import (
     ModelOutputError,
+    input_problem,
     is_low_precision,
     logits_model,
     logits_reading,
@@ -531,7 +532,9 @@ def load_model(
             f"must be a path to a model file or a torch.nn.Module, got {type(model).__name__}", field="model"
         )
     if normalizing:
-        module = pmodels.Normalize(mean, std).to(device).wrap(module)
+        # The run's one value is for every channel (a number to Normalize; a list is per channel).
+        mean_for, std_for = (v[0] if v is not None and len(v) == 1 else v for v in (mean, std))
+        module = pmodels.Normalize(mean_for, std_for).to(device).wrap(module)
     module = _probe(module, ds, device, shape, classes)
     note = data_units_note(ds, normalizing)
     if note is not None:
@@ -608,8 +611,12 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             # A bfloat16 / float16 model gets its inputs in its own dtype (LogitsOf casts them so).
             out = model(x.to(device, dtype if is_low_precision(dtype) else x.dtype))
     except Exception as exc:
+        # What the model's first layer does not take (the channels); a missing batch dimension
+        # is not the user's here: the runner adds it.
+        problem = input_problem(model, x.shape, "the points", "have")
+        cause = f": {problem[0]}" if problem is not None and not problem[1] else ""
         raise ConfigError(
-            f"does not accept inputs of shape {list(shape)} from {data_name(ds)} "
+            f"does not accept inputs of shape {list(shape)} from {data_name(ds)}{cause} "
             f"({type(exc).__name__}: {first_line(exc)})",
             field="model",
         ) from None

@@ -10,7 +10,6 @@ torchrun the blocks are dealt out to the ranks (see :mod:`probust.run.distribute
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,13 +19,14 @@ import torch
 from torch import Tensor
 
 from probust._checks import eval_mode
+from probust._progress import Share, counted_as, counting, run_bar
 from probust.errors import Setting
 from probust.estimators.result import ROUTE_NAMES
 from probust.execution import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now
 from probust.run.indices import consecutive_runs
-from probust.run.methods import make_task_estimator
+from probust.run.methods import evaluations, make_task_estimator, reported_as
 from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.sources import batch
 from probust.run.store import OPTIONAL_COLUMNS
@@ -160,23 +160,6 @@ def _missing(plan: PreparedRun, done: dict) -> int:
     return sum(int((~np.isin(plan.indices, done.get(t.key, empty))).sum()) for t in plan.tasks)
 
 
-def _progress_bar(plan: PreparedRun, task: Any, total: int, initial: int):
-    if not plan.show_progress:
-        return None
-    from tqdm.auto import tqdm
-
-    prefix = f"[rank 0/{plan.world.world_size}] " if plan.world.distributed else ""
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=prefix + task.describe(),
-        unit="pt",
-        dynamic_ncols=True,
-        file=sys.stderr,
-        smoothing=0.1,
-    )
-
-
 class Units(Protocol):
     """How one command computes and stores its work units; :func:`run_units` drives them (the
     sharding, resumption, progress, the barrier and the merge are the same for every command)."""
@@ -185,12 +168,17 @@ class Units(Protocol):
         """Called on every rank before any unit, with (block, its points still missing some row)
         for this rank's blocks that have work; may raise (every rank then stops)."""
 
+    def cost(self, plan: PreparedRun, task: Any) -> int:
+        """Model evaluations per point of ``task`` (what the run's progress bar counts)."""
+
     def start(self, plan: PreparedRun, task: Any) -> Any:
         """What computing ``task``'s units needs (an estimator), built once per task."""
 
     def run(self, plan: PreparedRun, state: Any, task: Any, block: np.ndarray, todo: np.ndarray) -> int:
         """Compute ``task``'s rows of the points ``todo`` (a subset of ``block``), store them as
-        one part; returns how many rows."""
+        one part; returns how many rows. The estimators it calls report to the run's bar
+        (:func:`probust._progress.counting`), scaled where they count something else than
+        evaluations (:func:`probust._progress.counted_as`)."""
 
     def finish(self, plan: PreparedRun, rows: Any) -> None:
         """Rank 0, once every row is stored (and merged): ``rows`` is the whole table."""
@@ -205,11 +193,15 @@ class _EstimateUnits:
     def before(self, plan: PreparedRun, pending: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.clean = _clean_passes(plan, pending)
 
+    def cost(self, plan: PreparedRun, task: Task) -> int:
+        return evaluations(task)
+
     def start(self, plan: PreparedRun, task: Task) -> Any:
         return make_task_estimator(plan, task)
 
     def run(self, plan: PreparedRun, state: Any, task: Task, block: np.ndarray, todo: np.ndarray) -> int:
-        return _run_unit(plan, state, task, block, todo, self.clean)
+        with counted_as(reported_as(task)):
+            return _run_unit(plan, state, task, block, todo, self.clean)
 
     def finish(self, plan: PreparedRun, rows: Any) -> None:
         pass
@@ -218,8 +210,10 @@ class _EstimateUnits:
 def execute(plan: PreparedRun) -> RunSummary:
     """Compute every missing row of the plan, write it to the folder, and (rank 0) merge.
 
-    Every rank of a torchrun job calls it; each computes its share of the blocks. A progress
-    bar per (sigma, method, sample count) counts points (rank 0's share under torchrun).
+    Every rank of a torchrun job calls it; each computes its share of the blocks. One progress
+    bar counts the model evaluations of the whole grid (:func:`probust.run.methods.evaluations`:
+    Monte Carlo draws, MMSE copies, one per point for Taylor and softmax) as the estimators
+    report them, pass by pass, with the time left; under torchrun rank 0 shows its own share.
 
     Returns:
         What was done (on every rank; ``rows_computed`` counts this rank's rows).
@@ -264,23 +258,31 @@ def run_units(plan: PreparedRun, units: Units) -> RunSummary:
             error = exc
         agree(world, error)
         computed = 0
+        work = []
         for task in plan.tasks:
             todo = list(zip(mine, todos[task.key], strict=True))
             total = sum(len(b) for b, _ in todo)
             left = sum(len(t) for _, t in todo)
-            if left == 0:
-                continue
-            bar = _progress_bar(plan, task, total, total - left)
-            try:
+            work.append((task, todo, units.cost(plan, task), total, left))
+        prefix = f"[rank 0/{world.world_size}] " if world.distributed else ""
+        evaluations_total = sum(cost * total for _, _, cost, total, _ in work)
+        done_before = sum(cost * (total - left) for _, _, cost, total, left in work)
+        first = next((task for task, *_, left in work if left), None)
+        title = "" if first is None else prefix + first.describe()
+        with run_bar(evaluations_total, title, plan.show_progress and first is not None, initial=done_before) as bar:
+            for task, todo, cost, _, left in work:
+                if left == 0:
+                    continue
+                if bar is not None and task is not first:
+                    bar.set_description(prefix + task.describe())
                 state = units.start(plan, task)
                 for block, missing in todo:
                     if len(missing):
-                        computed += units.run(plan, state, task, block, missing)
-                        if bar is not None:
-                            bar.update(len(missing))
-            finally:
-                if bar is not None:
-                    bar.close()
+                        share = None if bar is None else Share(bar, cost * len(missing))
+                        with counting(share):
+                            computed += units.run(plan, state, task, block, missing)
+                        if share is not None:
+                            share.finish()
         error = None
         merged = None
         world.barrier()

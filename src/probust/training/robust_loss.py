@@ -200,7 +200,9 @@ class RobustLoss:
     def estimator(self, model: nn.Module, batch: int) -> Taylor | MMSE:
         """The differentiable estimator this loss evaluates (for ``batch`` points at once)."""
         # vmap builds the double-backward graph in one vectorised pass (a per-class loop would not).
-        common: dict[str, Any] = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap")
+        # No trust check: the loss needs p and its gradient, and the check's forward passes and
+        # warning would come with every training step.
+        common: dict[str, Any] = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap", check_draws=0)
         if self.linearisation == "taylor":
             return Taylor(model, self.noise, batch_size=batch, **common)
         return MMSE(model, self.noise, n_samples=self.mmse_samples, batch_size=batch * self.mmse_samples, **common)

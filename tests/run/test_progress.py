@@ -1,0 +1,171 @@
+"""The runner's progress: one bar per call (``probust.score``, ``run_estimate``, ``run_certify``)
+that counts the model evaluations the estimators count (Monte Carlo draws, MMSE copies, one per
+point for Taylor and softmax), moving pass by pass inside a work unit; the estimators' own bars
+when they are called alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import tqdm.auto
+
+import probust
+from probust.run import run_estimate
+from probust.run.certify import CertifySettings, run_certify
+from tests._helpers import tiny_data, tiny_model
+
+
+class FakeBar:
+    """A tqdm stand-in that records what the work tells it."""
+
+    made: list[FakeBar] = []
+
+    def __init__(self, total: int | None = None, initial: int = 0, desc: str | None = None, **_: Any) -> None:
+        self.total, self.initial, self.n = total, initial, initial
+        self.descriptions = [desc]
+        self.updates: list[int] = []
+        self.closed = False
+        FakeBar.made.append(self)
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append(n)
+        self.n += n
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.descriptions.append(desc)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> FakeBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture()
+def bars(monkeypatch) -> list[FakeBar]:
+    """Every progress bar drawn during the test, in order."""
+    FakeBar.made = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
+    return FakeBar.made
+
+
+def test_score_draws_one_bar_that_counts_every_model_evaluation(bars):
+    points, sigmas, draws, copies = 10, [0.1, 0.3], 200, 3
+    df = probust.score(
+        tiny_model(),
+        tiny_data(points),
+        sigmas,
+        ["mc", "taylor", "mmse", "softmax"],
+        mc_samples=draws,
+        mmse_samples=copies,
+        unit_size=4,
+        batch_size=50,
+        device="cpu",
+        show_progress=True,
+    )
+    assert len(df) == points * len(sigmas) * 4
+    assert len(bars) == 1
+    bar = bars[0]
+    # per point and sigma: mc's draws, mmse's copies, one linearisation (taylor), one clean pass (softmax)
+    assert bar.total == points * len(sigmas) * (draws + copies + 1 + 1)
+    assert bar.n == bar.total and bar.closed
+    assert bar.descriptions[0] == "sigma=0.1 mc n=200"
+    assert "sigma=0.3 softmax" in bar.descriptions
+
+
+def test_the_bar_moves_pass_by_pass_inside_a_work_unit(bars):
+    # One work unit (4 points) of 1,000 draws each, 250 rows per pass through the model: the bar
+    # must move after each pass, not once the unit is done.
+    probust.score(
+        tiny_model(),
+        tiny_data(4),
+        0.3,
+        ["mc"],
+        mc_samples=1000,
+        unit_size=4,
+        batch_size=250,
+        device="cpu",
+        show_progress=True,
+    )
+    (bar,) = bars
+    assert bar.total == 4 * 1000 and bar.n == bar.total
+    assert len(bar.updates) >= 16 and max(bar.updates) <= 250
+
+
+def test_an_adaptive_run_fills_the_bar_with_the_draws_it_did_not_need(bars):
+    df = probust.score(
+        tiny_model(),
+        tiny_data(6),
+        0.3,
+        ["mc"],
+        mc_samples=10_000,
+        target_half_width=0.1,
+        unit_size=3,
+        device="cpu",
+        show_progress=True,
+    )
+    assert (df.n_drawn < 10_000).all()  # every point stopped early
+    (bar,) = bars
+    assert bar.total == 6 * 10_000 and bar.n == bar.total
+
+
+def test_an_extended_run_starts_its_bar_at_the_work_already_stored(bars, tmp_path):
+    common = dict(methods=["mc"], mc_samples=100, unit_size=4, device="cpu", out=tmp_path / "r")
+    run_estimate(tiny_data(8), tiny_model(), [0.1], show_progress=False, **common)
+    assert bars == []  # show_progress=False: no bar at all
+    run_estimate(tiny_data(8), tiny_model(), [0.1, 0.3], show_progress=True, extend=True, **common)
+    (bar,) = bars
+    assert (bar.initial, bar.total, bar.n) == (8 * 100, 2 * 8 * 100, 2 * 8 * 100)
+    assert bar.descriptions[0] == "sigma=0.3 mc n=100"
+
+
+def test_certify_draws_one_bar_over_its_draws_and_the_estimates_copies(bars, tmp_path):
+    x = torch.rand(6, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    settings = CertifySettings(
+        data=(x, torch.zeros(6, dtype=torch.int64)),
+        model=tiny_model(),
+        sigmas=[0.25, 0.5],
+        n0=10,
+        n=50,
+        estimate="mmse",
+        estimate_copies=3,
+        unit_size=3,
+        device="cpu",
+        out=tmp_path / "cert",
+        show_progress=True,
+    )
+    run_certify(settings)
+    (bar,) = bars
+    assert bar.total == 2 * 6 * (10 + 50 + 3) and bar.n == bar.total
+    assert len(bar.updates) > 2 * 2  # more than once per work unit
+    assert bar.descriptions == ["certify sigma=0.25", "certify sigma=0.5"]
+
+
+def test_certify_with_radii_fills_the_bar_with_the_draws_it_did_not_need(bars, tmp_path):
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    settings = CertifySettings(
+        data=(x, torch.zeros(4, dtype=torch.int64)),
+        model=tiny_model(),
+        sigmas=[0.25],
+        n0=10,
+        n=2000,
+        radii=[0.0],
+        device="cpu",
+        out=tmp_path / "cert",
+        show_progress=True,
+    )
+    run_certify(settings)
+    (bar,) = bars
+    assert bar.total == 4 * (10 + 2000) and bar.n == bar.total
+
+
+def test_an_estimator_called_alone_draws_its_own_bar_over_its_draws(bars):
+    x = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    probust.MonteCarlo(tiny_model(), 0.3, n_samples=100, show_progress=True)(x)
+    (bar,) = bars
+    assert bar.total == 3 * 100 and bar.n == bar.total
