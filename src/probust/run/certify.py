@@ -35,7 +35,7 @@ import torch
 
 from probust._options import option
 from probust._progress import counted_as
-from probust.estimators.mmse import DEFAULT_COPIES
+from probust.estimators import DEFAULT_COPIES
 from probust.run.errors import ConfigError
 from probust.run.files import Layout
 from probust.run.indices import consecutive_runs, index_ranges

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust.estimators.mmse import DEFAULT_COPIES
+from probust.estimators import DEFAULT_COPIES
 from probust.run import distributed
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, agree

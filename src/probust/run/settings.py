@@ -31,12 +31,19 @@ from torch import nn
 from probust._options import UNSET, declared, option
 from probust._stats import INTERVALS
 from probust.errors import OptionError, Setting
-from probust.estimators import METHODS, MMSE, PAPER_METHODS, REGISTRY
-from probust.estimators.mmse import DEFAULT_COPIES
-from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS
-from probust.estimators.pruning import PRUNE_CHOICES
-from probust.estimators.registry import RUN_OPTIONS
-from probust.estimators.routes import GRADIENTS, check_settings
+from probust.estimators import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_COPIES,
+    DEFAULT_DRAWS,
+    GRADIENTS,
+    METHODS,
+    MMSE,
+    PAPER_METHODS,
+    PRUNE_CHOICES,
+    REGISTRY,
+    RUN_OPTIONS,
+    check_settings,
+)
 from probust.execution import JACOBIANS, check_budget
 from probust.mvn import DEFAULT_TOL
 from probust.run.errors import ConfigError

@@ -21,7 +21,7 @@ from torch import Tensor
 from probust._checks import eval_mode
 from probust._progress import Share, counted_as, counting, run_bar
 from probust.errors import Setting
-from probust.estimators.result import ROUTE_NAMES
+from probust.estimators import ROUTE_NAMES
 from probust.execution import sync
 from probust.run.errors import TiedPredictionError, agree
 from probust.run.folder import now

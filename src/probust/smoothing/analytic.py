@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from probust.estimators.result import Estimate
+from probust.estimators import Estimate
 from probust.noise import Noise
 from probust.smoothing.smoothed import isotropic_sigma
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from probust.errors import OptionError
-from probust.estimators.result import rows_frame
+from probust.estimators import rows_frame
 
 ABSTAIN = -1  #: ``prediction`` where the procedure abstains
 

@@ -35,9 +35,7 @@ from probust._checks import check_logits, check_positive_int
 from probust._memory_format import weights_in_format
 from probust._progress import Progress, progress
 from probust.errors import OptionError
-from probust.estimators.affine import AffineLogits
-from probust.estimators.base import PointwiseMethod, check_noisy_copies
-from probust.estimators.monte_carlo import noisy_predictions
+from probust.estimators import AffineLogits, PointwiseMethod, check_noisy_copies, noisy_predictions
 from probust.execution import ForwardPlan
 from probust.noise import Gaussian, Noise
 from probust.smoothing import stats
