@@ -18,9 +18,10 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 .PHONY: demo test test-all test-slow test-cuda test-core core-deps mutation lint bench bench-gate install clean
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "Installing probust with every extra into $(VENV)/ (versions pinned by constraints.txt; 1-2 minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[all,dev]'
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -49,7 +50,7 @@ test-cuda: $(STAMP)
 # probust built from this tree with its own dependencies only, then every estimator on a small
 # model and the errors that name a missing extra (tests/core_only/check_core.py).
 test-core: $(CORE_STAMP)
-	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt .
+	$(CORE_VENV)/bin/pip install -qq -c constraints.txt .
 	cd tests/core_only && PROBUST_CACHE_DIR=off ../../$(CORE_VENV)/bin/python check_core.py
 	rm -rf $(CORE_VENV)
 
@@ -60,7 +61,7 @@ core-deps: $(CORE_STAMP)
 $(CORE_STAMP): pyproject.toml constraints.txt
 	rm -rf $(CORE_VENV)
 	$(CORE_PYTHON) -m venv $(CORE_VENV)
-	$(CORE_VENV)/bin/pip install --quiet -c constraints.txt $$($(CORE_PYTHON) -c $(CORE_DEPENDENCIES))
+	$(CORE_VENV)/bin/pip install -qq -c constraints.txt $$($(CORE_PYTHON) -c $(CORE_DEPENDENCIES))
 	touch $(CORE_STAMP)
 
 # The suite's strength: single-line bugs planted one at a time in a temporary copy of src/
