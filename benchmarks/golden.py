@@ -89,9 +89,6 @@ ESTIMATE = [  # two sample counts each: covers experiment 2 (convergence); the p
 ALL_METHODS = ["mc", "taylor", "mmse", "taylor_mvs", "mmse_mvs", "softmax", "mc_cv", "mc_is"]
 P_FAIL = ("cnn", ["taylor", "mmse", "taylor_mvs", "mmse_mvs", "mc_is"])  # second folder, with --p-fail
 KEYS = ["index", "sigma", "method", "n_samples"]
-# Columns results format 1 named otherwise (probust.run.files.FORMER_NAMES): a reference made by a
-# release of that format is compared under today's names, the values being the same quantity.
-FORMER_RESULT_COLUMNS = {"confidence": "clean_softmax"}
 # Excluded from the comparison, and why (compare prints which of them it met):
 EXCLUDED_RESULT_COLUMNS = {"seconds": "wall time of the estimator per point: a measurement, not a result"}
 # Any column named like a measurement (wall or CPU time, speed-up, memory), in any table: today only
@@ -244,7 +241,6 @@ def compare_results(a: Path, b: Path, rel: Path, diffs: list[str], skipped: set[
     frames = []
     for root in (a, b):
         df = pd.read_parquet(root / rel)
-        df = df.rename(columns={k: v for k, v in FORMER_RESULT_COLUMNS.items() if v not in df.columns})
         if missing := [k for k in KEYS if k not in df.columns]:
             fail(f"{root / rel}: no key column(s) {missing}")
         if df.duplicated(KEYS).any():

@@ -56,9 +56,6 @@ class Option:
         group: the ``--help`` section it is listed in.
         record: its key in ``config.json``'s "run" (part of a folder's identity); None: not recorded.
         implied: the value a folder recorded before the option existed implies (UNSET: none).
-        former: the names it had before (as a Python keyword and a ``config.json`` key; with
-            dashes, as a flag): refused naming this option, and read as it in a folder's
-            ``config.json`` written before the rename.
         param: the parameter it sets of the estimator (or loss) the settings are passed to.
         hidden: declared for Python only (no flag).
     """
@@ -76,7 +73,6 @@ class Option:
     group: str = ""
     record: str | None = None
     implied: Any = UNSET
-    former: tuple[str, ...] = ()
     param: str | None = None
     hidden: bool = False
 

@@ -447,25 +447,6 @@ def test_every_report_flag_sets_its_own_field_and_no_other(field, option):
     assert changed == {field.name}
 
 
-@pytest.mark.parametrize(
-    ("command", "old", "now"),
-    [
-        ("estimate", "--eval-batch-size", "--batch-size"),
-        ("estimate", "--mmse-sampling", "--sampling"),
-        ("estimate", "--mc-half-width", "--target-half-width"),
-        ("certify", "--eval-batch-size", "--batch-size"),
-    ],
-)
-def test_a_former_flag_is_refused_naming_the_one_that_replaced_it(capsys, command, old, now):
-    """Renamed: an old command line stops with the new flag's name, not "unrecognized"."""
-    with pytest.raises(SystemExit) as exit:
-        _sub(command).parse_args([*ESTIMATE_BASE, old, "1"])
-    assert exit.value.code == 2
-    assert f"{old} was renamed {now}" in capsys.readouterr().err
-    listed = [a for a in _sub(command)._actions if old in a.option_strings and a.help != argparse.SUPPRESS]
-    assert listed == []  # not offered in --help
-
-
 # --- errors name flags through their field ----------------------------------------------------
 
 

@@ -163,20 +163,6 @@ def test_robust_loss_models_are_neither_standard_nor_in_the_gradient_norm_family
     assert results.robust_loss_runs() == [robust] and results.runs[-1] is robust  # sorted after the family
 
 
-def test_robust_loss_settings_are_read_from_the_name_of_older_checkpoints(tmp_path):
-    meta = robust_meta(3.0, 0.3)
-    del meta["extra_loss_config"]
-    write_run(tmp_path, "old", {0.3: np.full(5, 0.9)}, accuracy=0.8, extra=meta)
-    write_run(tmp_path, "other", {0.3: np.full(5, 0.9)}, accuracy=0.8, extra={"extra_loss": "my_penalty"})
-    results = experiments.load_results(tmp_path)
-    old, other = results.by_label("old"), results.by_label("other")
-    assert (old.robust_loss, old.robust_sigma) == (3.0, 0.3) and old.robust_loss_config["warmup_steps"] == 100
-    assert old.robust_loss_config["min_p"] == 1e-4 and old.robust_loss_config["max_points"] == 32
-    assert old.label == "Fashion-MNIST CNN, robust μ=3 (σ=0.3)"
-    assert other.robust_loss is None and not other.is_standard and other.label == "Fashion-MNIST CNN, my_penalty"
-    assert results.standard() == [] and results.families() == []
-
-
 def test_table_gives_medians_gains_and_accuracy_costs_from_the_rows(synthetic, tmp_path):
     results, raw = synthetic
     out = experiments.run("robust_training", results, tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probust.experiments.run_info import Run, legacy_robust_loss_config
+from probust.experiments.run_info import Run
 from probust.experiments.runs import load_results
 from probust.run import read_config, read_results
 
@@ -30,33 +30,11 @@ def test_robust_loss_settings_come_from_extra_loss_config(tmp_path, write_run):
     assert run.robust_sigma is None and run.default_label() == "Fashion-MNIST CNN, robust μ=2"
 
 
-def test_the_legacy_reader_parses_the_repr_of_old_checkpoints(tmp_path, write_run):
-    text = (
-        "RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid', linearisation='taylor', target='label', "
-        "max_points=32, min_p=0.0001, warmup_steps=100, noise=None)"
-    )
-    assert legacy_robust_loss_config(text) == {
-        "name": "RobustLoss",
-        "sigma": 0.3,
-        "mu": 1.0,
-        "cdf": "mv-sigmoid",
-        "linearisation": "taylor",
-        "target": "label",
-        "max_points": 32,
-        "min_p": 1e-4,
-        "warmup_steps": 100,
-        "noise": None,
-    }
-    assert legacy_robust_loss_config("RobustLoss(sigma=Gaussian, mu=3)") == {
-        "name": "RobustLoss",
-        "sigma": None,
-        "mu": 3.0,
-    }
-    for not_robust in (None, "", "my_penalty", "RobustLoss(sigma=0.3)", "GradNorm(mu=1)"):
-        assert legacy_robust_loss_config(not_robust) is None
-    # a Run of an old checkpoint (no extra_loss_config) reads it through the legacy reader
-    run = one(write_run(tmp_path, "old", meta={**RECIPE, "extra_loss": text}))
-    assert (run.robust_loss, run.robust_sigma) == (1.0, 0.3) and run.robust_loss_config["warmup_steps"] == 100
+def test_a_checkpoint_without_extra_loss_config_has_no_robust_loss(tmp_path, write_run):
+    # the repr alone is a name, not settings: the experiments read extra_loss_config only
+    text = "RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid')"
+    run = one(write_run(tmp_path, "repr-only", meta={**RECIPE, "extra_loss": text}))
+    assert run.robust_loss is None and run.robust_loss_config is None and run.extra_loss == text
     other = one(write_run(tmp_path, "other", meta={**RECIPE, "extra_loss": "my_penalty"}))
     assert other.robust_loss is None and other.extra_loss == "my_penalty" and not other.is_standard
     assert other.default_label() == "Fashion-MNIST CNN, my_penalty"

@@ -102,7 +102,7 @@ def test_normalisation_statistics_travel_in_the_state_dict():
     assert torch.allclose(state["normalize.mean"].flatten(), torch.tensor([0.286]))
     assert torch.allclose(state["normalize.std"].flatten(), torch.tensor([0.353]))
     with pytest.raises(ValueError, match="std must be positive"):
-        pm.Normalize(1, [0.0], [0.0])
+        pm.Normalize([0.0], [0.0], channels=1)
 
 
 def test_unknown_arch_lists_the_known_ones():

@@ -49,18 +49,18 @@ def test_wrapped_model_is_the_model_on_inputs_normalised_by_hand():
     torch.testing.assert_close(built(x), wrapped(x))
 
 
-def test_the_architectures_form_and_checkpoints_still_work():
-    legacy = pm.Normalize(3, [0.1, 0.2, 0.3], [0.5, 0.5, 0.25])
-    assert set(legacy.state_dict()) == {"mean", "std"}
-    assert legacy.mean.shape == legacy.std.shape == (1, 3, 1, 1)
-    torch.testing.assert_close(legacy.mean.flatten(), torch.tensor([0.1, 0.2, 0.3]))
-    identity = pm.Normalize(3)
+def test_channels_broadcast_one_value_and_the_buffers_load_as_a_state_dict():
+    given = pm.Normalize([0.1, 0.2, 0.3], [0.5, 0.5, 0.25])
+    assert set(given.state_dict()) == {"mean", "std"}
+    assert given.mean.shape == given.std.shape == (1, 3, 1, 1)
+    torch.testing.assert_close(given.mean.flatten(), torch.tensor([0.1, 0.2, 0.3]))
+    identity = pm.Normalize(channels=3)
     assert identity.mean.shape == (1, 3, 1, 1) and identity.std.flatten().tolist() == [1.0, 1.0, 1.0]
     broadcast = pm.Normalize(channels=3, mean=[0.5], std=[0.25])
     assert broadcast.mean.flatten().tolist() == [0.5] * 3
-    # A state_dict saved by the old layer loads into the new one, and a probust model as before.
+    # The statistics travel in the state_dict: another layer of the same channels takes them.
     new = probust.Normalize([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
-    new.load_state_dict(legacy.state_dict())
+    new.load_state_dict(given.state_dict())
     x = torch.rand(2, 3, 4, 4)
     torch.testing.assert_close(new(x), _by_hand(x, [0.1, 0.2, 0.3], [0.5, 0.5, 0.25]))
     model = pm.build("cnn", 10, (1, 28, 28), mean=[0.286], std=[0.353])
@@ -92,7 +92,7 @@ def test_traced_and_exported_models_keep_the_normalisation():
     [
         (lambda: probust.Normalize([0.1, 0.2], [0.5, 0.5, 0.5]), "mean", "mean must have 1 or 3 values"),
         (lambda: probust.Normalize([0.1], [0.5, 0.0]), "std", "std must be positive"),
-        (lambda: pm.Normalize(1, [0.0], [0.0]), "std", "std must be positive"),
+        (lambda: pm.Normalize([0.0], [0.0], channels=1), "std", "std must be positive"),
         (lambda: probust.Normalize([float("nan")], [1.0]), "mean", "mean must be finite numbers"),
         (lambda: probust.Normalize("red", [1.0]), "mean", "mean must be a number or a list"),
         (lambda: probust.Normalize([0.5], [0.5], channels=0), "channels", "channels must be a positive integer"),

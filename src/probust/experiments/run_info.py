@@ -25,7 +25,7 @@ import pandas as pd
 from probust.experiments.style import lambda_label
 from probust.run import ResultsConfig
 
-__all__ = ["Run", "legacy_robust_loss_config"]
+__all__ = ["Run"]
 
 _DATASET_LABELS = {
     "fashion-mnist": "Fashion-MNIST",
@@ -106,14 +106,10 @@ class Run:
     def robust_loss_config(self) -> dict[str, Any] | None:
         """The settings of the :class:`~probust.RobustLoss` the model was trained with, or None.
 
-        From the checkpoint's ``extra_loss_config`` (written by ``probust.train``); for older
-        checkpoints without it, from the legacy reader of their ``extra_loss`` repr
-        (:func:`legacy_robust_loss_config`).
+        From the checkpoint's ``extra_loss_config`` (written by ``probust.train``).
         """
         cfg = self.meta.get("extra_loss_config")
-        if isinstance(cfg, dict) and cfg.get("name") == "RobustLoss":
-            return dict(cfg)
-        return legacy_robust_loss_config(self.extra_loss)
+        return dict(cfg) if isinstance(cfg, dict) and cfg.get("name") == "RobustLoss" else None
 
     @property
     def robust_loss(self) -> float | None:
@@ -252,40 +248,3 @@ class Run:
         out = out.drop(columns="clean_softmax")
         self._wide_cache["wide"] = out
         return out[out["index"].isin(self.core_indices)] if core else out
-
-
-# -- legacy: checkpoints written before ``extra_loss_config`` -----------------------------------
-# Such checkpoints record the RobustLoss only as its repr in ``extra_loss``, e.g.
-# "RobustLoss(sigma=0.3, mu=1, cdf='mv-sigmoid', ...)". This reader parses it; checkpoints
-# written since carry the settings as a dict (``extra_loss_config``), which is read instead.
-
-_ROBUST_REPR = re.compile(r"^RobustLoss\((.*)\)$", re.S)
-
-
-def legacy_robust_loss_config(extra_loss: str | None) -> dict[str, Any] | None:
-    """The RobustLoss settings parsed from an old checkpoint's ``extra_loss`` repr, or None when
-    it is not a RobustLoss repr with a numeric ``mu`` (``sigma`` is None unless a number)."""
-    m = _ROBUST_REPR.match(extra_loss or "")
-    if m is None:
-        return None
-    out: dict[str, Any] = {"name": "RobustLoss"}
-    for key, value in re.findall(r"(\w+)=('[^']*'|[^,]+)", m.group(1)):
-        value = value.strip()
-        if value.startswith("'"):
-            out[key] = value.strip("'")
-            continue
-        out[key] = None if value == "None" else _number(value, as_float=key in ("mu", "sigma"))
-    if not isinstance(out.get("sigma"), float):
-        out["sigma"] = None
-    return out if isinstance(out.get("mu"), float) else None
-
-
-def _number(text: str, *, as_float: bool) -> float | int | str:
-    """A setting from a RobustLoss repr: an int where it reads as one (unless ``as_float``),
-    else a float, else the text itself (e.g. a non-scalar noise's description)."""
-    for kind in (float,) if as_float else (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text

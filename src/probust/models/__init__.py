@@ -7,7 +7,7 @@ Architectures (:data:`ARCHS`), each mapping float32 ``[B, *input_shape]`` in [0,
 * ``cnn``: conv 5x5 (10) -> pool -> conv 5x5 (20) -> pool -> linear 50 -> linear C; padding 0
   for inputs of at least 16x16, "same" (2) below that, e.g. for 8x8 digits.
 * ``resnet18``: torchvision's ResNet18 with a CIFAR stem (3x3 stride-1 conv, no max-pool).
-* ``vit``: a Hugging Face ViT (``pip install probust[vit]``), pretrained or from a small config.
+* ``vit``: a Hugging Face ViT (``pip install 'probust[hf]'``), pretrained or from a small config.
 * ``mlp``: a multilayer perceptron on flat inputs of any shape (tables), standardising each feature.
 
 Models from the user's code: :func:`build_from_factory` (``package.module:function``) and

@@ -10,10 +10,9 @@ front of a model, reading the statistics from what the user has (a timm model's
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -33,24 +32,8 @@ class StatisticsError(OptionError):
     prefixed = False
 
 
-def _current(mean: Stat = None, std: Stat = None, *, channels: int | None = None) -> None: ...
-
-
-def _legacy(channels: int, mean: Stat = None, std: Stat = None) -> None: ...
-
-
 def _is_count(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, Stat, Stat]:
-    """``(channels, mean, std)`` of either form: ``Normalize(mean, std)`` or the architectures'
-    ``Normalize(channels, mean, std)`` (an integer first, then no single number)."""
-    legacy = bool(args) and _is_count(args[0]) and not (len(args) == 2 and isinstance(args[1], numbers.Real))
-    bound = inspect.signature(_legacy if legacy else _current).bind(*args, **kwargs)
-    bound.apply_defaults()
-    values = bound.arguments
-    return values["channels"], values["mean"], values["std"]
 
 
 def _is_single(value: Stat) -> bool:
@@ -91,9 +74,6 @@ class Normalize(nn.Module):
     :meth:`from_torchvision`, :meth:`from_hf`. Noise of std ``sigma`` on ``x`` is noise of std
     ``sigma / std[c]`` on channel c of the normalised input.
 
-    The architectures' form ``Normalize(channels, mean, std)`` (an integer first) is kept, and so
-    are the buffers' names and shapes: checkpoints load as before.
-
     Args:
         mean: the per-channel means: a list of C values, or a single number for every channel;
             None: 0.
@@ -120,15 +100,8 @@ class Normalize(nn.Module):
     mean: Tensor
     std: Tensor
 
-    @overload
-    def __init__(self, mean: Stat = None, std: Stat = None, *, channels: int | None = None) -> None: ...
-
-    @overload
-    def __init__(self, channels: int, mean: Stat = None, std: Stat = None) -> None: ...
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, mean: Stat = None, std: Stat = None, *, channels: int | None = None) -> None:
         super().__init__()
-        channels, mean, std = _arguments(args, kwargs)
         mean_t, std_t = _stat(mean, "mean", 0.0), _stat(std, "std", 1.0)
         if channels is not None and (not _is_count(channels) or channels < 1):
             raise StatisticsError(f"channels must be a positive integer, got {channels!r}", field="channels")
@@ -161,9 +134,9 @@ class Normalize(nn.Module):
         else:
             shape = [1, self.mean.shape[1]] + [1] * (x.dim() - 2)
             mean, std = self.mean.reshape(shape), self.std.reshape(shape)
-        # (A module pickled before ``channels`` existed has only the buffer's.) torch.jit.trace
-        # records shapes as tensors: the check, a constant there, is left to the eager call.
-        channels = self.__dict__.get("channels") or int(self.mean.shape[1])
+        # torch.jit.trace records shapes as tensors: the check, a constant there, is left to the
+        # eager call.
+        channels = self.channels
         if channels != 1 and not torch.jit.is_tracing() and (x.dim() < 2 or x.shape[1] != channels):
             raise ValueError(
                 f"Normalize: statistics for {channels} channels, but the input has shape {list(x.shape)} "
@@ -176,8 +149,7 @@ class Normalize(nn.Module):
         """The channels this layer takes in dimension 1 of its input; None where one statistic
         applies to any input (how the model contract names a mismatch:
         :func:`probust._model_output.input_problem`)."""
-        channels = self.__dict__.get("channels") or int(self.mean.shape[1])
-        return None if channels == 1 else channels
+        return None if self.channels == 1 else self.channels
 
     def extra_repr(self) -> str:
         # float32 buffers: 0.485 is stored as 0.48500001...; 6 significant digits read as given

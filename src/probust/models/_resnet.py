@@ -28,7 +28,7 @@ class ResNet18(nn.Module):
     ) -> None:
         super().__init__()
         channels = input_shape[0]
-        self.normalize = Normalize(channels, mean, std)
+        self.normalize = Normalize(mean, std, channels=channels)
         torchvision = import_extra("torchvision", extra="data", feature="the resnet18 architecture")
         net = torchvision.models.resnet18(weights=None, num_classes=num_classes)
         # The ImageNet stem (7x7 stride 2 + max-pool) would shrink 32x32 inputs to 8x8 at once.

@@ -26,7 +26,7 @@ class LinearClassifier(nn.Module):
         std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
-        self.normalize = Normalize(input_shape[0], mean, std)
+        self.normalize = Normalize(mean, std, channels=input_shape[0])
         self.fc = nn.Linear(prod(input_shape), num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -83,7 +83,7 @@ class SmallCNN(nn.Module):
         pad = cnn_padding(input_shape, pool)
         # Identity and p=0 dropout keep one set of state_dict keys for every option.
         pooling = nn.MaxPool2d if pool else (lambda _: nn.Identity())
-        self.normalize = Normalize(c, mean, std)
+        self.normalize = Normalize(mean, std, channels=c)
         self.features = nn.Sequential(
             nn.Conv2d(c, 10, kernel_size=5, padding=pad),
             pooling(2),

@@ -1,4 +1,4 @@
-"""Vision Transformer through Hugging Face ``transformers`` (optional: ``pip install probust[vit]``).
+"""Vision Transformer through Hugging Face ``transformers`` (optional: ``pip install 'probust[hf]'``).
 
 Two ways to build one:
 
@@ -58,7 +58,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("the 'vit' architecture needs Hugging Face transformers: pip install 'probust[vit]'") from exc
+        raise ImportError("the 'vit' architecture needs Hugging Face transformers: pip install 'probust[hf]'") from exc
     return transformers
 
 
@@ -118,7 +118,7 @@ class ViTClassifier(nn.Module):
             self.vit = tf.ViTForImageClassification(tf.ViTConfig(**fields))
         self.input_shape = (c, h, w)
         # Normalised after a grey channel is repeated, so that colour statistics apply.
-        self.normalize = Normalize(self.vit.config.num_channels, mean, std)
+        self.normalize = Normalize(mean, std, channels=self.vit.config.num_channels)
 
     @staticmethod
     def _processor_stats(tf: Any, pretrained: str, channels: int) -> tuple[list[float], list[float]]:

@@ -237,11 +237,6 @@ def certified_column(radius: float) -> str:
     return "certified_" + text.replace(".", "_")
 
 
-def _former_certified_column(radius: float) -> str:
-    """The column's name in format version 1: ``certified_<repr(r)>`` (``certified_0.25``)."""
-    return f"certified_{float(radius)!r}"
-
-
 def certify_layout(radii: Sequence[float] | None = None) -> Layout:
     """The table of a ``probust certify`` folder, one row per (point, sigma).
 
@@ -257,9 +252,6 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
     Phi^-1(p), an estimate, not a certificate; inf where p = 1) and ``estimate_target`` (int64,
     the class it is for: the clean prediction), else null; with ``radii``: ``certified_<r>``
     (bool) per radius, in increasing order (:func:`certified_column`: ``certified_0_25``).
-
-    Files of format version 1 read with their ``time_s`` as ``seconds`` and their
-    ``certified_<repr(r)>`` (``certified_0.25``) as :func:`certified_column`'s names.
     """
     fields = [
         ("index", pa.int64()),
@@ -279,10 +271,7 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
         ("estimate_target", pa.int64()),
         *((certified_column(r), pa.bool_()) for r in radii or ()),
     ]
-    former = (("time_s", "seconds"), *((_former_certified_column(r), certified_column(r)) for r in radii or ()))
-    return Layout(
-        FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"), former
-    )
+    return Layout(FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from probust.run.errors import first_line
 __all__ = [
     "CONFIG_META_KEY",
     "ESTIMATE",
-    "FORMER_NAMES",
     "KEY",
     "Layout",
     "OPTIONAL_COLUMNS",
@@ -88,12 +87,6 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
 )
 
 
-#: Columns that results format version 1 (earlier releases) stored under another name:
-#: (name there, name now). ``confidence`` read as a CI level to many; it is the softmax probability
-#: of the clean prediction.
-FORMER_NAMES: tuple[tuple[str, str], ...] = (("confidence", "clean_softmax"),)
-
-
 @dataclass(frozen=True)
 class Layout:
     """The table one kind of results folder holds (``probust estimate``'s, ``probust certify``'s).
@@ -104,16 +97,12 @@ class Layout:
         key: the columns that identify a row; the first is the point's index, the others the
             work unit's grid key (what :meth:`probust.run.store.ResultStore.completed` groups by).
         optional: columns a writer may leave out (nulls) and that older files may lack.
-        former: columns an earlier format version stored under another name, as (name there,
-            name now) pairs: a file that holds the old name and not the new one is read with
-            the column under its new name (never written so).
     """
 
     format: str
     schema: pa.Schema
     key: tuple[str, ...]
     optional: tuple[str, ...] = ()
-    former: tuple[tuple[str, str], ...] = ()
 
     @property
     def grid_key(self) -> tuple[str, ...]:
@@ -122,7 +111,7 @@ class Layout:
 
 
 #: ``probust estimate``'s table.
-ESTIMATE = Layout("probust.results", SCHEMA, KEY, OPTIONAL_COLUMNS, FORMER_NAMES)
+ESTIMATE = Layout("probust.results", SCHEMA, KEY, OPTIONAL_COLUMNS)
 
 
 def atomic_write_table(path: Path, table: pa.Table) -> None:
@@ -193,8 +182,7 @@ def read_table_file(
     path: Path, columns: Sequence[str] | None, layout: Layout = ESTIMATE, *, run: dict[str, Any] | None = None
 ) -> pa.Table:
     """One results file's rows in the layout's columns (all, or ``columns``; default layout:
-    :data:`ESTIMATE`), under their current names also where the file was written in an earlier
-    format version (:attr:`Layout.former`).
+    :data:`ESTIMATE`).
 
     Args:
         run: the "run" section of the folder's config.json: a file whose metadata records
@@ -215,12 +203,7 @@ def read_table_file(
             differs = _other_run(recorded, run) if recorded is not None and run is not None else []
             if differs or recorded == {}:
                 raise _ForeignFile("; ".join(differs) or "its record of the run is unreadable")
-            # A file of an earlier format version: read its columns under their current names.
-            renamed = {was: now for was, now in layout.former if was in stored.names and now not in stored.names}
-            stored = pa.schema([f.with_name(renamed.get(f.name, f.name)) for f in stored])
-            was = {now: name for name, now in renamed.items()}
-            table = parquet.read(columns=[was.get(c, c) for c in schema.names if c in stored.names])
-            table = table.rename_columns([renamed.get(c, c) for c in table.column_names])
+            table = parquet.read(columns=[c for c in schema.names if c in stored.names])
     except FileNotFoundError:
         raise
     except _ForeignFile as exc:
@@ -244,7 +227,7 @@ def read_table_file(
     nulls = [name for name in layout.key if name in table.column_names and table.column(name).null_count]
     if nulls:
         raise damaged(path, f"rows without {', '.join(nulls)}")
-    # A file written before the optional columns existed: they are null in its rows.
+    # Optional columns a writer left out are null in its rows.
     for name in absent:
         table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
     try:

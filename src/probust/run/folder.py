@@ -6,10 +6,8 @@ another entry of "requests"); with ``overwrite`` it replaces the folder's conten
 that writes into the folder adds an entry to its "history".
 
 Resuming and extending are refused across versions: a folder whose ``format_version`` differs
-from this version's always, unless it is one this version reads (:data:`~probust.run.store.
-FORMER_FORMAT_VERSIONS`: older names of the same columns), which is upgraded (see
-:func:`_upgraded`); and one that another probust version wrote into (``probust_version`` of the
-config and of each history entry; none recorded counts as another) unless
+from this version's always; and one that another probust version wrote into (``probust_version``
+of the config and of each history entry; none recorded counts as another) unless
 ``allow_version_change``, which the history entry then records. The table has no column saying
 which version computed a row, so rows of two versions would mix silently otherwise.
 """
@@ -39,7 +37,6 @@ from probust.run.sources import config_value, data_name, data_split, hash_data, 
 from probust.run.store import (
     FORMAT,
     FORMAT_VERSION,
-    FORMER_FORMAT_VERSIONS,
     FolderLockedError,
     ResultsLinkError,
     ResultStore,
@@ -104,7 +101,7 @@ def _check_versions(old: ResultsConfig, new: dict[str, Any], path: Path, allow_v
     another probust version: the table has no column telling which version computed a row, and
     two versions' rows may differ (an estimator fixed or changed in between)."""
     way_out = ("use ", OVERWRITE, " to replace them, or another ", OUT, " folder")
-    if old.format_version != new["format_version"] and old.format_version not in FORMER_FORMAT_VERSIONS:
+    if old.format_version != new["format_version"]:
         there = "no format version" if old.format_version is None else f"format version {old.format_version}"
         raise ConfigMismatchError(
             f"{path} holds results in {there} (probust {old.probust_version or 'unknown'}), this probust "
@@ -176,10 +173,10 @@ def _compare(
     request = new["requests"][0]
     old_requests = [_with_legacy_defaults(r) for r in old.requests]
     if request in old_requests:
-        return _upgraded(old, new)
+        return None
     if extend:
         _check_linearisation(old_requests, request, path)
-        return {**(_upgraded(old, new) or old.raw), "requests": [*old.requests, request]}
+        return {**old.raw, "requests": [*old.requests, request]}
     last = old_requests[-1] if old_requests else {}
     diffs = [
         f"{k}: {_show(last.get(k))} there, {_show(request.get(k))} here"
@@ -197,34 +194,6 @@ def _compare(
         differences=diffs,
         path=path,
     )
-
-
-def _upgraded(old: ResultsConfig, new: dict[str, Any]) -> dict[str, Any] | None:
-    """A folder's config marked with this version's results format, when it records an earlier
-    one this version reads (:data:`~probust.run.store.FORMER_FORMAT_VERSIONS`); None when it is
-    this version's already.
-
-    Such a format differs only in column names: this version reads the files written in it
-    under the current names and writes its own rows in the current ones, so a folder may hold
-    both kinds of files and reads as one table; the merge rewrites every row under the current
-    names. The config is marked with the current version (an older probust then refuses to
-    resume the folder, rather than add rows it could not read back) and records the upgrade in
-    "format_upgrades": ``{"from", "to", "at", "probust_version"}``.
-    """
-    if old.format_version == new["format_version"]:
-        return None
-    upgrade = {
-        "from": old.format_version,
-        "to": new["format_version"],
-        "at": now(),
-        "probust_version": new["probust_version"],
-    }
-    upgrades = old.raw.get("format_upgrades")
-    return {
-        **old.raw,
-        "format_version": new["format_version"],
-        "format_upgrades": [*(upgrades if isinstance(upgrades, list) else []), upgrade],
-    }
 
 
 def _with_legacy_defaults(request: dict[str, Any]) -> dict[str, Any]:
@@ -305,8 +274,7 @@ def claim_folder(
     """Create and lock the folder and check it may take this run; returns the config to keep.
 
     Resuming or extending (not ``overwrite``) a folder is refused when its results format
-    differs from this version's and is not an earlier one this version reads (which is upgraded:
-    :func:`_upgraded`), or when another probust version wrote into it (unless
+    differs from this version's, or when another probust version wrote into it (unless
     ``allow_version_change``), as well as when its run differs (see :func:`_compare`)."""
     path = store.path
     if path.exists() and not path.is_dir():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from probust._options import UNSET, declared
-from probust.run.settings import FORMER_NAMES, SETTING_DEFAULTS, RunSettings
+from probust.run.settings import SETTING_DEFAULTS, RunSettings
 from probust.run.store import CONFIG_NAME, FORMAT, read_config
 
 #: Each recorded option: its key, declared type and implied value (None where nothing was implied).
@@ -194,7 +194,6 @@ class ResultsConfig:
         """
         if not isinstance(config, dict):
             raise ValueError(f"a results configuration is a JSON object, got {type(config).__name__}")
-        config = _current_names(config)
         run, model, data = (_section(config, name) for name in ("run", "model", "data"))
         history = config.get("history")
         requests = config.get("requests")
@@ -256,17 +255,6 @@ def is_results_folder(path: str | os.PathLike, format: str = FORMAT) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(value, dict) and value.get("format") == format
-
-
-def _current_names(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its "run" settings under today's names: a folder written before an option
-    was renamed (``ci_level``, now ``confidence``: :data:`FORMER_NAMES`) reads, resumes and is
-    compared as one written today."""
-    run = config.get("run")
-    if not isinstance(run, dict):
-        return config
-    renamed = {k: FORMER_NAMES[k] for k in run if k in FORMER_NAMES and FORMER_NAMES[k] not in run}
-    return {**config, "run": {renamed.get(k, k): v for k, v in run.items()}} if renamed else config
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -608,7 +608,6 @@ class EstimatorOptions(SeedOptions):
         metavar="LEVEL",
         check=_level,
         record="confidence",
-        former=("ci_level",),
         param="confidence",
     )
     interval: str = option(
@@ -623,7 +622,6 @@ class EstimatorOptions(SeedOptions):
         help="MMSE noise draws: centred or iid (see probust.MMSE)",
         choices=MMSE_SAMPLINGS,
         record="sampling",
-        former=("mmse_sampling",),
         param="sampling",
     )
     p_fail: bool = option(
@@ -644,7 +642,6 @@ class EstimatorOptions(SeedOptions):
         metavar="W",
         check=_half_width,
         record="target_half_width",
-        former=("mc_half_width",),
         implied=None,
         param="target_half_width",
     )
@@ -703,20 +700,18 @@ class ComputeOptions:
     )
     unit_size: int = option(
         256,
-        help="points per work unit: per estimator call and per part file (formerly --batch-size)",
+        help="points per work unit: per estimator call and per part file",
         metavar="B",
         parse=int,
         check=_integer(1, False),
     )
     batch_size: int | None = option(
         None,
-        help="most inputs per pass through the model inside the estimators (noisy copies, or pulled rows; formerly "
-        "--eval-batch-size)",
+        help="most inputs per pass through the model inside the estimators (noisy copies, or pulled rows)",
         default_help="each estimator's own, measured per model",
         metavar="R",
         parse=int,
         check=_integer(1, True),
-        former=("eval_batch_size",),
         param="batch_size",
     )
     memory_budget: int | str | None = option(
@@ -856,10 +851,7 @@ def check_keywords(
     name = unknown[0]
     hint: tuple[Any, ...] = ()
     flag = _flag_options(cls).get(name)
-    now = former_names(cls).get(name)
-    if now is not None:
-        hint = (" (renamed ", Setting(now), ")")
-    elif flag is not None:
+    if flag is not None:
         hint = (" (did you mean ", flag, f", the command line's --{name.replace('_', '-')}?)")
     else:
         close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
@@ -926,17 +918,6 @@ def recorded(settings: Any, noise_description: Mapping[str, Any] | None = None) 
 SETTING_DEFAULTS: dict[str, Any] = {
     o.record: o.implied for _, o in declared(RunSettings) if o.record is not None and o.implied is not UNSET
 }
-
-
-def former_names(settings: type) -> dict[str, str]:
-    """Each name an option of ``settings`` had before (declared ``former``), with the option that
-    has taken its place."""
-    return {old: f.name for f, o in declared(settings) for old in o.former}
-
-
-#: The run's former names: a keyword or flag of one is refused naming the new one, and a folder's
-#: ``config.json`` that recorded a setting under one reads as under the new one.
-FORMER_NAMES: dict[str, str] = former_names(RunSettings)
 
 
 def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str, Any]:

@@ -68,7 +68,6 @@ __all__ = [
     "CONFIG_NAME",
     "FORMAT",
     "FORMAT_VERSION",
-    "FORMER_FORMAT_VERSIONS",
     "KEY",
     "MEMORY",
     "MERGED_NAME",
@@ -89,15 +88,9 @@ __all__ = [
 #: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's
 #: (``probust estimate``'s; ``probust certify``'s folders are marked by their own layout's).
 FORMAT = ESTIMATE.format
-#: The version of that format this code writes (also of ``probust certify``'s table). Version 2
-#: renamed columns, nothing else: the estimate table's ``confidence`` is ``clean_softmax``, the
-#: certify table's ``time_s`` is ``seconds`` and its ``certified_<repr(r)>`` are
-#: ``certified_<r with _ for .>`` (:attr:`~probust.run.files.Layout.former`).
+#: The version of that format this code writes (also of ``probust certify``'s table); a folder
+#: of another version is read by the release that wrote it.
 FORMAT_VERSION = 2
-#: Earlier format versions this code reads under the current names, and resumes or extends: the
-#: folder is then marked :data:`FORMAT_VERSION` (its config.json's "format_upgrades" records it)
-#: and the merge rewrites its rows under the current names.
-FORMER_FORMAT_VERSIONS: tuple[int, ...] = (1,)
 CONFIG_NAME = "config.json"
 PARTS_DIR = "parts"
 MERGED_NAME = "results.parquet"
