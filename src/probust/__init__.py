@@ -36,7 +36,7 @@ from probust.noise import Gaussian, Laplace, Noise, Uniform
 from probust.smoothing import Certify, CertifyResult, Predict, PredictResult, certify, predict, radius_estimate
 from probust.training import RobustLoss
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 #: What ``import probust`` gives on first use only, as (module, attribute or None for the module

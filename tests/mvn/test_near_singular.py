@@ -29,7 +29,7 @@ from probust.mvn.genz import factorise
 # composites, C = 100, Taylor at sigma = 0.2, pruned route, test point 22). The correlation's
 # smallest eigenvalue is 8.9e-6; the boundary with bound 2.249 has conditional sd 0.028 at its
 # Genz step, and fails only where the first two steps' draws are both near their tops (2.2e-4 of
-# the cube). Release 0.3.0 returned 0.780247 +- 3.7e-6 for every seed.
+# the cube). A development version before 0.4.0 returned 0.780247 +- 3.7e-6 for every seed.
 NEAR_SINGULAR_Z = [
     4.217634343472741,
     4.634023998667588,
