@@ -3,13 +3,12 @@
 torch's forward-mode rules for convolution, linear layers and batch norm differentiate with
 respect to every input, and under ``torch.func.jvp`` a module's weights enter with zero tangents:
 a convolution then runs three convolutions (the output, the input's tangent and the zero weight's)
-and an eval-mode batch norm recomputes its normalised input for the zero weight's term. On
-torchvision's ResNet50 at 224 x 224 that is a third of a forward-mode pass (0.233 -> 0.151 s per
-row at 8 rows, this project's CPU; docs/performance.md, "Forward mode"). :func:`jvp` is
-``torch.func.jvp`` with those three rules replaced by ones that skip tangents that are absent, and
-gives the same bits: the skipped terms are exact zeros (a sum with them changes nothing but the
-sign of a zero), and the rules that remain are torch's own operations in torch's own order
-(``tests/test_forward_mode.py``).
+and an eval-mode batch norm recomputes its normalised input for the zero weight's term: on a
+convolutional net, a large share of a forward-mode pass (docs/performance.md, "Forward mode").
+:func:`jvp` is ``torch.func.jvp`` with those three rules replaced by ones that skip tangents that
+are absent, and gives the same bits: the skipped terms are exact zeros (a sum with them changes
+nothing but the sign of a zero), and the rules that remain are torch's own operations in torch's
+own order (``tests/test_forward_mode.py``).
 """
 
 from __future__ import annotations

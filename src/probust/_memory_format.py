@@ -31,7 +31,7 @@ def weights_in_format(model: nn.Module, channels_last: bool) -> Iterator[None]:
                 continue
             # Compared by strides, not is_contiguous: a weight with one input channel (a first
             # convolution on grey images) counts as channels_last-contiguous in its plain strides,
-            # and convolving channels_last inputs with it takes a path about 2x slower.
+            # and convolving channels_last inputs with it takes a slower path.
             restrided = torch.empty_like(tensor.data, memory_format=torch.channels_last)
             if restrided.stride() != tensor.data.stride():
                 swapped.append((tensor, tensor.data))

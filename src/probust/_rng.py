@@ -109,7 +109,7 @@ def _start_offset(start: int, width: int) -> int:
 
 
 # What the kept tables may hold per thread: 2 tables of at most 16 MB (a pass of 500
-# rows of 784 coordinates needs 1.6 MB; larger ones are recomputed per call, as before).
+# rows of 784 coordinates needs 1.6 MB; larger ones are recomputed per call).
 _CACHED_COUNTER_WORDS = 1 << 21
 _CACHED_COUNTER_SHAPES = 2
 _THREAD = threading.local()

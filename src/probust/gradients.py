@@ -246,8 +246,8 @@ class Pullback:
         if width > count:
             cotangents = torch.cat([cotangents, cotangents.new_zeros(width - count, *cotangents.shape[1:])])
         # Without a graph to keep, no_grad stops autograd recording the pullback itself: each part
-        # would keep its whole double-backward graph alive until the cat (about 260 MB per 8
-        # cotangents on a 2-layer ViT-B/16, 24 GB at d = 768).
+        # would keep its whole double-backward graph alive until the cat, memory that grows with
+        # the cotangents pulled (tens of gigabytes for a ViT-B's 768 features).
         try:
             with contextlib.nullcontext() if self.differentiable else torch.no_grad():
                 parts = [torch.func.vmap(self._pullback)(cotangents[k : k + step])[0] for k in range(0, width, step)]
@@ -375,9 +375,9 @@ def pull_back(
     scalar's backward hands ``1.0 * cotangent`` (exact) to ``output``'s graph, which then runs as
     it would have. Why not that call itself: a tensor ``grad_outputs`` makes torch check its shape
     with torch.fx's symbolic-shapes module, and the first such call in a process imports it and
-    sympy (0.85 s on the project's CPU with torch 2.14), where a scalar output needs no check. A
-    plain loop of ``logits[:, j].sum()`` backward passes never pays that; Taylor and MMSE would, in
-    every fresh process (docs/performance.md, "First use").
+    sympy, where a scalar output needs no check. A plain loop of ``logits[:, j].sum()`` backward
+    passes never pays that import; Taylor and MMSE would, in every fresh process
+    (docs/performance.md, "First use").
 
     Args:
         output: any shape; the graph to pull back through.
@@ -602,7 +602,7 @@ def margin_sketch(
                     tangent = to_rows(tangent)
                 # vmap batches the k probes' tangents and not the rows' forward pass, which runs
                 # once instead of once per probe: the same bits as k stacked copies of the rows,
-                # 1.2-2.7x faster on passes over a few milliseconds (docs/performance.md, "Forward mode").
+                # faster where a pass outweighs vmap's own overhead (docs/performance.md, "Forward mode").
                 output, output_t = forward_mode.jvps(model, primal, tangent.view(k, n, *shape))
                 out = output_t.view(k, n, -1).transpose(0, 1)  # [n, k, C]
                 if start == 0:

@@ -34,7 +34,7 @@ def split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
-    # scikit-learn parses a CSV on every call (about a second); the arrays never change.
+    # scikit-learn parses a CSV on every call; the arrays never change.
     datasets = import_extra("sklearn.datasets", extra="data", feature="the digits data set")
     bunch = datasets.load_digits()
     images, labels = bunch.images.astype(np.uint8), bunch.target.astype(np.int64)

@@ -173,7 +173,7 @@ class PointwiseMethod:
 
     def _logits_model(self, x: Tensor, dtype: torch.dtype | None) -> nn.Module:
         """What the computation runs: :attr:`model` itself when it returns logits [B, C] and
-        computes in float32 or float64 (today's path, untouched), else :class:`LogitsOf` it.
+        computes in float32 or float64 (run as it is), else :class:`LogitsOf` it.
 
         Decided once per model, its structure (:func:`probust._per_model.structure_token`: a new
         head, ``model.half()``) and the input shape by a probe: one forward pass without

@@ -453,7 +453,8 @@ class Linearised(Estimator):
         for, or paying by counts: :meth:`probust.execution.Execution.jacobian_plan`, where neither
         ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
         # Timed on the pulls this context runs, unpadded: padding vmap's 2 trial cotangents to 8,
-        # as the narrow routes do, doubled a first call's planning (MMSE on ResNet18, 50 points).
+        # as the narrow routes do, would time work this context never runs and add to a first
+        # call's planning.
         plan = self._jacobian_plan(x, x.shape[0] * self.copies)
         # No screening shares a pass here, so the passes keep the plan's rows, as timed.
         costs = self.execution.declared_costs(x.device)

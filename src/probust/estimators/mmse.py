@@ -37,8 +37,11 @@ class MMSE(Linearised):
             linearisation's (``r.agreement``, :mod:`probust.estimators.trust`). None (default):
             the N noisy copies themselves, free: their linearised margins are known, and the
             model's verdict is read off the logits its pass on them computed; an int m > 0: up
-            to m fresh draws of their own stream instead, in Taylor's two stages
-            (:class:`Taylor`); 0: no check (``r.agreement`` is None). p does not depend on it.
+            to m fresh draws of their own stream instead, in Taylor's stages (:class:`Taylor`);
+            0: no check (``r.agreement`` is None). p does not depend on it.
+
+    Raises:
+        OptionError: as for :class:`Taylor`, and ``n_samples`` or ``sampling`` out of range (named).
     """
 
     base_method = "mmse"

@@ -57,8 +57,8 @@ class Estimate:
             1, trust p; low, the linearisation does not describe the model at this noise
             (:mod:`probust.estimators.trust`). None where nothing was checked (``check_draws=0``).
         agreement_draws: int64 [B], the draws ``agreement`` counts: MMSE's own N noisy copies,
-            or fresh draws (Taylor's, or ``check_draws``): the first 8 on every point, all of
-            ``check_draws`` where those left the verdict open
+            or fresh draws (Taylor's, or ``check_draws``): 2 on every point, up to 8 where those
+            leave the verdict open, then up to ``check_draws`` where it is still open
             (:func:`probust.estimators.trust.check_stages`).
     """
 

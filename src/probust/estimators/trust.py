@@ -80,9 +80,9 @@ RESIDUAL_SPREAD = 2.0
 #: ... and by this fraction of their size (two draws may agree by chance).
 RESIDUAL_SLACK = 0.5
 #: A point is flagged when its verdicts differ on more than this fraction of draws: the bound
-#: |p_true - p| <= P(verdicts differ) then no longer vouches for an error below 0.05, half the
-#: 0.1 the benchmark counts as large. (Testing against 0.1 itself cannot tell, from 16 draws,
-#: a rate of 0.1 from one of 0.25: it missed half the errors above 0.1, against a quarter.)
+#: |p_true - p| <= P(verdicts differ) then no longer vouches for an error below 0.05, half of
+#: 0.1, the error docs/estimators.md counts as large. (A test against 0.1 itself cannot tell, from
+#: 16 draws, a rate of 0.1 from one of 0.25, so it would miss more of the large errors.)
 TRUST_LEVEL = 0.05
 #: ... at this confidence (a one-sided Clopper-Pearson bound): a point whose verdicts differ on
 #: at most ``TRUST_LEVEL`` of draws is flagged with probability <= 5%, one at 1% (8 draws: 3 or

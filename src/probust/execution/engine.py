@@ -50,11 +50,11 @@ CLEAN_ROWS = 256
 #: Points linearised together at most: the mvn-cdf is batched, more points per call gain nothing.
 MAX_POINTS_PER_CHUNK = 1024
 #: Rows per forward-mode pass where the reverse-mode plan runs fewer (budget permitting), by device
-#: kind: forward mode keeps no graph, so it fits more rows than a backward pass. On a CPU a pass of
-#: one row wastes a quarter of it (resnet50 at 224 x 224 on a 2-core CPU: 0.66, 0.56, 0.50, 0.50,
-#: 0.51 s per row of a jvp at 1, 2, 4, 8, 16 rows). On a GPU each pass pays torch.func's Python
-#: work per layer (about 50 ms a pass for resnet50 on an H200, more than its kernels' time), so
-#: the sketch's probes of every row go in as few passes as the budget holds.
+#: kind: forward mode keeps no graph, so it fits more rows than a backward pass. On a CPU a pass
+#: of one row pays a pass's fixed work for that row alone, and more than a few rows per pass gain
+#: nothing (docs/performance.md, "Forward mode"). On a GPU each pass pays torch.func's Python work
+#: per layer, more than its kernels' time, so the sketch's probes of every row go in as few passes
+#: as the budget holds.
 FORWARD_MODE_ROWS: dict[str, int] = {"cpu": 8, "cuda": 512}
 #: Rows of the batch a forward plan is timed on, and a Jacobian plan.
 _FORWARD_SAMPLE_ROWS = 8
@@ -329,7 +329,7 @@ class Execution:
         forward-mode plan (whose rows are sized for a tangent per input coordinate), as far as a
         reverse-mode pass holds them within the budget (at least the plan's rows). The points of
         a pass share its screening and its pull width, so the default bounds points, not rows:
-        counting rows, 32 rows held 6 points of 5 copies and MMSE screened 16 points in 3 groups."""
+        32 rows would hold 6 points of MMSE's 5 copies, and 16 points would be screened in 3 groups."""
         if self.batch_size is not None:
             return plan.rows
         points = DEFAULT_JACOBIAN_ROWS if plan.strategy.whole_jacobian else plan.rows

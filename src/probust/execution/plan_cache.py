@@ -40,11 +40,11 @@ from probust._per_model import PerModel
 
 CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
-# 2: entries of earlier versions are measured again: their pass costs may hold torch's first-call
-# import of its symbolic shapes (0.85 s, probust.gradients.pull_back) timed into a small model's first
-# pullback, and a CPU plan may have taken vmap on a trial it won by noise (tuning.VMAP_PAYS).
-# 3: forward-mode passes skip the tangents of weights (probust._forward_mode): jvp costs measured
-# before are up to 1.5x too high.
+# Entries of another version are measured again. Version 1's pass costs may include torch's
+# first-call import of its symbolic shapes, which probust.gradients.pull_back avoids, timed into a
+# small model's first pullback, and its CPU plans may take vmap on a trial won by noise
+# (tuning.VMAP_PAYS); version 2's jvp costs include the weights' zero tangents that
+# probust._forward_mode skips, so they overstate a forward-mode pass.
 _VERSION = 3
 
 # Per model object, while its structure stays (probust._per_model): a new head or layer makes

@@ -1,7 +1,7 @@
 """How to run a model fast within a memory budget: rows per pass, memory format, Jacobian strategy.
 
 The fastest way to push many rows through a network depends on the model, the device and
-the batch: on a CPU a convolutional net may run twice as fast with its weights and inputs in
+the batch: on a CPU a convolutional net may run much faster with its weights and inputs in
 ``channels_last`` format, a few dozen rows per pass are often faster than thousands, and for
 input gradients one backward pass per class can beat torch.func's vmapped backward (or the
 reverse, for small models and on GPUs). So the first call on a model measures: a few timed
@@ -61,9 +61,9 @@ _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
 #: On a CPU vmap is taken only where it costs at most this share of the loop per cotangent: what is
 #: timed, a trial of a few rows, flatters it (:func:`_measure_jacobian`).
 VMAP_PAYS = 2 / 3
-#: What torch.func's first call in a process costs (vjp, vmap and jvp alike, torch 2.14): it
-#: imports torch._dynamo, about 1.6 s on this project's 2-core CPU (2.5 s was measured with
-#: forward mode's first jvp, which builds more); plain autograd does not.
+#: What torch.func's first call in a process is counted to cost, in seconds (vjp, vmap and jvp
+#: alike; declared, not timed): it imports torch._dynamo, and forward mode's first jvp builds
+#: more; plain autograd does not (docs/performance.md, "First use").
 TORCH_FUNC_IMPORT_SECONDS = 2.0
 
 
@@ -412,11 +412,10 @@ def _measure_jacobian(
 
     On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: there its cost per
     cotangent grows with the width it batches (rows x cotangents) while the loop's falls as its
-    rows grow, so a trial of 4 rows and 2 margins flatters it. torchvision's ResNet18 at
-    3 x 32 x 32, 9 margins: vmap / loop 1.0 on the trial, 1.8 at the plan's 32 rows, and MMSE
-    (N = 5, 48 points) took 52 s with vmap against 29 s with the loop, where the trial chose
-    vmap in two of three fresh processes. Timing each candidate at the shape it will run instead
-    costs a real pass each, more than the planning share of calls of a few hundred rows.
+    rows grow, so a trial of 4 rows and 2 margins flatters it: a vmap that ties the loop on the
+    trial can lose clearly at the plan's rows (docs/performance.md, "Measured plans"). Timing each
+    candidate at the shape it will run instead costs a real pass each, more than the planning
+    share of calls of a few hundred rows.
 
     Args:
         passes: backward passes per row the call will run (C - 1 margins, or fewer where

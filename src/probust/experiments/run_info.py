@@ -106,7 +106,7 @@ class Run:
     def robust_loss_config(self) -> dict[str, Any] | None:
         """The settings of the :class:`~probust.RobustLoss` the model was trained with, or None.
 
-        From the checkpoint's ``extra_loss_config`` (written by ``probust.train``).
+        From the checkpoint's ``extra_loss_config`` (written by ``probust.training.train``).
         """
         cfg = self.meta.get("extra_loss_config")
         return dict(cfg) if isinstance(cfg, dict) and cfg.get("name") == "RobustLoss" else None

@@ -128,8 +128,8 @@ class CertifyOptions(SeedOptions):
 
     TITLE: ClassVar[str] = "certification (Cohen et al.'s CERTIFY; recorded in config.json)"
 
-    # The flags are the authors' (certify.py's --N0 and --N), with --n0 and --n as the issue's
-    # spelling; under torchrun "--n" is an ambiguous abbreviation of torchrun's own options
+    # The flags are the authors' (certify.py's --N0 and --N), with --n0 and --n as lowercase
+    # aliases; under torchrun "--n" is an ambiguous abbreviation of torchrun's own options
     # (--nnodes, --nproc-per-node), which it refuses before probust starts: --N works there.
     n0: int = option(
         100,

@@ -74,7 +74,7 @@ class ModelInfo:
     Attributes:
         source: the model file's absolute path, or "nn.Module" for a module passed in Python.
         class_name: the module's ``module.qualname`` (modules passed in Python only).
-        meta: the checkpoint's metadata (``probust.train`` writes dataset, arch, grad_reg,
+        meta: the checkpoint's metadata (``probust.training.train`` writes dataset, arch, grad_reg,
             test_accuracy, extra_loss, extra_loss_config, ...); {} when there is none.
         sha256: of the model file, or of the module's state_dict.
     """
@@ -131,7 +131,7 @@ class ResultsConfig:
         model: the "model" section (:class:`ModelInfo`).
         data: the "data" section (:class:`DataInfo`).
         history: every process that wrote into the folder, oldest first.
-        raw: the JSON object as read, its "run" settings under today's names (do not modify).
+        raw: the JSON object as read (do not modify).
     """
 
     format: str | None

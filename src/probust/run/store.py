@@ -582,8 +582,8 @@ def read_results(path: str | os.PathLike) -> Any:
           confidence interval (``mc``, ``mc_cv``, ``mc_is``; level in ``config.json``).
         - ``stderr`` (float64, NaN where there is none): the standard error of ``p`` (same).
         - ``clean_softmax`` (float64): softmax probability (temperature 1) of the clean
-          prediction, whatever the method (format version 1 called it ``confidence``, today the
-          name of the interval's level in ``config.json``).
+          prediction, whatever the method (not the interval's level, which ``config.json`` records
+          as ``confidence``).
         - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
           mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
         - ``p_fail`` (float64, NaN where there is none): the failure probability 1 - p computed
