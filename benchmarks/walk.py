@@ -4,7 +4,8 @@ Runs one ``Taylor(model, sigma)(x)`` (or MMSE) call after the estimator is built
 (plans measured and kept: the second call is what a reader follows), twice, and prints:
 
 - control flow: every probust module a function of which runs, in order of first entry, with
-  how often each is entered;
+  how often each is entered, and issue 51's measure (:func:`module_changes`: the modules outside
+  ``probust.mvn`` and how often the running module changes; ``--all`` counts as the issue does);
 - data flow, the input's path: the modules whose functions receive the input ``x``, its rows,
   layouts or noisy copies (:func:`follow`; the issue's "the input enters at most 8 modules").
   Below execution's door the planners get ``x`` as an ``execution.engine.Inputs``, a description
@@ -246,6 +247,15 @@ def count(modules: list[str], bypasses: dict[str, set[str]]) -> int:
     return len(dict.fromkeys(_package(m) if _package(m) in closed else m for m in modules))
 
 
+def module_changes(edges: list[tuple[str, str, str]]) -> tuple[int, int]:
+    """Issue 51's measure of a trace: the probust modules outside ``probust.mvn`` that run, and how
+    often the running module changes from one call to the next among them (the first call counts
+    as one change)."""
+    called = [callee for _, callee, _ in edges if not callee.startswith("probust.mvn")]
+    changes = sum(1 for i, module in enumerate(called) if i == 0 or module != called[i - 1])
+    return len(set(called)), changes
+
+
 def walk(method: str, classes: int, keep_housekeeping: bool = False) -> dict[str, Any]:
     """Both walks of a warm ``Taylor`` or ``MMSE`` call on :func:`_model` (``classes`` logits) and
     8 points: :func:`summarise` of the control flow, with ``path`` (:func:`follow`: the input's data
@@ -257,7 +267,9 @@ def walk(method: str, classes: int, keep_housekeeping: bool = False) -> dict[str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", probust.LinearisationWarning)  # the toy model's points are not at issue
         estimator(x)  # plans measured and kept
-        summary = summarise(trace(lambda: estimator(x), keep_housekeeping))
+        edges = trace(lambda: estimator(x), keep_housekeeping)
+        summary = summarise(edges)
+        summary["outside_mvn"] = module_changes(edges)
         summary["path"] = follow(lambda: estimator(x), x, keep_housekeeping)
     summary["path_modules"] = list(dict.fromkeys(module for module, _ in summary["path"]))
     if not summary["began"]:
@@ -279,6 +291,8 @@ def main() -> None:
         f"{args.method}, C = {args.classes}: {len(modules)} modules entered (control flow); "
         f"{count(modules, bypasses)} counting each of {packages} as one where entered through its door only"
     )
+    outside, changes = summary["outside_mvn"]
+    print(f"outside probust.mvn: {outside} modules, {changes} changes of module (call by call)")
     for module in modules:
         print(f"  {module:45s} entered {summary['entries'][module]:4d} times")
     for package, door in summary["doors"].items():
