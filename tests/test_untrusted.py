@@ -70,6 +70,18 @@ def test_shape_expressions_python_could_do_more_with_are_refused(expr):
         _check(_archive(expr))
 
 
+@pytest.mark.parametrize(
+    "expr",
+    ["9**9**9**9", "s0**(10**9)", "Pow(s0, 10**9)", "LShift(1, 10**9)", "s0 << 100000", "2*s0 + " + "9" * 40],
+)
+def test_shape_expressions_too_large_to_evaluate_are_refused(expr):
+    # Arithmetic, so no code runs, but sympy would compute them exactly and never finish.
+    with pytest.raises(
+        OptionError, match=r"^m\.pt2: m/models/model\.json holds a symbolic shape too large to evaluate"
+    ):
+        _check(_archive(expr))
+
+
 def test_torch_load_reads_tensors_and_refuses_objects_without_running_them(tmp_path):
     marker = tmp_path / "ran"
     safe, unsafe = tmp_path / "safe.pt", tmp_path / "unsafe.pt"

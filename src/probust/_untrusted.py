@@ -98,6 +98,11 @@ _EXPR_NODES = (
     ast.cmpop,
 )
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+# Bounds that keep a symbolic shape cheap to evaluate: sympy computes 9**9**9**9 exactly (it never
+# finishes), and torch's shapes and strides are 64-bit integers.
+_MAX_EXPONENT = 64
+_MAX_INTEGER = 2**64
+_POWER_CALLS = frozenset({"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"})
 
 
 def refusal(path: str | os.PathLike, found: str, advice: str, *, allowed: bool = True) -> tuple[Part, ...]:
@@ -259,9 +264,14 @@ def _code_in(
         return None
     if inner.startswith(_MODELS_DIR) or PurePosixPath(full).name == _LEGACY_PROGRAM:
         for expr in _expressions(_json(archive, entry, name, error)):
+            shown = expr if len(expr) <= 80 else expr[:77] + "..."
             if not _arithmetic(expr):
-                shown = expr if len(expr) <= 80 else expr[:77] + "..."
                 return f"Python code as a symbolic shape ({shown!r} in {full}, which torch evaluates)"
+            if not _bounded(expr):
+                raise error(
+                    f"{name}: {full} holds a symbolic shape too large to evaluate ({shown!r}: exponents and "
+                    f"shifts of at most {_MAX_EXPONENT}, integers of at most 2**64), which torch.export never writes"
+                )
     return None
 
 
@@ -311,6 +321,29 @@ def _arithmetic(expr: str) -> bool:
         if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, str, bool, type(None))):
             return False
     return True
+
+
+def _bounded(expr: str) -> bool:
+    """Whether an arithmetic ``expr`` (one :func:`_arithmetic` passed) is cheap to evaluate: every
+    integer at most 2**64 in size, every exponent or shift a constant of at most 64."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and abs(node.value) > _MAX_INTEGER:
+            return False
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.LShift, ast.RShift)):
+            if not _small_constant(node.right):
+                return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWER_CALLS:
+            if len(node.args) != 2 or not _small_constant(node.args[1]):
+                return False
+    return True
+
+
+def _small_constant(node: ast.expr) -> bool:
+    """A number written as a constant (or its negation) of size at most :data:`_MAX_EXPONENT`."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and abs(node.value) <= _MAX_EXPONENT
 
 
 def _builtin(name: str) -> bool:
