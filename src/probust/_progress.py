@@ -117,14 +117,8 @@ def counted_as(scale: int) -> Iterator[None]:
     """Inside :func:`counting`: each unit the work reports counts ``scale`` units of the share
     (e.g. an MMSE estimator counts points, and a point is its noisy copies). Outside: nothing."""
     target = _TARGET.get()
-    if target is None:
+    with counting(target.share if target is not None else None, scale):
         yield
-        return
-    token = _TARGET.set(_Forward(target.share, scale))
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
 
 
 #: Uncounted work shorter than this (in seconds) leaves the bar's clock alone.
