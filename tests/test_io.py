@@ -45,8 +45,3 @@ def test_sha256_file_equals_hashlib_over_the_bytes(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(data)
     assert _io.sha256_file(path, block=1024) == hashlib.sha256(data).hexdigest()
-
-
-def test_first_line_of_an_exception():
-    assert _io.first_line(ValueError("one\ntwo")) == "one"
-    assert _io.first_line(KeyError()) == "KeyError"

@@ -16,12 +16,6 @@ from pathlib import Path
 from typing import IO
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def fsync_dir(path: str | os.PathLike) -> None:
     """Flush a folder's entries (a rename into it) to the disk, where the platform allows."""
     try:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from probust.errors import OptionError, ProbustError
+from probust.errors import OptionError, ProbustError, first_line
 
 __all__ = [
     "CONTRACT",
@@ -153,7 +153,7 @@ def call_error(model: object, x: Tensor, rows: int, error: BaseException) -> Mod
     problem = input_problem(model, shape)
     if problem is not None:
         text += f": {problem[0]}"
-    own = f"{type(error).__name__}: {_first_line(error)}"
+    own = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
     if rows < shape[0]:
         text += f" (the model's error on x's first {rows} rows, shape {[rows, *shape[1:]]}: {own})"
     else:
@@ -165,11 +165,6 @@ def call_error(model: object, x: Tensor, rows: int, error: BaseException) -> Mod
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def logits_reading(out: object, batch: int) -> Reading:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["OptionError", "ProbustError", "Setting", "first_parts", "python_name"]
+__all__ = ["OptionError", "ProbustError", "Setting", "first_line", "first_parts", "python_name"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,12 @@ class ProbustError(Exception):
             for line in rest:
                 out.append([line] if line else [])
         return [tuple(line) for line in out]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def first_parts(error: BaseException) -> tuple[Part, ...]:

@@ -21,9 +21,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from probust._io import atomic_write, first_line
+from probust._io import atomic_write
 from probust._untrusted import torch_load
-from probust.errors import ProbustError
+from probust.errors import ProbustError, first_line
 from probust.models._registry import ARCHS, spec_of
 
 FORMAT = "probust.checkpoint"

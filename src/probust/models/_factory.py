@@ -14,8 +14,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from probust import _model_output
-from probust._io import first_line
 from probust._untrusted import torch_load
+from probust.errors import first_line
 from probust.models._checkpoint import CheckpointError
 
 #: ``package.module:function`` (dotted names on both sides).

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._io import first_line
 from probust._untrusted import refusal, refused_objects
-from probust.errors import OptionError
+from probust.errors import OptionError, first_line
 from probust.models._checkpoint import CheckpointError
 from probust.models._stats_sources import PROCESSOR_FILE, hf_stats
 

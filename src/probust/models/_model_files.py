@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._io import first_line
 from probust._untrusted import check_export_archive, torch_load
+from probust.errors import first_line
 from probust.models._checkpoint import (
     FORMAT,
     CheckpointError,

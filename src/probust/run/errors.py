@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from probust._io import first_line
-from probust.errors import OptionError, ProbustError
+from probust.errors import OptionError, ProbustError, first_line
 from probust.run.distributed import World
 
 __all__ = ["ConfigError", "ConfigMismatchError", "TiedPredictionError", "agree", "first_line"]

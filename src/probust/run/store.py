@@ -47,8 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probust._io import atomic_write_bytes, first_line
-from probust.errors import ProbustError
+from probust._io import atomic_write_bytes
+from probust.errors import ProbustError, first_line
 from probust.run.files import (
     CONFIG_META_KEY,
     ESTIMATE,
