@@ -1,6 +1,6 @@
 """The declared cost model against the device: a forward-mode probe's cost in pulls.
 
-:data:`probust.execution.cost_model.JVP_IN_PULLS` declares, per device kind, what one forward-mode
+:data:`probust.linearisation.counting.JVP_IN_PULLS` declares, per device kind, what one forward-mode
 probe of one row costs in backward passes of one row ("pulls"); the routes weigh passes by it, so
 it decides what is computed and is never measured at run time. This benchmark measures it where it
 matters: torchvision architectures with random weights at 3 x 224 x 224, ``--rows`` rows at once
@@ -9,10 +9,10 @@ matters: torchvision architectures with random weights at 3 x 224 x 224, ``--row
 Per model, the marginal cost of one unit, with the forward pass taken out: the seconds of K_HIGH
 units minus those of K_LOW units, over (K_HIGH - K_LOW) x rows (best of ``--repeats``):
 
-- a pull: :class:`probust.gradients.Pullback` over the rows (its forward pass with autograd), then
+- a pull: :class:`probust.linearisation.pullback.Pullback` over the rows (its forward pass with autograd), then
   K cotangents per row on the features pulled back, by loop and by vmap (the routes time the two and take
   the faster: the smaller of the two is the pull);
-- a probe: :func:`probust._forward_mode.jvps` along K input tangents (one vmapped forward-mode
+- a probe: :func:`probust.linearisation.forward_mode.jvps` along K input tangents (one vmapped forward-mode
   pass), as the sketch runs its probes.
 
 Prints probe / pull per model against the declared figure. Run:
@@ -32,10 +32,10 @@ import torch
 import torchvision
 from torch import nn
 
-from probust import _forward_mode as forward_mode
-from probust.execution.cost_model import jvp_in_pulls
-from probust.gradients import Pullback, cannot_trace
-from probust.linear_head import find_linear_head
+from probust.linearisation import forward_mode
+from probust.linearisation.counting import jvp_in_pulls
+from probust.linearisation.head import find_linear_head
+from probust.linearisation.pullback import Pullback, cannot_trace
 
 K_LOW, K_HIGH = 8, 40
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 import probust
-from probust.gradients import logit_jacobian
+from probust.linearisation.margins import logit_jacobian
 from probust.models import build
 
 TAYLOR_OVER_JACOBIAN = 1.5

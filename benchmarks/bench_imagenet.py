@@ -1,6 +1,6 @@
 """C = 1,000 classes at the cost of the competing classes on ImageNet-shape torchvision architectures.
 
-Taylor and MMSE need each point's margin gradients; :mod:`probust.estimators.routes` chooses per
+Taylor and MMSE need each point's margin gradients; :mod:`probust.linearisation.routes` chooses per
 point by cost among every boundary directly, the features' Jacobian through the linear head, forward
 mode, and screenings that bound every boundary's z so that only the ones that can matter get a
 gradient. This benchmark measures that choice where users meet it: torchvision architectures with
@@ -24,7 +24,7 @@ sigma: per model, head and method, set by bisection so that the K-class model's 
   34's: the cost of the boundaries that matter);
 - the seconds of each route forced alone on the 1,000-class model (``direct`` is ``prune="off"``,
   every boundary by its own backward pass), and auto over the fastest (target <= 1.5: the screenings'
-  share on the device, ``cost_model.SCREENING_SHARE``); ``--alone``
+  share on the device, ``linearisation.counting.SCREENING_SHARE``); ``--alone``
   picks the routes timed (the others are not in the row; none: no auto/best), ``--direct-points K`` times ``direct`` on
   the first K points and scales it to all (it costs C - 1 backward passes per point and copy);
 - agreement: max |p_auto - p_ref| and ``over``, the points where it exceeds the two runs' stated
@@ -66,10 +66,10 @@ from torch import Tensor, nn
 
 import probust
 from probust.errors import OptionError
-from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution.budget import peak_memory
-from probust.execution.cost_model import screening_share
-from probust.linear_head import find_linear_head
+from probust.linearisation.counting import screening_share
+from probust.linearisation.head import find_linear_head
+from probust.linearisation.routes import FORCING, ROUTE_NAMES
 
 # auto may cost the screenings' share more than the route they failed to improve on (screening_share).
 RATIO_TARGET, SLACK = 1.5, 1e-5

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import baselines
 import probust
-from probust.gradients import logit_jacobian
+from probust.linearisation.margins import logit_jacobian
 from probust.models import build, load_model
 
 SPEEDUP, FRACTION, MEMORY_MB, FLOOR = 1.5, 0.8, 4096.0, 1.15

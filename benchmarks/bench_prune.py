@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 import probust
-from probust.estimators.routes import FORCING, ROUTE_NAMES
 from probust.execution.budget import peak_memory
+from probust.linearisation.routes import FORCING, ROUTE_NAMES
 
 TARGETS = {100: 3.0, 1000: 15.0}  # pruned over full, per class count
 

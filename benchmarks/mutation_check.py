@@ -42,18 +42,18 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-SCREENING = "tests/estimators/test_screening_guarantees.py"
+SCREENING = "tests/linearisation/test_screening_guarantees.py"
 MUTANTS = (
     Mutant(
         "screening-failure-left-out-of-cdf-error",
-        "estimators/routes.py",
-        "kept = pruning.drop(z, target, budget=budget, delta=delta, forced=unknown,",
-        "kept = pruning.drop(z, target, budget=budget, delta=0.0, forced=unknown,",
+        "linearisation/routes.py",
+        "kept = drop(z, target, budget=budget, delta=delta, forced=unknown,",
+        "kept = drop(z, target, budget=budget, delta=0.0, forced=unknown,",
         (f"{SCREENING}::test_a_screened_points_cdf_error_holds_the_screenings_failure_share",),
     ),
     Mutant(
         "sketch-bound-without-union-over-boundaries",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "q = variance_factor(probes, failure / max(classes - 1, 1))",
         "q = variance_factor(probes, failure)",
         (SCREENING,),
@@ -89,7 +89,7 @@ MUTANTS = (
     ),
     Mutant(
         "sketch-union-over-all-c-columns-not-the-c-minus-1-boundaries",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "q = variance_factor(probes, failure / max(classes - 1, 1))",
         "q = variance_factor(probes, failure / classes)",
         (f"{SCREENING}::test_the_sketch_bound_is_the_chi_square_quantile_at_the_failure_shared_over_the_boundaries",),
@@ -111,11 +111,11 @@ MUTANTS = (
     # Issue 34: what is computed must not depend on a clock.
     Mutant(
         "forward-mode-cost-read-off-a-clock",
-        "execution/cost_model.py",
+        "linearisation/counting.py",
         'return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"])',
         'return JVP_IN_PULLS.get(device.type, JVP_IN_PULLS["cpu"]) * 10 ** (__import__("time").perf_counter() % 2)',
         (
-            "tests/estimators/test_routes.py::test_the_routes_are_decided_before_any_timing",
+            "tests/linearisation/test_routes.py::test_the_routes_are_decided_before_any_timing",
             "tests/estimators/test_clock.py",
         ),
     ),
@@ -123,43 +123,43 @@ MUTANTS = (
     # stages each spending the whole failure share, and a share counted only where the last stage ran.
     Mutant(
         "spectral-bound-from-the-grams-smallest-eigenvalue",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "top = torch.linalg.eigvalsh(gram.to(torch.float64))[:, -1]",
         "top = torch.linalg.eigvalsh(gram.to(torch.float64))[:, 0]",
         (
-            "tests/estimators/test_routes.py::test_the_spectral_bound_fails_exactly_as_often_as_stated_for_a_rank_one_covariance",
+            "tests/linearisation/test_routes.py::test_the_spectral_bound_fails_exactly_as_often_as_stated_for_a_rank_one_covariance",
         ),
     ),
     Mutant(
         "sketch-stages-each-at-the-whole-failure-share",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "return failure * STAGE_SHARES[stage]",
         "return failure",
         (f"{SCREENING}::test_the_staged_sketchs_bounds_fail_together_no_more_often_than_the_sketchs_share",),
     ),
     Mutant(
         "sketch-failure-counted-only-where-the-last-stage-ran",
-        "estimators/routes.py",
+        "linearisation/screening.py",
         "        if stage == 0:",
-        "        if stage == len(pruning.SKETCH_STAGES) - 1:",
+        "        if stage == len(SKETCH_STAGES) - 1:",
         (f"{SCREENING}::test_a_screened_points_cdf_error_holds_the_screenings_failure_share",),
     ),
     Mutant(
         "spectral-best-without-the-quantile-ratio",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "return z_lower * math.sqrt(variance_factor(more, more_failure) / variance_factor(probes, failure))",
         "return z_lower",
         (
-            "tests/estimators/test_routes.py::test_the_second_spectral_stage_runs_where_its_probes_could_drop_more_than_they_cost",
+            "tests/linearisation/test_routes.py::test_the_second_spectral_stage_runs_where_its_probes_could_drop_more_than_they_cost",
         ),
     ),
     Mutant(
         "spectral-stages-each-at-the-whole-failure-share",
-        "estimators/pruning.py",
+        "linearisation/screening.py",
         "return failure * SPECTRAL_STAGE_SHARES[stages][stage]",
         "return failure",
         (
-            "tests/estimators/test_routes.py::test_the_two_spectral_stages_fail_together_no_more_often_than_the_whole_share",
+            "tests/linearisation/test_routes.py::test_the_two_spectral_stages_fail_together_no_more_often_than_the_whole_share",
         ),
     ),
     # The GPU's sums: a slot's rows added in another order than the CPU's (atomics' kind of bug).

@@ -48,7 +48,7 @@ from tests._helpers import TinyCNN, linear_model, points_near_boundaries  # noqa
 
 import probust  # noqa: E402
 from probust.estimators import REGISTRY, Estimate, LinearisedMonteCarlo, make_estimator  # noqa: E402
-from probust.estimators.routes import FORCING  # noqa: E402
+from probust.linearisation.routes import FORCING  # noqa: E402
 from probust.models import build  # noqa: E402
 
 POINTS = 8

@@ -224,7 +224,7 @@ def _estimator(module: str) -> bool:
 #: :class:`Execution` and plan types, ``probust.mvn``'s ``mvn_cdf`` (``lint-imports`` forbids
 #: importing the modules underneath). The walk counts such a package as one module only where
 #: every call into it from outside went through the door (:func:`summarise`, ``bypasses``).
-PACKAGES = (EXECUTION, "probust.mvn")
+PACKAGES = (EXECUTION, "probust.linearisation", "probust.mvn")
 
 
 def _package(module: str) -> str:

@@ -12,7 +12,7 @@ import probust
 from probust._memory_format import weights_in_format
 from probust._per_model import PerModel, structure_token
 from probust.execution import Execution
-from probust.gradients import forward_mode_runs
+from probust.linearisation.pullback import forward_mode_runs
 
 # The toy nets' points may be flagged by the trust check; that is not at issue here.
 pytestmark = pytest.mark.filterwarnings("ignore::probust.LinearisationWarning")

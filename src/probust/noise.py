@@ -216,3 +216,10 @@ def as_noise(sigma: float | Tensor | Noise | None) -> Noise:
     if isinstance(sigma, bool):
         raise OptionError(f"must be a positive number or a probust.noise.Noise, got {sigma!r}", field="sigma")
     return Gaussian(sigma)
+
+
+def noise_words(noise: Noise) -> str:
+    """The noise's description in words, e.g. ``gaussian sigma=0.5``, for error messages."""
+    description = noise.describe()
+    kind = str(description.get("noise", type(noise).__name__))
+    return " ".join([kind] + [f"{key}={value}" for key, value in description.items() if key != "noise"])

@@ -31,11 +31,12 @@ from torch import nn
 
 import probust
 from probust._memory_format import to_format, weights_in_format
-from probust.execution import cost_model, tuning
+from probust.execution import tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
 from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
-from probust.gradients import margin_jacobian
+from probust.linearisation import counting as cost_model
+from probust.linearisation.margins import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
 
 DEVICE = torch.device(os.environ.get("PROBUST_TEST_DEVICE", "cuda"))

@@ -35,13 +35,14 @@ def test_the_input_enters_at_most_eight_modules_and_the_maths_never_call_back_in
     for step in (
         "probust.estimators.base",
         "probust.estimators.linearised",
-        "probust.estimators.routes",
-        "probust.gradients",
+        "probust.linearisation.routes",
+        "probust.linearisation.pullback",
     ):
         assert step in path
     assert "probust.execution.engine" in path  # the plan's door, which hands the planners a description of x
-    assert summary["bypasses"] == {"probust.execution": set(), "probust.mvn": set()}
-    assert len(path) <= 8, path  # module by module, execution's door included
+    assert summary["bypasses"] == {"probust.execution": set(), "probust.linearisation": set(), "probust.mvn": set()}
+    # Module by module, each package entered only through its door (execution, linearisation,
+    # mvn) counted as one.
     assert walk.count(path, summary["bypasses"]) <= 8, path
     assert sum(summary["climbs"].values()) == 0
     assert sum(summary["late"].values()) == 0
@@ -53,13 +54,13 @@ def test_a_call_past_a_package_door_is_seen(walk):
     edges = [
         ("probust.estimators.linearised", "probust.execution.engine", "Execution.points_per_chunk"),
         ("probust.estimators.linearised", "probust.execution.budget", "row_cost"),
-        ("probust.estimators.linearised", "probust.execution.cost_model", "jvp_in_pulls"),
+        ("probust.estimators.linearised", "probust.execution.tuning", "plan_jacobian"),
         ("probust.estimators.maps", "probust.mvn.cdf", "mvn_cdf"),
     ]
     summary = walk.summarise(edges)
     assert summary["bypasses"]["probust.execution"] == {
         "probust.execution.budget.row_cost",
-        "probust.execution.cost_model.jvp_in_pulls",
+        "probust.execution.tuning.plan_jacobian",
     }
     assert summary["bypasses"]["probust.mvn"] == set()
     modules = [callee for _, callee, _ in edges]
@@ -77,3 +78,16 @@ def test_the_input_is_followed_through_layouts_and_noise_but_not_into_gradients(
 
     hits = walk.follow(call, x, keep_housekeeping=False)
     assert hits == [("probust._memory_format", "to_format")]
+
+
+#: Issue 51's measure of the four warm calls, counted as the issue does (housekeeping included):
+#: the most probust modules outside probust.mvn each enters (where they stand: the issue's target
+#: is 15, docs/design.md); each changes module at most 150 times, the issue's target.
+WARM_CALLS = {("taylor", 10): 19, ("taylor", 1000): 20, ("mmse", 10): 21, ("mmse", 1000): 22}
+
+
+@pytest.mark.parametrize(("method", "classes"), list(WARM_CALLS))
+def test_a_warm_call_stays_down_in_few_modules_and_few_changes_of_module(walk, method, classes):
+    modules, changes = walk.walk(method, classes, keep_housekeeping=True)["outside_mvn"]
+    assert changes <= 150, changes
+    assert modules <= WARM_CALLS[method, classes], modules

@@ -218,7 +218,7 @@ def test_the_fallback_warning_is_a_standard_warning_without_module_state():
     """torch.func's failure is reported with warnings.warn (a TraceFallbackWarning): Python's
     filters decide how often it shows (the default: once per place and message), nothing in
     probust remembers it, so a filter that records every warning sees it on every call."""
-    from probust.gradients import Pullback, TraceFallbackWarning
+    from probust.linearisation.pullback import Pullback, TraceFallbackWarning
 
     model, x = _Untraceable(), torch.randn(3, 6)
     for _ in range(2):  # a new estimator warns again: no warn-once set left behind

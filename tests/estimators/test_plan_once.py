@@ -101,3 +101,55 @@ def test_the_tracer_sees_a_plan_asked_after_the_first_chunk(monkeypatch):
     chunks, late = _late_execution_calls(lambda: estimator(x))
     assert chunks == 3
     assert late.count("probust.execution.engine.budget") == 2  # the second and third chunks'
+
+
+def _plans_made(estimator: Any, x: torch.Tensor, monkeypatch) -> int:
+    """How many times ``estimator(x)`` made a new call plan (not the kept one)."""
+    made = []
+    new_plan = type(estimator)._new_plan
+
+    def counted(self, rows):
+        made.append(1)
+        return new_plan(self, rows)
+
+    monkeypatch.setattr(type(estimator), "_new_plan", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probust.LinearisationWarning)
+        estimator(x)
+    monkeypatch.undo()
+    return len(made)
+
+
+@pytest.mark.parametrize("kind", [probust.Taylor, probust.MMSE])
+def test_a_warm_call_keeps_its_plan_until_the_model_the_batch_a_setting_or_the_budget_moves(kind, monkeypatch):
+    model = _model(10)
+    x = torch.randn(6, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    estimator = kind(model, 0.3)
+    assert _plans_made(estimator, x, monkeypatch) == 1
+    first = estimator._kept_plan
+    assert _plans_made(estimator, x, monkeypatch) == 0  # the same call again: the kept plan
+    assert estimator._kept_plan is first
+    assert _plans_made(estimator, x[:4], monkeypatch) == 1  # another batch shape
+    estimator.tol = 1e-3
+    assert _plans_made(estimator, x[:4], monkeypatch) == 1  # a setting changed after a call
+    model[4] = nn.Linear(36, 16)
+    assert _plans_made(estimator, x[:4], monkeypatch) == 1  # the model's structure changed
+    budget = estimator._kept_plan[1]
+    for factor, made in ((1.2, 0), (0.85, 0), (1.3, 1), (0.7, 1)):
+        monkeypatch.setattr(Execution, "budget", lambda self, rows, b=int(budget * factor): b)
+        assert _plans_made(estimator, x[:4], monkeypatch) == made, factor
+        monkeypatch.undo()
+        estimator._kept_plan = (estimator._kept_plan[0], budget, estimator._kept_plan[2])
+
+
+def test_a_kept_plan_gives_the_numbers_a_new_plan_gives():
+    model = _model(10)
+    x = torch.randn(6, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probust.LinearisationWarning)
+        warm = probust.MMSE(model, 0.3)
+        warm(x)
+        again = warm(x)
+        fresh = probust.MMSE(model, 0.3)(x)
+    assert torch.equal(again.p, fresh.p)
+    assert torch.equal(again.route, fresh.route)

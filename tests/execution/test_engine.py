@@ -177,7 +177,7 @@ def test_the_linearisation_of_monte_carlo_variants_runs_by_the_outer_execution()
 def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
     from probust.execution import engine
     from probust.execution.budget import row_cost
-    from probust.execution.tuning import JacobianPlan
+    from probust.linearisation import JacobianPlan
 
     model = build("cnn", num_classes=10).eval()
     x = torch.rand(4, 1, 28, 28)
@@ -194,7 +194,7 @@ def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
     # A forward-mode plan's rows are sized for a tangent per input coordinate (often 1): the
     # routes' pullbacks (and the points linearised together) would then go one point at a time.
     from probust.execution import engine
-    from probust.execution.tuning import JacobianPlan
+    from probust.linearisation import JacobianPlan
 
     model = linear_model(784, 1000, seed=0)
     x = torch.rand(4, 784)
@@ -213,7 +213,7 @@ def test_pullbacks_of_a_forward_mode_plan_run_a_reverse_mode_pass_of_rows():
 def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
     from probust.execution.budget import row_cost
     from probust.execution.engine import Inputs
-    from probust.execution.tuning import JacobianPlan
+    from probust.linearisation import JacobianPlan
 
     model = linear_model(784, 1000, seed=0)
     x = torch.rand(4, 784)
@@ -225,7 +225,7 @@ def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
 
 
 def test_the_estimators_door_gives_the_model_s_classes_and_each_device_kind_s_declared_costs():
-    from probust.execution import cost_model
+    from probust.linearisation import counting as cost_model
 
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 7)).eval()
     assert Execution.classes(model, torch.zeros(2, 3, 4)) == 7

@@ -12,8 +12,9 @@ from torch import nn
 
 import probust
 from probust.execution import plan_cache, tuning
-from probust.execution.tuning import ForwardPlan, JacobianPlan
-from probust.gradients import Strategy
+from probust.execution.tuning import ForwardPlan
+from probust.linearisation import JacobianPlan
+from probust.linearisation.pullback import Strategy
 from probust.models import build
 
 GOOD_FORWARD = {"rows": 64, "channels_last": False}

@@ -10,7 +10,7 @@ import probust
 from probust import _memory_format
 from probust.execution import tuning as _tuning
 from probust.execution.engine import Inputs
-from probust.gradients import logit_jacobian
+from probust.linearisation.margins import logit_jacobian
 from probust.models import build
 
 #: How far two execution plans (Jacobian strategy, rows per pass, memory format) move a float32
@@ -105,7 +105,7 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
 def test_margin_jacobian_equals_differences_of_logit_gradients(strategy):
-    from probust.gradients import margin_jacobian
+    from probust.linearisation.margins import margin_jacobian
 
     model = _mlp(6, 5, seed=2)
     x = torch.randn(7, 6)

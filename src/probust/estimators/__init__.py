@@ -11,8 +11,8 @@ and the figures read.
 The rest of probust enters through this door only: it imports the names below from
 ``probust.estimators``, never from the modules underneath (``lint-imports`` checks it). Besides
 the estimators, the door holds what the runner reads to name and check the same settings
-(the defaults, ``GRADIENTS``, ``PRUNE_CHOICES``, ``RUN_OPTIONS``, :func:`check_settings`,
-``ROUTE_NAMES``) and what randomized smoothing builds on (:class:`PointwiseMethod`,
+(the defaults, ``RUN_OPTIONS``, and from :mod:`probust.linearisation` ``GRADIENTS``,
+``PRUNE_CHOICES``, :func:`check_settings` and ``ROUTE_NAMES``) and what randomized smoothing builds on (:class:`PointwiseMethod`,
 :func:`noisy_predictions`, :class:`AffineLogits`, :func:`check_noisy_copies`, :func:`rows_frame`).
 """
 
@@ -25,7 +25,6 @@ from probust.estimators.linearised import CDFS, Linearisation, Linearised
 from probust.estimators.linearised_mc import LINEARISATIONS, LinearisedMonteCarlo
 from probust.estimators.mmse import DEFAULT_COPIES, MMSE
 from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS, MonteCarlo, noisy_predictions
-from probust.estimators.pruning import PRUNE_CHOICES
 from probust.estimators.registry import (
     METHODS,
     PAPER_METHODS,
@@ -35,11 +34,11 @@ from probust.estimators.registry import (
     method_spec,
     methods_with,
 )
-from probust.estimators.result import ROUTE_NAMES, Estimate, rows_frame
-from probust.estimators.routes import GRADIENTS, check_settings
+from probust.estimators.result import Estimate, rows_frame
 from probust.estimators.softmax import Softmax
 from probust.estimators.taylor import Taylor
 from probust.estimators.trust import LinearisationWarning, untrusted
+from probust.linearisation import GRADIENTS, PRUNE_CHOICES, ROUTE_NAMES, check_settings
 
 __all__ = [
     "CDFS",

@@ -38,7 +38,7 @@ from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import Execution, ForwardPlan
-from probust.noise import Noise
+from probust.noise import Noise, noise_words
 
 
 class PointwiseMethod:
@@ -335,10 +335,3 @@ def check_noisy_copies(noise: Noise, nonfinite: Tensor, copies: int, indices: Te
     """Refuse NaN or inf logits on noisy copies (:func:`probust._checks.check_noisy_logits`),
     naming the noise in words (:func:`noise_words`)."""
     check_noisy_logits(nonfinite, copies, indices, noise_words(noise))
-
-
-def noise_words(noise: Noise) -> str:
-    """The noise's description in words, e.g. ``gaussian sigma=0.5``, for error messages."""
-    description = noise.describe()
-    kind = str(description.get("noise", type(noise).__name__))
-    return " ".join([kind] + [f"{key}={value}" for key, value in description.items() if key != "noise"])

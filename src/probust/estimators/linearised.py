@@ -1,7 +1,7 @@
 """Taylor and MMSE: linearise the C-1 margins, then map their z-scores to a probability.
 
 Both take, per point, the margins c_i and the boundary normals u_i of their linearisation by
-one path, :func:`probust.estimators.routes.linearise` (every boundary's where nothing is pruned:
+one path, :func:`probust.linearisation.routes.linearise` (every boundary's where nothing is pruned:
 the Monte Carlo variants mc_cv and mc_is reuse it, :meth:`Linearised.linearise`), then
 p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 """
@@ -15,20 +15,23 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust import _rng, gradients
+from probust import _rng, linearisation
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
 from probust._memory_format import to_format, weights_in_format
+from probust._per_model import structure_token
 from probust._progress import progress
 from probust.errors import OptionError
-from probust.estimators import maps, pruning, routes, trust
+from probust.estimators import maps, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
-from probust.execution import ForwardPlan, JacobianPlan
-from probust.linear_head import find_linear_head
+from probust.execution import ForwardPlan
+from probust.linearisation import JacobianPlan, find_linear_head
 from probust.mvn import DEFAULT_TOL
 from probust.noise import Noise, as_noise
 
 CDFS = ("mvn", "mv-sigmoid")
+#: A kept call plan serves a later call whose memory budget is within this ratio of its own.
+_BUDGET_BAND = (0.8, 1.25)
 
 
 class Linearisation(NamedTuple):
@@ -58,7 +61,7 @@ class _CallPlan(NamedTuple):
     """
 
     chunk: int
-    routes: routes.Context
+    routes: linearisation.Context
     check: ForwardPlan | None
     clean_rows: int
 
@@ -169,7 +172,7 @@ class Linearised(Estimator):
         self.differentiable = differentiable
         self.p_fail = p_fail
         self.fail_rtol = check_fraction(fail_rtol, "fail_rtol")
-        routes.check_settings(
+        linearisation.check_settings(
             prune,
             gradients,
             cdf=cdf,
@@ -180,6 +183,7 @@ class Linearised(Estimator):
         )
         self.prune = prune
         self.gradients = gradients
+        self._kept_plan: tuple[tuple, int, _CallPlan] | None = None
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -231,7 +235,30 @@ class Linearised(Estimator):
     def _plan(self, x: Tensor) -> _CallPlan:
         """Everything the call asks of execution for the points ``x`` [B, *S], in one place
         before the maths: the chunk size, the routes' context (with its Jacobian plan) and the
-        trust check's forward plan for a whole chunk's fresh draws."""
+        trust check's forward plan for a whole chunk's fresh draws.
+
+        Kept for the next call on the same model (its structure), batch shape, dtype, device and
+        settings while the memory budget stays within :data:`_BUDGET_BAND` of the one it was made
+        under: a warm call then asks execution for the budget only. The default budget follows
+        the free memory, which moves a little between calls; a plan made under a budget a fifth
+        larger still fits in the free memory's half it stands for."""
+        budget = self.execution.budget(x)
+        key = self._plan_key(x)
+        kept = self._kept_plan
+        if kept is not None and kept[0] == key and _BUDGET_BAND[0] <= budget / kept[1] <= _BUDGET_BAND[1]:
+            return kept[2]
+        plan = self._new_plan(x)
+        self._kept_plan = (key, max(budget, 1), plan)
+        return plan
+
+    def _plan_key(self, x: Tensor) -> tuple:
+        """What :meth:`_plan` depends on besides the budget (an estimator's settings are public
+        attributes: one changed after a call makes a new plan)."""
+        settings = (self.execution, self.prune, self.gradients, self.differentiable, self.cdf, self.p_fail)
+        own = (self.copies, self.check_draws, self.tol, self.seed, id(self.noise), id(self.model))
+        return (structure_token(self.model), tuple(x.shape), x.dtype, x.device, settings, own)
+
+    def _new_plan(self, x: Tensor) -> _CallPlan:
         chunk = self.points_per_chunk(x)
         ctx = self.route_context(x)
         stages = trust.check_stages(self.check_draws)
@@ -354,9 +381,9 @@ class Linearised(Estimator):
             rate[at] = trust.flip_rate(z, scale, c, low, high, active)
         return model == linear, rate
 
-    def route_context(self, x: Tensor) -> routes.Context:
+    def route_context(self, x: Tensor) -> linearisation.Context:
         """How the margin gradients of points like ``x`` are computed: the settings of
-        :func:`probust.estimators.routes.linearise`, which chooses a route per point from counts
+        :func:`probust.linearisation.routes.linearise`, which chooses a route per point from counts
         (the model's linear head, screenings that prune the boundaries that cannot matter,
         forward mode, or every gradient), or takes the forced one. Where nothing but every
         gradient pays (``prune="off"`` with ``gradients`` "auto", "direct" or "forward", or a
@@ -364,7 +391,7 @@ class Linearised(Estimator):
         a model that is not a module): every gradient, every boundary kept
         (:meth:`_every_gradient`).
 
-        Decided from counts and the declared cost model (:mod:`probust.execution.cost_model`)
+        Decided from counts and the declared cost model (:mod:`probust.linearisation.counting`)
         before anything is timed: C, the head's width, the input size and the probes'
         declared cost. Forward mode counts only where one untimed probe shows it runs."""
         # The autograd graph is kept through every gradient only; a model that is not a module has
@@ -385,8 +412,8 @@ class Linearised(Estimator):
         costs = self.execution.declared_costs(x.device)
         jvp, share = costs.jvp, costs.share
         forced_forward = self.gradients == "forward" or self.prune == "sketch"
-        if forced_forward or (chooses and inputs * jvp < routes.static_exact(head, classes, inputs, math.inf)):
-            if not gradients.forward_mode_runs(self.model, x):
+        if forced_forward or (chooses and inputs * jvp < linearisation.static_exact(head, classes, inputs, math.inf)):
+            if not linearisation.forward_mode_runs(self.model, x):
                 if forced_forward:
                     field = "gradients" if self.gradients == "forward" else "prune"
                     raise OptionError(
@@ -395,13 +422,16 @@ class Linearised(Estimator):
                         field=field,
                     )
                 jvp = math.inf
-        exact = routes.static_exact(head, classes, inputs, jvp)
+        exact = linearisation.static_exact(head, classes, inputs, jvp)
         spectral = self.prune == "spectral" or (
             chooses
             and prune
-            and routes.SPECTRAL_PROBES <= routes.RHO * routes.static_exact(head, classes, inputs, math.inf)
+            and linearisation.SPECTRAL_PROBES
+            <= linearisation.RHO * linearisation.static_exact(head, classes, inputs, math.inf)
         )
-        sketch_could_pay = prune and routes.SPECTRAL_PROBES * spectral + pruning.PROBES * jvp <= (share * exact)
+        sketch_could_pay = prune and linearisation.SPECTRAL_PROBES * spectral + linearisation.PROBES * jvp <= (
+            share * exact
+        )
         if chooses and not (exact < classes - 1 or spectral or sketch_could_pay):
             return self._every_gradient(x)  # nothing pays but every gradient, one pass each
         # Loop or vmap and the format are timed on the routes' own pulls (vmap pays its padding
@@ -411,8 +441,8 @@ class Linearised(Estimator):
             self.model,
             x,
             x.shape[0] * self.copies,
-            run=functools.partial(routes.timed_pulls, self.model, head),
-            passes=routes.SPECTRAL_PROBES if spectral else exact,
+            run=functools.partial(linearisation.timed_pulls, self.model, head),
+            passes=linearisation.SPECTRAL_PROBES if spectral else exact,
             work="pulls",
             # A forward-mode plan serves only the forward route; where another exact route is
             # cheaper no point takes it (per point the head's cost only falls), and the pulls
@@ -428,16 +458,16 @@ class Linearised(Estimator):
             jvp=jvp,
             share=share,
             gradients=self.gradients,
-            screening=self.prune if self.prune in pruning.SCREENINGS else "auto",
+            screening=self.prune if self.prune in linearisation.SCREENINGS else "auto",
             spectral_stages=costs.spectral_stages,
             pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
             graph_rows=self.execution.graph_rows(self.model, x, plan),
         )
 
-    def _context(self, x: Tensor, plan: JacobianPlan, **fields: Any) -> routes.Context:
+    def _context(self, x: Tensor, plan: JacobianPlan, **fields: Any) -> linearisation.Context:
         """The routes' context under ``plan``: this estimator's model, noise, ``tol`` and seed,
         the forward-mode rows of points like ``x``, and ``fields``."""
-        return routes.Context(
+        return linearisation.Context(
             model=self.model,
             plan=plan,
             noise=self.noise,
@@ -447,7 +477,7 @@ class Linearised(Estimator):
             **fields,
         )
 
-    def _every_gradient(self, x: Tensor) -> routes.Context:
+    def _every_gradient(self, x: Tensor) -> linearisation.Context:
         """The routes' context that takes every margin's gradient and keeps every boundary: one
         backward pass per boundary from the logits, or forward mode where the plan takes it (asked
         for, or paying by counts: :meth:`probust.execution.Execution.jacobian_plan`, where neither
@@ -473,36 +503,38 @@ class Linearised(Estimator):
         )
 
     def _routed(
-        self, ctx: routes.Context, x: Tensor, target: Tensor | None, indices: Tensor, clean_rows: int
-    ) -> routes.Routed:
-        """The linearisation of a chunk of points by :func:`probust.estimators.routes.linearise`
+        self, ctx: linearisation.Context, x: Tensor, target: Tensor | None, indices: Tensor, clean_rows: int
+    ) -> linearisation.Routed:
+        """The linearisation of a chunk of points by :func:`probust.linearisation.routes.linearise`
         (``clean_rows``: rows per clean forward pass, where the targets are read off one)."""
         target = self._target(x, target, clean_rows)
         with weights_in_format(self.model, ctx.plan.channels_last):
-            return routes.linearise(ctx, self._copies(x, indices), target, indices)
+            return linearisation.linearise(ctx, self._copies(x, indices), target, indices)
 
-    def _from_routed(self, routed: routes.Routed, x: Tensor, indices: Tensor, check: ForwardPlan | None) -> Estimate:
+    def _from_routed(
+        self, routed: linearisation.Routed, x: Tensor, indices: Tensor, check: ForwardPlan | None
+    ) -> Estimate:
         """The estimate of a chunk of points from its linearisation, whatever the route: the
         boundaries each point keeps (every one where nothing was pruned) make its problem.
 
-        Points are grouped by their problem's width (a power of two, :func:`pruning.by_width`;
+        Points are grouped by their problem's width (a power of two, :func:`linearisation.by_width`;
         one group where every boundary is kept), each group standardised apart (its covariance's
         matrix product has a shape that depends on the point alone), then one mvn-cdf call takes
         them all: its values do not depend on the batch nor on +inf padding, and its fixed cost is
         paid once per chunk.
 
         Args:
-            routed: the chunk's :class:`probust.estimators.routes.Routed` (``kept`` None: every
+            routed: the chunk's :class:`probust.linearisation.routes.Routed` (``kept`` None: every
                 boundary kept, ``normal`` [P, C, *S] in class order).
             x: [P, *S], the chunk's points.
             indices: int64 [P], their data-set indices.
             check: the trust check's forward plan (:meth:`_plan`).
         """
         _check_finite(Linearisation(routed.target, routed.margin, routed.normal), indices)
-        groups: list[tuple[Tensor, pruning.Pruned | None]] = (
+        groups: list[tuple[Tensor, linearisation.Pruned | None]] = (
             [(torch.arange(len(routed.target), device=x.device), None)]
             if routed.kept is None
-            else list(pruning.by_width(routed.kept, routed.target))
+            else list(linearisation.by_width(routed.kept, routed.target))
         )
         problems = [self._problem(routed, index, kept) for index, kept in groups]
         std = maps.stack([problem.std for problem in problems])
@@ -562,12 +594,12 @@ class Linearised(Estimator):
     def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
         """How :meth:`_every_gradient` differentiates ``rows`` rows like ``x``
         (:meth:`probust.execution.Execution.jacobian_plan`, timed on the routes' own pulls of every
-        boundary, :func:`probust.estimators.routes.timed_pulls`)."""
+        boundary, :func:`probust.linearisation.exact.timed_pulls`)."""
         return self.execution.jacobian_plan(
             self.model,
             x,
             rows,
-            run=functools.partial(routes.timed_pulls, self.model, None, every_boundary=True),
+            run=functools.partial(linearisation.timed_pulls, self.model, None, every_boundary=True),
             differentiable=self.differentiable,
             forward=self.gradients == "forward",
             offer_forward=self.gradients == "auto",
@@ -577,7 +609,7 @@ class Linearised(Estimator):
         """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""
         return x[:, None]
 
-    def _problem(self, routed: routes.Routed, index: Tensor, kept: pruning.Pruned | None) -> _Problem:
+    def _problem(self, routed: linearisation.Routed, index: Tensor, kept: linearisation.Pruned | None) -> _Problem:
         """The mvn problem of the points ``index`` of a chunk: every boundary in class order (the
         target's own column, with its zero gradient, is no constraint), or the boundaries ``kept``
         holds after a column for the target; padding columns get a positive margin and a zero
@@ -599,7 +631,7 @@ class Linearised(Estimator):
         target: Tensor,
         c: Tensor,
         problem: _Problem,
-        kept: pruning.Pruned | None,
+        kept: linearisation.Pruned | None,
         p: Tensor,
         err: Tensor | None,
         p_fail: Tensor | None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probust.gradients import other_classes
+from probust.linearisation import other_classes
 from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Noise
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from probust.errors import OptionError
+from probust.linearisation import ROUTE_NAMES
 
 
 @dataclass
@@ -48,7 +49,7 @@ class Estimate:
             index into :data:`ROUTE_NAMES` ("direct": one backward pass per boundary; "head":
             through the model's linear head; "forward": forward mode; "candidates": a screening,
             then the boundaries still within reach). Decided from counts, never from timings
-            (:mod:`probust.execution.cost_model`), unless forced: ``gradients`` names the first
+            (:mod:`probust.linearisation.counting`), unless forced: ``gradients`` names the first
             three, ``prune="spectral"`` or ``"sketch"`` gives "candidates".
         agreement: float64 [B], Taylor and MMSE: the fraction of checked noise draws eps on
             which the model's verdict (argmax f(x + eps) = target) and the linearisation's
@@ -143,9 +144,6 @@ class Estimate:
             frame["route"] = np.asarray(ROUTE_NAMES, dtype=object)[frame["route"].to_numpy()]
         return frame
 
-
-#: The routes a point's margin gradients can take (``Estimate.route`` indexes it).
-ROUTE_NAMES = ("direct", "head", "forward", "candidates")
 
 #: Fields of :class:`Estimate` whose column in :meth:`Estimate.to_pandas` has the runner's
 #: table's name for the same quantity.

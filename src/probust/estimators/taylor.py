@@ -28,7 +28,7 @@ class Taylor(Linearised):
             where a screening or the linear head pays by counts, skip the boundaries (and their
             gradients) whose tails Phi(-z) fit the budget, adding at most 7% of ``tol`` to
             ``r.cdf_error``; "spectral" / "sketch": that screening on every point; "off": keep all.
-        gradients: where the exact margin gradients come from (:mod:`probust.estimators.routes`):
+        gradients: where the exact margin gradients come from (:mod:`probust.linearisation.routes`):
             "auto" (default): per point the cheapest by counts, never timed; "direct", "head" or
             "forward": that source on every point, no screening. ``r.route`` records each point's.
         check_draws: the most fresh noise draws per point (a forward pass each, in stages) on which

@@ -5,9 +5,9 @@ rows per pass, memory budget, memory format and Jacobian strategy, turned into p
 model and a batch. It hands the batch down as :class:`~probust.execution.engine.Inputs`, its
 description, by which known plans are found, and rows of it drawn only to measure.
 Underneath: memory budgets and row costs (:mod:`~probust.execution.budget`), measured plans
-(:mod:`~probust.execution.tuning`: each timed on the call's own work), the declared costs the
-gradient routes are chosen by (:mod:`~probust.execution.cost_model`), and the cache that keeps
-what was measured per model and on disk (:mod:`~probust.execution.plan_cache`).
+(:mod:`~probust.execution.tuning`: each timed on the call's own work) and the cache that keeps
+what was measured per model and on disk (:mod:`~probust.execution.plan_cache`). The passes it
+plans are :mod:`probust.linearisation`'s (its strategies and declared costs), one layer down.
 
 The rest of probust enters through this door only: it imports the names below from
 ``probust.execution``, never from the modules underneath (``lint-imports`` checks it), and an
@@ -15,16 +15,13 @@ estimator asks :class:`Execution` for all it needs (plans, C, the declared costs
 """
 
 from probust.execution.budget import check_budget, peak_memory
-from probust.execution.cost_model import DeclaredCosts
 from probust.execution.engine import Execution
-from probust.execution.tuning import JACOBIANS, ForwardPlan, JacobianPlan, sync
+from probust.execution.tuning import JACOBIANS, ForwardPlan, sync
 
 __all__ = [
     "JACOBIANS",
-    "DeclaredCosts",
     "Execution",
     "ForwardPlan",
-    "JacobianPlan",
     "check_budget",
     "peak_memory",
     "sync",

@@ -30,7 +30,6 @@ from torch import Tensor, nn
 
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError, Setting
-from probust.execution import cost_model
 from probust.execution.budget import RowCost, check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
@@ -42,7 +41,7 @@ from probust.execution.tuning import (
     plan_jacobian,
     too_many,
 )
-from probust.gradients import Strategy, forward_mode_runs
+from probust.linearisation import DeclaredCosts, Strategy, declared, forward_mode_runs, jvp_in_pulls
 
 #: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
 #: any memory limit.
@@ -204,10 +203,10 @@ class Execution:
         return _row_cost(model, x).classes
 
     @staticmethod
-    def declared_costs(device: torch.device) -> cost_model.DeclaredCosts:
+    def declared_costs(device: torch.device) -> DeclaredCosts:
         """The declared costs the routes are chosen by on ``device``'s kind (never measured:
-        :mod:`probust.execution.cost_model`)."""
-        return cost_model.declared(device)
+        :mod:`probust.linearisation.counting`)."""
+        return declared(device)
 
     @property
     def clean_rows(self) -> int:
@@ -274,7 +273,7 @@ class Execution:
         (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
 
         With ``jacobian="auto"``, forward mode is taken by counts, never timed: where one probe
-        per input coordinate at its declared cost (:mod:`probust.execution.cost_model`) is cheaper
+        per input coordinate at its declared cost (:mod:`probust.linearisation.counting`) is cheaper
         than C - 1 backward passes and forward mode runs through the model (one untimed probe).
 
         Args:
@@ -371,9 +370,9 @@ def _row_cost(model: nn.Module, x: Tensor) -> RowCost:
 
 def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:
     """Whether every margin's gradient is cheaper by forward mode (one probe per input coordinate
-    at its declared cost, :mod:`probust.execution.cost_model`) than by C - 1 backward passes, and
+    at its declared cost, :mod:`probust.linearisation.counting`) than by C - 1 backward passes, and
     forward mode runs through the model: counts and one untimed probe, no clock."""
-    return x[0].numel() * cost_model.jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
+    return x[0].numel() * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
 
 
 __all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]

@@ -36,7 +36,7 @@ from probust._per_model import PerModel
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
-from probust.gradients import STRATEGIES, Strategy, cannot_trace
+from probust.linearisation import STRATEGIES, JacobianPlan, Strategy, cannot_trace
 
 if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
     from probust.execution.engine import Inputs
@@ -79,20 +79,6 @@ class ForwardPlan:
 
     rows: int
     channels_last: bool
-
-
-@dataclass(frozen=True)
-class JacobianPlan:
-    """How to compute input Jacobians: strategy, rows per pass, classes per vmapped pass."""
-
-    strategy: Strategy
-    rows: int
-    class_chunk: int | None
-    channels_last: bool
-
-    def __post_init__(self) -> None:
-        # A plan read back from the plan cache names its strategy.
-        object.__setattr__(self, "strategy", Strategy(self.strategy))
 
 
 def _cached(model: nn.Module, key: tuple, kind: type) -> ForwardPlan | JacobianPlan | None:
@@ -313,7 +299,7 @@ def plan_jacobian(
         classes: C, the number of logits.
         budget: bytes the passes may hold.
         total_rows: rows the caller will differentiate; tiny jobs get a default plan.
-        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.gradients.Strategy` value
+        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.linearisation.pullback.Strategy` value
             used as given (forward mode where the estimator asks for it or the door's counts
             take it: :meth:`probust.execution.Execution.jacobian_plan`).
         rows: the user's rows per pass (checked against the budget).

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from probust._segments import add_rows
-from probust.gradients import pull_back
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
 from probust.mvn.numerics import ndtr, tree_sum
@@ -65,8 +64,12 @@ class _Recomputed(torch.autograd.Function):
         inputs = [t.detach().requires_grad_(t.is_floating_point()) for t in tensors]
         with torch.enable_grad():
             out = block_sums(*cast(FactorTensors, tuple(inputs)), w, ctx.n_steps)
+            # A scalar's backward, not grad_outputs=grad: a tensor grad_outputs makes torch check
+            # its shape with torch.fx's symbolic shapes, whose first use imports sympy
+            # (probust.linearisation.pull_back does the same for the gradients).
+            scalar = (out * grad.to(out.dtype)).sum()
         wanted = [x for x, need in zip(inputs, ctx.needs_input_grad[2:]) if need]
-        grads = iter(pull_back(out, wanted, grad, allow_unused=True))
+        grads = iter(torch.autograd.grad(scalar, wanted, allow_unused=True))
         return (None, None, *(next(grads) if need else None for need in ctx.needs_input_grad[2:]))
 
 

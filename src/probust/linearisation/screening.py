@@ -4,7 +4,7 @@ Taylor and MMSE need u_i = grad g_i for every boundary i != t: C - 1 backward pa
 (per noisy copy for MMSE). At large C almost every boundary is far: a boundary at z_i noise
 standard deviations can change p by at most Phi(-z_i) (the union bound: P(all kept hold) -
 P(all hold) <= sum over the dropped of P(Y_i > z_i)). This module holds the maths; which bound
-runs for which point is decided from counts by :mod:`probust.estimators.routes`:
+runs for which point is decided from counts by :mod:`probust.linearisation.routes`:
 
 - :func:`spectral_z_lower`: m reverse-mode probes w_k ~ N(0, I) on the features give the Gram
   matrix G = W^T M W of their noise covariance M; lambda_max(G) >= lambda_max(M) X with
@@ -24,7 +24,7 @@ The estimate's error grows by at most (sum of the dropped Phi(-z_lower)) + delta
 bounds the change of p when the bounds hold, the second the probability that they do not (p is
 in [0, 1]). Both are fixed shares of ``tol`` (see :func:`shares`), and the mvn-cdf samples to the
 rest of ``tol``, so p keeps its stated tolerance. Where every exact z is known (the linear head's
-route, :mod:`probust.linear_head`), :func:`exact_z` gives them and :func:`drop` drops by the exact
+route, :mod:`probust.linearisation.head`), :func:`exact_z` gives them and :func:`drop` drops by the exact
 tails (delta = 0).
 """
 
@@ -32,16 +32,25 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from scipy.stats import chi2
 from torch import Tensor
 
+from probust import _rng
+from probust._memory_format import to_format
+from probust.linearisation import head as linear_head
+from probust.linearisation.margins import margin_sketch
+from probust.linearisation.pullback import forward_mode_runs
 from probust.mvn import ndtr
 
+if TYPE_CHECKING:
+    from probust.linearisation.exact import Rows
+    from probust.linearisation.routes import Context
+
 #: The ``prune`` setting of Taylor and MMSE: "auto" drops the boundaries that cannot matter and
-#: screens where the counts say it pays (:mod:`probust.estimators.routes`); "off" keeps every
+#: screens where the counts say it pays (:mod:`probust.linearisation.routes`); "off" keeps every
 #: boundary; "spectral" and "sketch" run that screening on every point, then compute the exact
 #: gradients of only the boundaries it leaves within reach.
 #: The screenings ``prune`` can force.
@@ -79,7 +88,7 @@ def stage_failure(failure: float, stage: int) -> float:
 
 
 #: The spectral screening's stages' parts of its failure probability, by the number of stages
-#: (:data:`probust.execution.cost_model.SPECTRAL_STAGES`): most to the first, where a point whose
+#: (:data:`probust.linearisation.counting.SPECTRAL_STAGES`): most to the first, where a point whose
 #: far boundaries lie far stops.
 SPECTRAL_STAGE_SHARES = {1: (1.0,), 2: (0.8, 0.2)}
 
@@ -245,3 +254,129 @@ def by_width(kept: Pruned, target: Tensor) -> list[tuple[Tensor, Pruned]]:
             classes = torch.cat([classes, target[index, None].expand(-1, w - classes.shape[1])], dim=1)
         groups.append((index, Pruned(classes, kept.kept[index], kept.z_lower[index], kept.bound[index], kept.reserved)))
     return groups
+
+
+def spectral(ctx: Context, rows: Rows, c: Tensor, target: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The spectral screening in ``ctx.spectral_stages``: (lower bounds on z [P, C]
+    (:func:`spectral_z_lower`), the probes each point pulled, float64 [P]).
+
+    Stage s bounds every z from the point's first ``spectral_stages[s]`` probes (a function of
+    the seed, the point and its index, whichever stage pulls them) at its part of the
+    screening's failure share (:func:`spectral_stage_failure`; the caller counts the
+    whole share). A later stage runs on a point only where the most its probes could give
+    (:func:`spectral_z_best`) would drop more boundaries than it pulls probes: the far
+    boundaries of a point already dropped, or out of any such bound's reach, cost no more probes.
+    The decision reads the point's own bounds alone, so it does not depend on its batch.
+    """
+    features = rows.features
+    stages = ctx.spectral_stages
+    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_SCREEN)
+    probes = _rng.normal(keys, 0, stages[-1], features.shape[1], dtype=features.dtype)  # [P, m, F]
+    if ctx.head is not None:
+        scale = linear_head.boundary_norms_squared(ctx.head, target)
+    else:
+        scale = torch.full_like(c, 2.0, dtype=torch.float64)
+    budget, share = shares(ctx.tol)
+    z = torch.full_like(c, -math.inf, dtype=torch.float64)
+    run = torch.ones(len(target), dtype=torch.bool, device=c.device)
+    pulled = torch.zeros(len(target), 0, *rows.rows.shape[1:], dtype=rows.rows.dtype, device=c.device)
+    used = torch.zeros(len(target), dtype=torch.float64, device=c.device)
+    done, failure = 0, 0.0
+    for stage, count in enumerate(stages):
+        stage_failure = spectral_stage_failure(share, stage, len(stages))
+        if stage:
+            best = spectral_z_best(z, done, failure, count, stage_failure)
+            gain = kept_count(z, target, budget) - kept_count(best, target, budget)
+            run = run & ((count - done) < gain)
+            if not bool(run.any()):
+                break
+        new = rows.average(rows.pull(probes[rows.row_point, done:count].transpose(0, 1)))  # [P, k, *S]
+        pulled = torch.cat([pulled, new], dim=1)
+        z_stage = spectral_z_lower(c, scale, ctx.noise.quadratic_form(pulled), stage_failure)
+        z = torch.where(run[:, None], torch.maximum(z, z_stage), z)
+        used = torch.where(run, float(count), used)
+        done, failure = count, stage_failure
+    return z, used
+
+
+def staged_sketch(
+    ctx: Context,
+    copies: Tensor,
+    target: Tensor,
+    indices: Tensor,
+    c: Tensor,
+    z_screen: Tensor,
+    delta: Tensor,
+    *,
+    spent: Tensor | float,
+    exact_cost: Tensor,
+    candidates_cost: Tensor,
+    screened: Pruned | None,
+) -> tuple[Pruned | None, Tensor]:
+    """The forward-mode sketch in :data:`SKETCH_STAGES`, each stage on the points whose
+    counts say it pays: (the screening's selection, each point's candidates cost in pulls).
+
+    Stage s bounds every z from the point's first SKETCH_STAGES[s] probes (the earlier stages'
+    and its new ones, :func:`sketch_z_lower`), failing with its part of the sketch's
+    failure share (:func:`stage_failure`): the bounds of all stages hold together but
+    for that share, which each sketched point's ``delta`` [P] gets whatever stage it stops at.
+    ``z_screen`` and ``delta`` are updated in place.
+
+    The sketch runs on the points where its worst case, every stage's probes, and the spectral
+    screening's ``spent`` pulls cost at most ``ctx.share`` of the best route so far (every point
+    where it is forced: ``prune="sketch"``). There each stage runs where its new probes cost
+    fewer pulls than the candidates the stages before left (the most it could save), so a point
+    whose far boundaries all drop after 8 probes pays 8.
+    """
+    points = len(target)
+    forced = ctx.screening == "sketch"
+    budget, failure = shares(ctx.tol)
+    # The points whose whole sketch, every stage, fits the share: its worst case.
+    ran = torch.ones(points, dtype=torch.bool, device=c.device)
+    if not forced:
+        ran = spent + PROBES * ctx.jvp <= ctx.share * torch.minimum(exact_cost, candidates_cost)
+        if bool(ran.any()) and not forward_mode_runs(ctx.model, copies[:, 0]):
+            return screened, candidates_cost  # a fact about the model (untimed), the same for every point
+    done = 0
+    before: Tensor | None = None  # the last stage's points
+    derivatives = c.new_zeros(0)  # their derivatives along its probes, [W, done, C]
+    for stage, probes in enumerate(SKETCH_STAGES):
+        run = ran & ((probes - done) * ctx.jvp < candidates_cost)
+        if not bool(run.any()):
+            break
+        which = run.nonzero().flatten()
+        new = _sketch(ctx, copies[which], target[which], indices[which], done, probes)
+        if before is not None:  # a stage's points all ran the one before
+            new = torch.cat([derivatives[torch.searchsorted(before, which)], new], dim=1)
+        before, derivatives = which, new
+        z_stage = sketch_z_lower(c[which], derivatives, stage_failure(failure, stage))
+        z_screen[which] = torch.maximum(z_screen[which], z_stage)
+        if stage == 0:
+            # The whole sketch's share, whichever later stages run: whether they run depends on
+            # the first stage's bounds, so only the union over every stage is a probability
+            # that holds whatever the point stops at.
+            delta[which] += failure
+        screened = drop(z_screen, target, budget=budget, delta=delta)
+        candidates_cost = torch.where(run, screened.kept.double(), candidates_cost)
+        ran, done = run, probes
+    return screened, candidates_cost
+
+
+def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, first: int, stop: int) -> Tensor:
+    """float64 [P', stop - first, C]: the margins' derivatives along the points' forward-mode probes
+    ``first``..``stop - 1`` (:func:`probust.linearisation.margins.margin_sketch`; each probe a function of
+    the seed, the point and its index, whichever stage draws it)."""
+    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
+    count = stop - first
+    probes = ctx.noise.sample(keys, first, count, copies.shape[2:]).to(copies.device)
+    rows = ctx.probe_rows
+    _, derivatives = margin_sketch(
+        ctx.model,
+        copies,
+        target,
+        probes,
+        batch_size=max(1, rows // count),
+        probe_chunk_size=min(count, rows),
+        to_rows=lambda block: to_format(block, ctx.plan.channels_last),
+    )
+    return derivatives.to(torch.float64)

@@ -1,4 +1,4 @@
-"""One backward pass of a cotangent (probust.gradients.pull_back): autograd's bits, no first-call import."""
+"""One backward pass of a cotangent (probust.linearisation.pullback.pull_back): autograd's bits, no first-call import."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from probust.gradients import pull_back
+from probust.linearisation.pullback import pull_back
 
 
 def _cnn(dtype: torch.dtype) -> nn.Module:

@@ -11,7 +11,7 @@ every z_i is known exactly from d backward passes. This pays where d < C - 1: th
 (d = 50) at C = 100 or 1,000, a ResNet18 (d = 512) at C = 1,000. The result equals the direct
 Jacobian's up to float rounding (the same products, summed in another order). Features held at
 exactly 0 (a ReLU before the head) have zero rows and need no pass (the estimators check that
-claim: :mod:`probust.estimators.routes`); a trained ReLU network holds many of its features at 0
+claim: :mod:`probust.linearisation.routes`); a trained ReLU network holds many of its features at 0
 at any one point.
 
 :func:`find_linear_head` finds such a layer by running the model once with hooks; it accepts a

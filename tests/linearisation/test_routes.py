@@ -1,4 +1,4 @@
-"""The routes of Taylor and MMSE (probust.estimators.routes): each against every gradient taken
+"""The routes of Taylor and MMSE (probust.linearisation.routes): each against every gradient taken
 directly, the spectral screening's bound against simulation, and the cost rules."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from scipy.stats import chi2
 from torch import nn
 
 import probust
-from probust import gradients
 from probust.errors import OptionError
-from probust.estimators import pruning, routes
-from probust.estimators.routes import FORCING, ROUTE_NAMES
-from probust.execution import cost_model
+from probust.linearisation import counting as cost_model
+from probust.linearisation import exact, routes
+from probust.linearisation import pullback as gradients
+from probust.linearisation import screening as pruning
+from probust.linearisation.routes import FORCING, ROUTE_NAMES
 from tests._helpers import OldStyleSquare, Tempered, intel_cpu, linear_model
 
 
@@ -115,16 +116,16 @@ def test_the_two_spectral_stages_fail_together_no_more_often_than_the_whole_shar
 
 
 def _spectral_pulls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The probes each call of routes._spectral pulled per point, appended as the calls run."""
+    """The probes each call of routes.spectral pulled per point, appended as the calls run."""
     used: list[int] = []
-    original = routes._spectral
+    original = routes.spectral
 
     def spy(*args, **kwargs):
         z, probes = original(*args, **kwargs)
         used.extend(int(v) for v in probes)
         return z, probes
 
-    monkeypatch.setattr(routes, "_spectral", spy)
+    monkeypatch.setattr(routes, "spectral", spy)
     return used
 
 
@@ -159,14 +160,14 @@ def test_the_second_spectral_stage_runs_where_its_probes_could_drop_more_than_th
     with torch.no_grad():
         model[2].bias[10:] -= 1000.0
     bounds: list[torch.Tensor] = []
-    original = routes._spectral
+    original = routes.spectral
 
     def spy(*args, **kwargs):
         z, probes = original(*args, **kwargs)
         bounds.append(z)
         return z, probes
 
-    monkeypatch.setattr(routes, "_spectral", spy)
+    monkeypatch.setattr(routes, "spectral", spy)
     _, threshold = pruning.shares(1e-4)
     monkeypatch.setitem(cost_model.SPECTRAL_STAGES, "cpu", (4,))
     probust.Taylor(model, 10.0, prune="spectral", check_draws=0)(x)
@@ -390,9 +391,8 @@ def _record_pulls(monkeypatch) -> tuple[list, list]:
     """(timed, pulled): (strategy, cotangents, chunk_size, pad) of every Pullback pull the routes
     make while planning (timed: no fallback) and while computing; every plan candidate is timed,
     and timing margin_jacobian, a path the routes do not run, fails."""
-    from probust import gradients
     from probust.execution import tuning
-    from probust.gradients import VMAP_STEP, Pullback
+    from probust.linearisation.pullback import VMAP_STEP, Pullback
 
     monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)
     timed: list = []
@@ -410,8 +410,8 @@ def _record_pulls(monkeypatch) -> tuple[list, list]:
     def imitation(*args, **kwargs):
         raise AssertionError("the plan timed a Jacobian path the routes do not run")
 
-    monkeypatch.setattr(routes, "Pullback", Recording)
-    monkeypatch.setattr(gradients, "margin_jacobian", imitation)
+    monkeypatch.setattr(exact, "Pullback", Recording)
+    monkeypatch.setattr(exact, "margin_jacobian", imitation)
     return timed, pulled
 
 
@@ -466,16 +466,16 @@ def test_what_the_routes_plan_times_is_their_work(strategy, with_head):
     """timed_pulls computes what the routes compute: the first margins' gradients (a boundary
     cotangent on the features, through the head where there is one), or forward mode's every
     margin, the same gradients as the Jacobian paths up to rounding."""
-    from probust.execution.tuning import JacobianPlan
-    from probust.gradients import margin_jacobian
-    from probust.linear_head import find_linear_head
+    from probust.linearisation import JacobianPlan
+    from probust.linearisation.head import find_linear_head
+    from probust.linearisation.margins import margin_jacobian
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)).eval()
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
     head = find_linear_head(model, x[:1]) if with_head else None
     assert (head is not None) == with_head
-    got = routes.timed_pulls(model, head, JacobianPlan(strategy, 4, None, False), x, 3)
+    got = exact.timed_pulls(model, head, JacobianPlan(strategy, 4, None, False), x, 3)
     if strategy == "forward":
         _, _, every = margin_jacobian(model, x, strategy="loop")
         torch.testing.assert_close(got, every, rtol=1e-5, atol=1e-6)
@@ -489,8 +489,8 @@ def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timin
     """Timed with ``fallback=False``: a model torch.func cannot trace raises torch's own error in
     the vmap timing (which the plan's measuring reads as "no candidate"), rather than timing the
     loop under vmap's name with a fallback warning."""
-    from probust.execution.tuning import JacobianPlan
-    from probust.gradients import cannot_trace
+    from probust.linearisation import JacobianPlan
+    from probust.linearisation.pullback import cannot_trace
 
     class Squared(nn.Module):
         def forward(self, x):
@@ -499,9 +499,9 @@ def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timin
     model = nn.Sequential(nn.Linear(6, 16), Squared(), nn.Linear(16, 12)).eval()
     x = torch.randn(4, 6)
     with pytest.raises(RuntimeError) as refused:
-        routes.timed_pulls(model, None, JacobianPlan("vmap", 4, None, False), x, 3)
+        exact.timed_pulls(model, None, JacobianPlan("vmap", 4, None, False), x, 3)
     assert cannot_trace(refused.value)
-    assert routes.timed_pulls(model, None, JacobianPlan("loop", 4, None, False), x, 3).shape == (4, 3, 6)
+    assert exact.timed_pulls(model, None, JacobianPlan("loop", 4, None, False), x, 3).shape == (4, 3, 6)
 
 
 def test_a_routed_plan_takes_forward_mode_only_where_the_forward_route_is_the_cheapest():
@@ -521,7 +521,7 @@ def test_a_routed_plan_takes_forward_mode_only_where_the_forward_route_is_the_ch
 
 @pytest.mark.parametrize(("planned", "pulls"), [("loop", "loop"), ("vmap", "vmap"), ("forward", "loop")])
 def test_the_routes_pull_by_their_plans_strategy(planned, pulls):
-    from probust.execution.tuning import JacobianPlan
+    from probust.linearisation import JacobianPlan
     from probust.noise import as_noise
 
     ctx = routes.Context(
@@ -562,7 +562,7 @@ def _record_sketch(monkeypatch) -> tuple[list[tuple[int, int, list[int]]], list[
     in the order the routes made them: the spectral screening's, then each stage's, then the last)."""
     stages: list[tuple[int, int, list[int]]] = []
     kept: list[list[int]] = []
-    sketch, drop = routes._sketch, pruning.drop
+    sketch, drop = pruning._sketch, pruning.drop
 
     def recorded_sketch(ctx, copies, target, indices, first, stop):
         stages.append((first, stop, indices.tolist()))
@@ -573,8 +573,9 @@ def _record_sketch(monkeypatch) -> tuple[list[tuple[int, int, list[int]]], list[
         kept.append(out.kept.tolist())
         return out
 
-    monkeypatch.setattr(routes, "_sketch", recorded_sketch)
-    monkeypatch.setattr(pruning, "drop", recorded_drop)
+    monkeypatch.setattr(pruning, "_sketch", recorded_sketch)
+    monkeypatch.setattr(pruning, "drop", recorded_drop)  # the sketch's stages
+    monkeypatch.setattr(routes, "drop", recorded_drop)  # the spectral screening's and the last
     return stages, kept
 
 

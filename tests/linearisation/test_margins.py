@@ -1,4 +1,4 @@
-"""Margins and their input gradients (probust.gradients) against torch.autograd.functional.jacobian.
+"""Margins and their input gradients (probust.linearisation.pullback) against torch.autograd.functional.jacobian.
 
 The oracle differentiates one point at a time with ``torch.autograd.functional.jacobian`` on a small
 non-linear float64 model; every batched strategy must agree with it to float64 rounding.
@@ -10,14 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from probust.gradients import (
-    logit_jacobian,
-    margin_gradients,
-    margin_jacobian,
-    margin_sketch,
-    margins,
-    other_classes,
-)
+from probust.linearisation.margins import logit_jacobian, margin_gradients, margin_jacobian, margin_sketch
+from probust.linearisation.pullback import margins, other_classes
 
 F64 = torch.float64
 STRATEGIES = ("loop", "vmap", "forward")

@@ -1,4 +1,4 @@
-"""The one gradient engine (probust.gradients): pulls of cotangents from one forward pass, the
+"""The one gradient engine (probust.linearisation.pullback): pulls of cotangents from one forward pass, the
 strategies, and the narrow test that reads an error as "torch.func cannot trace this"."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from probust import gradients, linear_head
-from probust.gradients import (
+from probust.linearisation import head as linear_head
+from probust.linearisation import pullback as gradients
+from probust.linearisation.pullback import (
     VMAP_STEP,
     Pullback,
     TraceFallbackWarning,

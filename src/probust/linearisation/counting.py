@@ -1,6 +1,6 @@
 """The declared cost model that decides which gradients Taylor and MMSE take: counts, no clock.
 
-Each point's route (:mod:`probust.estimators.routes`) weighs passes against each other in
+Each point's route (:mod:`probust.linearisation.routes`) weighs passes against each other in
 backward passes of one row ("pulls"). A pull and a forward-mode probe (one Jacobian-vector
 product of one row) are the two units; their ratio, and the share of the best route that the
 screenings may cost, are declared here per device kind, not measured, so that what is computed
@@ -10,7 +10,7 @@ depends on the model's counts alone: C, the head's width and live features, the 
 format, loop or vmap), which changes speed and float rounding only.
 
 Whether forward mode runs through a model at all is a fact about the model, found once by one
-untimed probe (:func:`probust.gradients.forward_mode_runs`).
+untimed probe (:func:`probust.linearisation.pullback.forward_mode_runs`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ from typing import NamedTuple
 
 import torch
 
+#: The routes a point can take, by name, as ``Estimate.route`` records them (an index into this).
+ROUTE_NAMES = ("direct", "head", "forward", "candidates")
+#: Indices into :data:`ROUTE_NAMES`.
+DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
+
 #: A forward-mode probe of one row in pulls of one row, by device kind. On a CPU a probe (vmapped
-#: over one forward pass, with probust._forward_mode's lean tangent rules) costs about a pull on
+#: over one forward pass, with probust.linearisation.forward_mode's lean tangent rules) costs about a pull on
 #: large convolutional nets, several on models whose passes take well under a millisecond, where
 #: every route is cheap anyway. CUDA takes the CPU's figure: a probe's kernels cost next to
 #: nothing there, but a forward-mode pass pays torch.func's Python work per layer, which counts of
@@ -44,11 +49,11 @@ SCREENING_SHARE: dict[str, float] = {"cpu": 0.5, "cuda": 0.2}
 
 #: The spectral screening's reverse-mode probes, in stages, by device kind: the screening bounds
 #: every z from the first stage's probes, and adds the next stage's only on the points where the
-#: most they could give (:func:`probust.estimators.pruning.spectral_z_best`) would drop more
-#: boundaries than its probes cost (the screening of :mod:`probust.estimators.routes`).
+#: most they could give (:func:`probust.linearisation.screening.spectral_z_best`) would drop more
+#: boundaries than its probes cost (the screening of :mod:`probust.linearisation.routes`).
 #: CPU: the routes pull by the loop (one backward pass per cotangent), so 4 probes cost half of 8;
 #: where the far classes lie far (a ViT at 224 x 224) or no such bound could drop them (resnet50),
-#: 4 suffice. CUDA: pulls run by vmap, padded to :data:`probust.gradients.VMAP_STEP` = 8
+#: 4 suffice. CUDA: pulls run by vmap, padded to :data:`probust.linearisation.pullback.VMAP_STEP` = 8
 #: cotangents, so a stage of 4 costs what 8 do: one stage.
 SPECTRAL_STAGES: dict[str, tuple[int, ...]] = {"cpu": (4, 8), "cuda": (8,)}
 

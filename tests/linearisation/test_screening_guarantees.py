@@ -17,8 +17,8 @@ from scipy.stats import chi2, norm
 from torch import nn
 
 import probust
-from probust.estimators import pruning
-from probust.estimators.routes import ROUTE_NAMES
+from probust.linearisation import screening as pruning
+from probust.linearisation.routes import ROUTE_NAMES
 from probust.mvn.numerics import ndtr
 
 

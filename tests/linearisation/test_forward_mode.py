@@ -1,4 +1,4 @@
-"""probust._forward_mode.jvp: torch.func.jvp's values, bit for bit, without the zero tangents' work."""
+"""probust.linearisation.forward_mode.jvp: torch.func.jvp's values, bit for bit, without the zero tangents' work."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from probust._forward_mode import _LeanTangents, jvp, jvps
+from probust.linearisation.forward_mode import _LeanTangents, jvp, jvps
 
 
 def _cnn(dtype: torch.dtype = torch.float32) -> nn.Module:

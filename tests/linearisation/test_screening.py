@@ -12,10 +12,10 @@ from torch import nn
 
 import probust
 from probust import _rng
-from probust.estimators import pruning
-from probust.estimators.routes import FORCING, ROUTE_NAMES
-from probust.execution import cost_model
-from probust.gradients import margin_sketch
+from probust.linearisation import counting as cost_model
+from probust.linearisation import screening as pruning
+from probust.linearisation.margins import margin_sketch
+from probust.linearisation.routes import FORCING, ROUTE_NAMES
 from probust.mvn.numerics import ndtr
 from probust.noise import Gaussian
 from tests._helpers import Tempered, linear_model

@@ -1,4 +1,4 @@
-"""Margin gradients through the model's last linear layer (probust.linear_head)."""
+"""Margin gradients through the model's last linear layer (probust.linearisation.head)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 import probust
-from probust import linear_head
-from probust.estimators.routes import ROUTE_NAMES
-from probust.gradients import Pullback, margin_jacobian
+from probust.linearisation import head as linear_head
+from probust.linearisation.margins import margin_jacobian
+from probust.linearisation.pullback import Pullback
+from probust.linearisation.routes import ROUTE_NAMES
 from probust.noise import Gaussian, Uniform
 from tests._helpers import Tempered
 

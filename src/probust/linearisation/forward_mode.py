@@ -8,7 +8,7 @@ convolutional net, a large share of a forward-mode pass (docs/performance.md, "F
 :func:`jvp` is ``torch.func.jvp`` with those three rules replaced by ones that skip tangents that
 are absent, and gives the same bits: the skipped terms are exact zeros (a sum with them changes
 nothing but the sign of a zero), and the rules that remain are torch's own operations in torch's
-own order (``tests/test_forward_mode.py``).
+own order (``tests/linearisation/test_forward_mode.py``).
 """
 
 from __future__ import annotations
