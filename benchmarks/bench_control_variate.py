@@ -46,7 +46,7 @@ import torch
 
 import probust
 import probust.data
-from probust._stats import binomial_interval
+from probust.estimators.monte_carlo import binomial_interval
 from probust.training import train
 
 RUNS = Path("runs/bench_control_variate")

@@ -45,8 +45,8 @@ import torch
 
 import probust
 from probust import data as pdata
-from probust._stats import upper_rate
 from probust.estimators import trust
+from probust.estimators.trust import upper_rate
 from probust.models import ResNet18
 from probust.training import train
 

@@ -74,9 +74,9 @@ from torch import Tensor, nn  # noqa: E402
 
 import baselines  # noqa: E402
 import probust  # noqa: E402
-from probust import _rng  # noqa: E402
 from probust.estimators import linearised, trust  # noqa: E402
 from probust.models import build  # noqa: E402
+from probust.noise import STREAM_MC, normal_draws, point_keys  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "gate_reference.json"
@@ -215,9 +215,9 @@ def certify(pairs: int) -> list[Timing]:
 
 
 def noise(pairs: int) -> list[Timing]:
-    keys = _rng.point_keys(SEED, torch.arange(20), _rng.STREAM_MC)
+    keys = point_keys(SEED, torch.arange(20), STREAM_MC)
     return _alternate(
-        lambda v: torch.randn(len(v), 2000, 784), lambda v: _rng.normal(keys[: len(v)], 0, 2000, 784), keys, pairs + 4
+        lambda v: torch.randn(len(v), 2000, 784), lambda v: normal_draws(keys[: len(v)], 0, 2000, 784), keys, pairs + 4
     )
 
 

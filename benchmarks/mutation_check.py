@@ -165,10 +165,10 @@ MUTANTS = (
     # The GPU's sums: a slot's rows added in another order than the CPU's (atomics' kind of bug).
     Mutant(
         "sums-into-slots-by-rank-in-reverse",
-        "_segments.py",
+        "mvn/numerics.py",
         "for k in range(int(rank.max()) + 1):",
         "for k in reversed(range(int(rank.max()) + 1)):",
-        ("tests/test_segments.py",),
+        ("tests/mvn/test_add_rows.py",),
     ),
     # Issue 50: the trust check's stages and the drawn logits of affine models.
     Mutant(
@@ -203,10 +203,10 @@ MUTANTS = (
     ),
     Mutant(
         "normal-radius-without-the-factor-two",
-        "_rng.py",
+        "noise.py",
         "_unit(scratch, radius).log_().mul_(-2.0).sqrt_()",
         "_unit(scratch, radius).log_().mul_(-1.0).sqrt_()",
-        ("tests/test_rng.py::test_normal_and_uniform_have_their_laws",),
+        ("tests/test_random_streams.py::test_normal_and_uniform_have_their_laws",),
     ),
 )
 

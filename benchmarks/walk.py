@@ -44,7 +44,7 @@ from torch.overrides import TorchFunctionMode
 import probust
 
 #: Modules of housekeeping, not of the computation: options, errors, progress bars, random streams.
-HOUSEKEEPING = ("probust._checks", "probust.errors", "probust._progress", "probust._rng", "probust.noise")
+HOUSEKEEPING = ("probust._checks", "probust.errors", "probust._progress", "probust.noise")
 
 
 def _model(classes: int) -> nn.Module:

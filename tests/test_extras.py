@@ -30,8 +30,7 @@ CORE_MODULES = (
     "probust.linearisation.pullback",
     "probust.linearisation.head",
     "probust.training.robust_loss",
-    "probust._rng",
-    "probust._stats",
+    "probust._user_model",
     "probust._checks",
     "probust._progress",
 )

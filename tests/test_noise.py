@@ -16,9 +16,18 @@ import pytest
 import torch
 from scipy import stats
 
-from probust import _rng
 from probust.errors import OptionError
-from probust.noise import Gaussian, Laplace, Noise, Uniform, as_noise, require_gaussian
+from probust.noise import (
+    STREAM_MC,
+    STREAM_MMSE,
+    Gaussian,
+    Laplace,
+    Noise,
+    Uniform,
+    as_noise,
+    point_keys,
+    require_gaussian,
+)
 
 Z = 5.5  # standard errors allowed by each moment check
 KS_P = 1e-6  # smallest Kolmogorov-Smirnov p-value accepted
@@ -26,7 +35,7 @@ POINTS, DRAWS = 4, 5000  # 20,000 draws of each coordinate
 
 
 def _keys(points: int = POINTS, seed: int = 0) -> torch.Tensor:
-    return _rng.point_keys(seed, torch.arange(points), _rng.STREAM_MC)
+    return point_keys(seed, torch.arange(points), STREAM_MC)
 
 
 def _draws(noise: Noise, shape: tuple[int, ...]) -> np.ndarray:
@@ -132,7 +141,7 @@ def test_a_points_draws_depend_on_its_key_only_not_on_the_batch(kind):
     # samples continue where a previous call stopped
     assert torch.equal(torch.cat([noise.sample(keys, 0, 15, shape), noise.sample(keys, 15, 25, shape)], 1), whole)
     # other keys (another seed, another stream) draw other noise
-    other = _rng.point_keys(7, torch.arange(5), _rng.STREAM_MMSE)
+    other = point_keys(7, torch.arange(5), STREAM_MMSE)
     assert not torch.equal(noise.sample(other, 0, 40, shape), whole)
     assert not torch.equal(whole[0], whole[1])
 

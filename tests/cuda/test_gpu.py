@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 import probust
-from probust._memory_format import to_format, weights_in_format
+from probust._user_model import to_format, weights_in_format
 from probust.execution import tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
@@ -108,8 +108,8 @@ def test_every_estimator_on_cuda_agrees_with_the_cpu_within_the_stated_tolerance
 @cuda_only
 def test_sums_into_slots_are_the_cpus_sequential_sums_on_cuda():
     # MMSE averages each point's copies and the mvn-cdf sums split terms by index: index_add on
-    # CUDA adds by atomics in any order, probust._segments.add_rows in the rows' order.
-    from probust._segments import add_rows
+    # CUDA adds by atomics in any order, probust.mvn.add_rows in the rows' order.
+    from probust.mvn import add_rows
 
     gen = torch.Generator().manual_seed(0)
     index = torch.randint(0, 7, (300,), generator=gen)

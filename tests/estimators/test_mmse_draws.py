@@ -16,8 +16,7 @@ from scipy.stats import chi2
 from torch import nn
 
 import probust
-from probust import _rng
-from probust.noise import Gaussian
+from probust.noise import STREAM_MMSE, Gaussian, point_keys
 
 LEVEL = 1e-6
 
@@ -29,7 +28,7 @@ def _within_chi_square(statistic: float, dof: int) -> bool:
 def _copies(noise: Gaussian, n: int, points: int, d: int) -> torch.Tensor:
     """[points, n, d]: MMSE's noise draws for the copies of ``points`` points (the estimator's own)."""
     model = nn.Linear(d, 2)
-    keys = _rng.point_keys(0, torch.arange(points), _rng.STREAM_MMSE)
+    keys = point_keys(0, torch.arange(points), STREAM_MMSE)
     return probust.MMSE(model, noise, n_samples=n)._draws(keys, torch.Size([d])).double()
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 import probust
-from probust._model_output import ModelCallError, ModelOutputError
+from probust._user_model import ModelCallError, ModelOutputError
 from probust.estimators import REGISTRY, make_estimator, method_spec
 from tests.estimators.test_contract import assert_same_estimate, small_settings
 
@@ -156,7 +156,7 @@ def test_a_model_returning_a_tensor_runs_itself_not_a_wrapper(monkeypatch):
     probust.Softmax(plain)(_points(size))
     probust.Softmax(model)(_points(size))
     assert seen[0] is plain
-    assert isinstance(seen[1], probust._model_output.LogitsOf) and seen[1].model is model
+    assert isinstance(seen[1], probust._user_model.LogitsOf) and seen[1].model is model
 
 
 class Probabilities(nn.Module):

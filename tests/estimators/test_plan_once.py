@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.estimators import linearised
 from probust.execution.engine import Execution
 
 #: The estimator's linearisation of a chunk: where its maths begin.
@@ -136,7 +137,8 @@ def test_a_warm_call_keeps_its_plan_until_the_model_the_batch_a_setting_or_the_b
     assert _plans_made(estimator, x[:4], monkeypatch) == 1  # the model's structure changed
     budget = estimator._kept_plan[1]
     for factor, made in ((1.2, 0), (0.85, 0), (1.3, 1), (0.7, 1)):
-        monkeypatch.setattr(Execution, "budget", lambda self, rows, b=int(budget * factor): b)
+        # The free memory the default budget follows, moved by this factor.
+        monkeypatch.setattr(linearised, "resolve_budget", lambda memory_budget, device, b=int(budget * factor): b)
         assert _plans_made(estimator, x[:4], monkeypatch) == made, factor
         monkeypatch.undo()
         estimator._kept_plan = (estimator._kept_plan[0], budget, estimator._kept_plan[2])

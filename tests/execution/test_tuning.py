@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import probust
-from probust import _memory_format
+from probust import _user_model
 from probust.execution import tuning as _tuning
 from probust.execution.engine import Inputs
 from probust.linearisation.margins import logit_jacobian
@@ -79,9 +79,9 @@ def test_channels_last_hands_the_weights_back_untouched():
     model = build("cnn", 10, (1, 28, 28)).eval()
     before = {name: (p, p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
     x = torch.rand(3, 1, 28, 28)
-    with _memory_format.weights_in_format(model, True):
+    with _user_model.weights_in_format(model, True):
         assert any(p.is_contiguous(memory_format=torch.channels_last) and p.ndim == 4 for p in model.parameters())
-        inside = model(_memory_format.to_format(x, True))
+        inside = model(_user_model.to_format(x, True))
     for name, p in model.named_parameters():
         assert p is before[name][0] and p.data_ptr() == before[name][1] and p.stride() == before[name][2]
     torch.testing.assert_close(inside, model(x), rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ from torch import nn
 
 import probust
 from probust.linearisation import head as linear_head
+from probust.linearisation.exact import boundary_variances, boundary_weights, margin_normals
 from probust.linearisation.margins import margin_jacobian
 from probust.linearisation.pullback import Pullback
 from probust.linearisation.routes import ROUTE_NAMES
@@ -79,11 +80,11 @@ def test_margin_gradients_through_the_head_equal_the_direct_ones(strategy):
     jacobian = pulled.pull(basis)  # row k: features' gradient e_k^T J
     direct_logits, target, direct = margin_jacobian(model, x)
     assert torch.equal(pulled.logits, direct_logits)
-    u = linear_head.margin_normals(linear_head.boundary_weights(head, target), jacobian)
+    u = margin_normals(boundary_weights(head, target), jacobian)
     torch.testing.assert_close(u, direct, rtol=1e-5, atol=1e-6)
     assert (u[torch.arange(len(x)), target] == 0).all()  # W_t - W_t: exactly zero at the target
     classes = torch.tensor([[3, 7], [0, 1], [5, 5], [2, 9], [8, 4]])
-    some = linear_head.margin_normals(linear_head.boundary_weights(head, target, classes), jacobian)
+    some = margin_normals(boundary_weights(head, target, classes), jacobian)
     torch.testing.assert_close(some, direct.gather(1, classes.view(5, 2, 1, 1, 1).expand(-1, -1, 1, 6, 6)))
 
 
@@ -140,10 +141,10 @@ def test_boundary_variances_are_the_diagonal_of_the_quadratic_form():
     pulled = Pullback(model, x, head)
     jacobian = pulled.pull(torch.eye(12)[:, None].expand(-1, len(x), -1))
     target = pulled.logits.argmax(1)
-    weights = linear_head.boundary_weights(head, target)
+    weights = boundary_weights(head, target)
     for noise in (Gaussian(0.3), Gaussian(torch.rand(1, 6, 6) + 0.1)):
-        direct = noise.quadratic_form(linear_head.margin_normals(weights, jacobian)).diagonal(dim1=1, dim2=2)
-        variance = linear_head.boundary_variances(weights, noise.quadratic_form(jacobian))
+        direct = noise.quadratic_form(margin_normals(weights, jacobian)).diagonal(dim1=1, dim2=2)
+        variance = boundary_variances(weights, noise.quadratic_form(jacobian))
         torch.testing.assert_close(variance, direct, rtol=1e-5, atol=1e-9)  # direct: u in float32
 
 

@@ -11,13 +11,12 @@ import torch
 from torch import nn
 
 import probust
-from probust import _rng
 from probust.linearisation import counting as cost_model
 from probust.linearisation import screening as pruning
 from probust.linearisation.margins import margin_sketch
 from probust.linearisation.routes import FORCING, ROUTE_NAMES
 from probust.mvn.numerics import ndtr
-from probust.noise import Gaussian
+from probust.noise import STREAM_PRUNE, Gaussian, point_keys
 from tests._helpers import Tempered, linear_model
 
 
@@ -33,7 +32,7 @@ def _exact_z(model: nn.Linear, x: torch.Tensor, sigma: float) -> tuple[torch.Ten
 
 
 def _select(model: nn.Module, x: torch.Tensor, target: torch.Tensor, sigma: float, tol: float, seed: int):
-    keys = _rng.point_keys(seed, torch.arange(len(x)), _rng.STREAM_PRUNE)
+    keys = point_keys(seed, torch.arange(len(x)), STREAM_PRUNE)
     probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
     margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
     return _sketch_select(margin, derivatives, target, tol=tol)
@@ -87,7 +86,7 @@ def test_the_bound_check_catches_an_underestimated_variance():
     model = linear_model(d, classes, seed=7)
     x = torch.randn(32, d, generator=torch.Generator().manual_seed(0)) * 0.05
     target, z = _exact_z(model, x, sigma)
-    keys = _rng.point_keys(0, torch.arange(len(x)), _rng.STREAM_PRUNE)
+    keys = point_keys(0, torch.arange(len(x)), STREAM_PRUNE)
     probes = Gaussian(sigma).sample(keys, 0, pruning.PROBES, x.shape[1:])
     margin, derivatives = margin_sketch(model, x[:, None], target, probes, batch_size=len(x))
     honest = _sketch_select(margin, derivatives, target, tol=tol)

@@ -1,7 +1,7 @@
 """CERTIFY and PREDICT: the authors' procedures exactly, their random streams, their refusals.
 
 The oracle of the procedure is Cohen et al.'s algorithm written out here on the same noise draws
-(the documented streams: ``probust._rng.point_keys(seed, index, STREAM_*)``), with scipy's beta
+(the documented streams: ``probust.point_keys(seed, index, STREAM_*)``), with scipy's beta
 quantile, normal quantile and binomial test; the guarantee is checked by simulation in
 test_guarantee.py.
 """
@@ -17,7 +17,7 @@ from scipy import stats
 from torch import Tensor, nn
 
 import probust
-from probust import _rng
+from probust.noise import STREAM_CERTIFY_ESTIMATE, STREAM_CERTIFY_SELECT, STREAM_PREDICT, point_keys
 from probust.smoothing import ABSTAIN, Certify, CertifyResult, Predict, PredictResult
 from tests._helpers import NonFiniteAbove, TinyCNN, linear_model, points_near_boundaries
 
@@ -26,7 +26,7 @@ SETTINGS = dict(batch_size=64, memory_budget="256MB", channels_last=False)
 
 def votes(model: nn.Module, x: Tensor, sigma: float, seed: int, stream: int, n: int, offset: int = 0) -> np.ndarray:
     """Per-class counts of n noisy copies of each point, int [B, C], drawn the documented way."""
-    keys = _rng.point_keys(seed, torch.arange(offset, offset + len(x)), stream)
+    keys = point_keys(seed, torch.arange(offset, offset + len(x)), stream)
     eps = probust.Gaussian(sigma).sample(keys, 0, n, x.shape[1:])
     with torch.no_grad():
         logits = model((x[:, None] + eps).flatten(0, 1))
@@ -69,9 +69,9 @@ def test_certify_is_cohens_certify(model_name):
     n0, n, alpha, seed = 50, 400, 0.01, 4
     r = probust.certify(model, x, sigma, n0=n0, n=n, alpha=alpha, seed=seed, index_offset=7, **SETTINGS)
     # Cohen et al.: the class most often drawn in n0 selection draws (numpy's argmax: the first)...
-    c_a = votes(model, x, sigma, seed, _rng.STREAM_CERTIFY_SELECT, n0, offset=7).argmax(1)
+    c_a = votes(model, x, sigma, seed, STREAM_CERTIFY_SELECT, n0, offset=7).argmax(1)
     # ... its count in n independent estimation draws, the one-sided Clopper-Pearson bound ...
-    n_a = votes(model, x, sigma, seed, _rng.STREAM_CERTIFY_ESTIMATE, n, offset=7)[np.arange(len(x)), c_a]
+    n_a = votes(model, x, sigma, seed, STREAM_CERTIFY_ESTIMATE, n, offset=7)[np.arange(len(x)), c_a]
     p_a = np.where(n_a == 0, 0.0, stats.beta.ppf(alpha, n_a, n - n_a + 1))
     # ... abstain below 1/2, else the radius sigma * Phi^-1(pA).
     abstain = p_a < 0.5
@@ -89,7 +89,7 @@ def test_predict_is_cohens_predict(model_name):
     model, x, sigma = MODELS[model_name]()
     n, alpha = 300, 0.05
     r = probust.predict(model, x, sigma, n=n, alpha=alpha, seed=1, **SETTINGS)
-    counts = votes(model, x, sigma, 1, _rng.STREAM_PREDICT, n)
+    counts = votes(model, x, sigma, 1, STREAM_PREDICT, n)
     top = counts.argmax(1)
     n_a = counts.max(1)
     n_b = np.sort(counts, axis=1)[:, -2]

@@ -24,7 +24,7 @@ from probust.estimators.importance import MonteCarloIS
 from probust.estimators.linearised import CDFS, Linearisation, Linearised
 from probust.estimators.linearised_mc import LINEARISATIONS, LinearisedMonteCarlo
 from probust.estimators.mmse import DEFAULT_COPIES, MMSE
-from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS, MonteCarlo, noisy_predictions
+from probust.estimators.monte_carlo import DEFAULT_CONFIDENCE, DEFAULT_DRAWS, INTERVALS, MonteCarlo, noisy_predictions
 from probust.estimators.registry import (
     METHODS,
     PAPER_METHODS,
@@ -41,6 +41,7 @@ from probust.estimators.trust import LinearisationWarning, untrusted
 from probust.linearisation import GRADIENTS, PRUNE_CHOICES, ROUTE_NAMES, check_settings
 
 __all__ = [
+    "INTERVALS",
     "CDFS",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_COPIES",

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from probust import _rng
-from probust.noise import Noise
+from probust.noise import Noise, normal_draws
 
 __all__ = ["MOST_CLASSES_SHARE", "NONLINEAR_LEAVES", "AffineLogits", "affine_logits"]
 
@@ -111,7 +110,7 @@ class AffineLogits:
         (``keys`` int64 [P], their streams' keys), as :func:`probust.estimators.base.noisy_logits`
         lays them out."""
         classes = self.clean.shape[1]
-        z = _rng.normal(keys, start, count, classes, dtype=self.factor.dtype)  # [P, count, C]
+        z = normal_draws(keys, start, count, classes, dtype=self.factor.dtype)  # [P, count, C]
         # One product per point, of a shape that depends on the pass's count alone.
         noisy = torch.matmul(z, self.factor.T) + self.clean[points, None]
         return noisy.reshape(-1, classes)

@@ -20,10 +20,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
-from probust._memory_format import to_format
-from probust._model_output import (
+from probust._progress import uncounted
+from probust._user_model import (
     CONTRACT,
     LogitsOf,
     call_error,
@@ -31,14 +30,14 @@ from probust._model_output import (
     logits_model,
     logits_reading,
     parameter_dtype,
+    structure_token,
+    to_format,
 )
-from probust._per_model import structure_token
-from probust._progress import uncounted
 from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import Execution, ForwardPlan
-from probust.noise import Noise, noise_words
+from probust.noise import STREAM_MC, Noise, noise_words, point_keys
 
 
 class PointwiseMethod:
@@ -53,14 +52,14 @@ class PointwiseMethod:
             (C >= 2), to a Hugging Face ``ModelOutput`` (or any Mapping) with ``"logits"``, whose
             ``.logits`` are used, or to a tuple or list whose first item is the logits [B, C]
             (e.g. ``(logits, features)``). Anything else is refused before any work, with one
-            :class:`~probust._model_output.ModelOutputError` (a ValueError, ``field="model"``)
+            :class:`~probust._user_model.ModelOutputError` (a ValueError, ``field="model"``)
             saying what to do: another dict or tuple, a tensor of another shape, a single logit,
             or probabilities (rows of non-negative values summing to 1: remove the final softmax).
             The same contract holds for ``probust estimate`` and ``probust certify``. A model
             whose weights are bfloat16 or float16 runs in its own dtype: inputs and noise are
             added in float32 and cast to the model's dtype at its input, its logits come back as
             float32, and the CDF arithmetic stays in float64. A model that raises on the first
-            rows of ``x`` gives a :class:`~probust._model_output.ModelCallError` (``field="x"``)
+            rows of ``x`` gives a :class:`~probust._user_model.ModelCallError` (``field="x"``)
             naming how x's shape was read and what the model's first layer does not take in it
             (other channels; a single image without its batch dimension, with the advice to pass
             ``x.unsqueeze(0)`` only then).
@@ -175,7 +174,7 @@ class PointwiseMethod:
         """What the computation runs: :attr:`model` itself when it returns logits [B, C] and
         computes in float32 or float64 (run as it is), else :class:`LogitsOf` it.
 
-        Decided once per model, its structure (:func:`probust._per_model.structure_token`: a new
+        Decided once per model, its structure (:func:`probust._user_model.structure_token`: a new
         head, ``model.half()``) and the input shape by a probe: one forward pass without
         autograd, in eval mode, on the first (at most) 2 rows of ``x``.
 
@@ -251,7 +250,7 @@ class PointwiseMethod:
         if noise is None or not isinstance(self.model, nn.Module):
             return self.execution.forward_plan(self.model, x, total_rows)
         drawn: Noise = noise
-        keys = _rng.point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), _rng.STREAM_MC)
+        keys = point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), STREAM_MC)
         model = self.model
 
         def one_pass(rows: Tensor) -> object:

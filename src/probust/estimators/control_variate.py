@@ -18,17 +18,16 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import check_positive_float, check_positive_int, finite_rows
-from probust._memory_format import to_format, weights_in_format
 from probust._progress import Progress
-from probust._stats import upper_rate
+from probust._user_model import to_format, weights_in_format
 from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies, plan_blocks
 from probust.estimators.linearised_mc import LinearisedMonteCarlo, project
 from probust.estimators.monte_carlo import DEFAULT_DRAWS
 from probust.estimators.result import Estimate
-from probust.noise import Noise
+from probust.estimators.trust import upper_rate
+from probust.noise import STREAM_MC, Noise, point_keys
 
 
 @dataclass
@@ -142,7 +141,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
         target, c, u = self.linear.linearise(x, target, indices)
         std = maps.standardise(c, u, target, self.noise)
         mu, mu_error = maps.mvn_probability(std, tol=self.linear.tol, seed=self.seed)
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
+        keys = point_keys(self.seed, indices, STREAM_MC)
         # The target's margin is 0 by construction; it must never count as a crossing.
         c_keep = c.scatter(1, target[:, None], torch.inf)
         batch = x.shape[0]

@@ -17,22 +17,21 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import check_fraction, check_positive_int, finite_rows
-from probust._memory_format import to_format, weights_in_format
 from probust._progress import Progress
-from probust._stats import upper_rate
+from probust._user_model import to_format, weights_in_format
 from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies, plan_blocks
 from probust.estimators.linearised_mc import LinearisedMonteCarlo, project
 from probust.estimators.monte_carlo import DEFAULT_DRAWS
 from probust.estimators.result import Estimate
-from probust.noise import Gaussian, Noise
+from probust.estimators.trust import upper_rate
+from probust.noise import STREAM_CONTROL, Gaussian, Noise, point_keys, uniform_draws
 
 # Derived from the reserved control stream so the two draws of a sample (which component,
 # and the Gaussian around it) are independent of each other and of every other estimator's.
-_STREAM_NOISE = _rng.STREAM_CONTROL
-_STREAM_COMPONENT = (_rng.STREAM_CONTROL << 8) | 1
+_STREAM_NOISE = STREAM_CONTROL
+_STREAM_COMPONENT = (STREAM_CONTROL << 8) | 1
 
 
 def covariance_times(noise: Gaussian, u: Tensor) -> Tensor:
@@ -112,8 +111,8 @@ class MonteCarloIS(LinearisedMonteCarlo):
     def _estimate_chunk(self, x: Tensor, target: Tensor | None, indices: Tensor, bar: Progress) -> Estimate:
         target, c, u = self.linear.linearise(x, target, indices)
         log_mix, delta, ratio, half_z2, z = self._proposal(target, c, u)
-        noise_keys = _rng.point_keys(self.seed, indices, _STREAM_NOISE)
-        component_keys = _rng.point_keys(self.seed, indices, _STREAM_COMPONENT)
+        noise_keys = point_keys(self.seed, indices, _STREAM_NOISE)
+        component_keys = point_keys(self.seed, indices, _STREAM_COMPONENT)
         shape = x.shape[1:]
         batch = x.shape[0]
         sum_w = torch.zeros(batch, dtype=torch.float64, device=x.device)
@@ -124,7 +123,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         plan = self._forward_plan(x, batch * self.n_samples, self.noise)
         with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
-                pick = _rng.uniform(component_keys[points], first, count, 1, torch.float64)[..., 0]
+                pick = uniform_draws(component_keys[points], first, count, 1, torch.float64)[..., 0]
                 which = torch.searchsorted(cumulative[points], pick.contiguous(), right=True)
                 which = which.clamp_max(cumulative.shape[1] - 1)  # rounding of the last cumsum
                 shift = torch.cat([torch.zeros_like(delta[points, :1]), delta[points]], dim=1)

@@ -15,19 +15,18 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust import _rng, linearisation
+from probust import linearisation
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
-from probust._memory_format import to_format, weights_in_format
-from probust._per_model import structure_token
 from probust._progress import progress
+from probust._user_model import structure_token, to_format, weights_in_format
 from probust.errors import OptionError
 from probust.estimators import maps, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
-from probust.execution import ForwardPlan
+from probust.execution import ForwardPlan, resolve_budget
 from probust.linearisation import JacobianPlan, find_linear_head
 from probust.mvn import DEFAULT_TOL
-from probust.noise import Noise, as_noise
+from probust.noise import STREAM_TRUST, Noise, as_noise, point_keys
 
 CDFS = ("mvn", "mv-sigmoid")
 #: A kept call plan serves a later call whose memory budget is within this ratio of its own.
@@ -239,10 +238,11 @@ class Linearised(Estimator):
 
         Kept for the next call on the same model (its structure), batch shape, dtype, device and
         settings while the memory budget stays within :data:`_BUDGET_BAND` of the one it was made
-        under: a warm call then asks execution for the budget only. The default budget follows
+        under: a warm call then reads the budget only (execution's :func:`resolve_budget`, the
+        same the plans are made under). The default budget follows
         the free memory, which moves a little between calls; a plan made under a budget a fifth
         larger still fits in the free memory's half it stands for."""
-        budget = self.execution.budget(x)
+        budget = resolve_budget(self.execution.memory_budget, x.device)
         key = self._plan_key(x)
         kept = self._kept_plan
         if kept is not None and kept[0] == key and _BUDGET_BAND[0] <= budget / kept[1] <= _BUDGET_BAND[1]:
@@ -275,8 +275,8 @@ class Linearised(Estimator):
 
     def _check_eps(self, x: Tensor, indices: Tensor, start: int, count: int) -> Tensor:
         """Fresh check draws ``start .. start + count - 1`` of each point, [B, count, *S], from the
-        points' own stream (:data:`probust._rng.STREAM_TRUST`), so no other number depends on them."""
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_TRUST)
+        points' own stream (:data:`probust.noise.STREAM_TRUST`), so no other number depends on them."""
+        keys = point_keys(self.seed, indices, STREAM_TRUST)
         return self.noise.sample(keys, start, count, x.shape[1:])
 
     def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor:

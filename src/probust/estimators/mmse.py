@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import check_choice, check_positive_int, check_target
 from probust.estimators.linearised import Linearised
-from probust.noise import Noise
+from probust.noise import STREAM_MMSE, Noise, point_keys
 
 #: MMSE's noisy copies per point by default (the paper's N = 5): the estimator's, ``probust estimate``'s
 #: ``--mmse-samples``, ``probust certify``'s ``--estimate-copies`` and the mc_cv / mc_is linearisation's.
@@ -81,10 +80,10 @@ class MMSE(Linearised):
 
     def _own_check_eps(self, x: Tensor, indices: Tensor) -> Tensor:
         # the copies the linearisation averaged over
-        return self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
+        return self._draws(point_keys(self.seed, indices, STREAM_MMSE), x.shape[1:])
 
     def _target(self, x: Tensor, target: Tensor | None, clean_rows: int) -> Tensor:
         return check_target(target, self._clean_logits(x, clean_rows))  # the copies' predictions may differ
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
-        return x[:, None] + self._draws(_rng.point_keys(self.seed, indices, _rng.STREAM_MMSE), x.shape[1:])
+        return x[:, None] + self._draws(point_keys(self.seed, indices, STREAM_MMSE), x.shape[1:])

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from scipy import special, stats
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import (
     check_choice,
     check_fraction,
@@ -16,14 +16,55 @@ from probust._checks import (
     check_target,
     finite_rows,
 )
-from probust._memory_format import weights_in_format
 from probust._progress import progress
-from probust._stats import INTERVALS, binomial_interval
+from probust._user_model import weights_in_format
+from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits
 from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits, plan_blocks
 from probust.estimators.result import Estimate
 from probust.execution import ForwardPlan
-from probust.noise import Noise, as_noise
+from probust.noise import STREAM_MC, Noise, as_noise, point_keys
+
+#: The binomial intervals ``interval`` may name.
+INTERVALS = ("wilson", "clopper-pearson")
+
+
+def binomial_interval(successes: Tensor, trials: Tensor, confidence: float, method: str) -> tuple[Tensor, Tensor]:
+    """Two-sided interval for a binomial proportion.
+
+    Args:
+        successes, trials: int [B] counts (trials >= 1).
+        confidence: e.g. 0.95.
+        method: "wilson" (score interval) or "clopper-pearson" (exact, conservative).
+
+    Returns:
+        (low, high) float64 [B] on the counts' device; low is exactly 0 where k = 0 and high
+        exactly 1 where k = n (both methods), so the interval always holds k / n.
+    """
+    k = successes.double().cpu()
+    n = trials.double().cpu()
+    alpha = 1.0 - confidence
+    if method == "wilson":
+        zq = float(special.ndtri(1.0 - alpha / 2))
+        p = k / n
+        denom = 1 + zq**2 / n
+        centre = (p + zq**2 / (2 * n)) / denom
+        half = zq * torch.sqrt(p * (1 - p) / n + zq**2 / (4 * n**2)) / denom
+        low, high = (centre - half).clamp(0, 1), (centre + half).clamp(0, 1)
+        # The score interval's ends at k = 0 and k = n are exactly 0 and 1; in floats centre - half
+        # is ~1e-18 and centre + half 1 - 1.1e-16, which would exclude the estimate p = 0 or 1.
+        low = torch.where(k == 0, 0.0, low)
+        high = torch.where(k == n, 1.0, high)
+    elif method == "clopper-pearson":
+        kn, tn = k.numpy(), n.numpy()
+        low = torch.from_numpy(stats.beta.ppf(alpha / 2, kn, tn - kn + 1))
+        high = torch.from_numpy(stats.beta.ppf(1 - alpha / 2, kn + 1, tn - kn))
+        low = torch.where(k == 0, 0.0, low)
+        high = torch.where(k == n, 1.0, high)
+    else:
+        raise OptionError(f"must be one of {INTERVALS}, got {method!r}", field="interval")
+    return low.to(successes.device), high.to(successes.device)
+
 
 #: Monte Carlo draws per point by default (the paper's M = 10,000): mc, mc_cv and mc_is's
 #: ``n_samples``, their registry entries and ``probust estimate``'s ``--mc-samples``.
@@ -48,13 +89,13 @@ def noisy_predictions(
     Copy j of point b is ``x[b] + noise.sample(keys[b], start + j)``: samples start..start+n-1
     of each point's stream, so a point's copies do not depend on how the points or the samples
     are split into passes. Call it with the model in eval mode, without autograd, with the
-    weights in the plan's memory format (:func:`probust._memory_format.weights_in_format`).
+    weights in the plan's memory format (:func:`probust._user_model.weights_in_format`).
 
     Args:
         model: maps [R, *S] to logits [R, C].
         noise: the noise added to each copy (in the units of x).
         x: clean inputs [B, *S].
-        keys: int64 [B], each point's key for the stream (:func:`probust._rng.point_keys`).
+        keys: int64 [B], each point's key for the stream (:func:`probust.noise.point_keys`).
         start: the first sample of each point's stream.
         n: copies per point.
         plan: rows per pass and memory format.
@@ -145,7 +186,7 @@ class MonteCarlo(Estimator):
         self.noise.check_shape(x.shape[1:])
         clean = self._clean_logits(x)
         target = check_target(target, clean)
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_MC)
+        keys = point_keys(self.seed, indices, STREAM_MC)
         batch = x.shape[0]
         plan, affine = self._noisy_plan(x, batch * self.n_samples, self.noise, clean)
         with (

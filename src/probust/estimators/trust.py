@@ -15,7 +15,7 @@ right by luck, when the disagreements cancel).
 The draws: MMSE checks its own N noisy copies, which cost nothing more: their linearised margins
 are known, and the model's verdict is read off the logits of the linearisation's own pass on them
 (:func:`verdicts`). Taylor checks fresh draws of its own stream
-(:data:`probust._rng.STREAM_TRUST`), so no other number changes, in stages (:func:`check_stages`):
+(:data:`probust.noise.STREAM_TRUST`), so no other number changes, in stages (:func:`check_stages`):
 draws 0-1 on every point, then draws 2-7, then the rest of its ``check_draws``
 (:data:`TAYLOR_CHECK_DRAWS` by default), each stage only on the points the draws so far leave
 open (:func:`undecided`). A point stops when its verdicts so far flag it (:func:`untrusted`'s
@@ -33,14 +33,15 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from scipy import stats
 from torch import Tensor, nn
 
 from probust._checks import finite_rows
-from probust._stats import upper_rate
 from probust.estimators.base import plan_blocks
 from probust.estimators.result import Estimate
 
 __all__ = [
+    "upper_rate",
     "CLEAR_RATE",
     "FIRST_CHECK_DRAWS",
     "RESIDUAL_SLACK",
@@ -296,3 +297,20 @@ def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: 
         LinearisationWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def upper_rate(k: Tensor, n: Tensor | float, level: float) -> Tensor:
+    """One-sided Clopper-Pearson upper bound of a binomial rate from k successes in n trials.
+
+    Args:
+        k: counts [B] (any numeric dtype).
+        n: trials, [B] or a scalar (>= 1).
+        level: e.g. 0.975: P(rate <= bound) >= level.
+
+    Returns:
+        float64 [B] on k's device; 1 where k == n.
+    """
+    kk = k.double().cpu().numpy()
+    nn_ = torch.as_tensor(n, dtype=torch.float64).cpu().numpy() + 0 * kk
+    bound = torch.from_numpy(stats.beta.ppf(level, kk + 1, (nn_ - kk).clip(min=1e-300))).to(k.device)
+    return torch.where(torch.from_numpy(kk >= nn_).to(k.device), 1.0, bound)

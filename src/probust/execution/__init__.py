@@ -14,7 +14,7 @@ The rest of probust enters through this door only: it imports the names below fr
 estimator asks :class:`Execution` for all it needs (plans, C, the declared costs) before its maths.
 """
 
-from probust.execution.budget import check_budget, peak_memory
+from probust.execution.budget import check_budget, peak_memory, resolve_budget
 from probust.execution.engine import Execution
 from probust.execution.tuning import JACOBIANS, ForwardPlan, sync
 
@@ -24,5 +24,6 @@ __all__ = [
     "ForwardPlan",
     "check_budget",
     "peak_memory",
+    "resolve_budget",
     "sync",
 ]

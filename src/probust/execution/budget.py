@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from probust._per_model import PerModel
+from probust._user_model import PerModel
 from probust.errors import OptionError, Setting
 
 if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
@@ -146,7 +146,7 @@ _COSTS: PerModel[RowCost] = PerModel()
 
 def row_cost(model: nn.Module, inputs: Inputs) -> RowCost:
     """Measure :class:`RowCost` of ``model`` for rows like ``inputs`` (kept per model and input
-    description while the model's structure stays: :mod:`probust._per_model`).
+    description while the model's structure stays: :mod:`probust._user_model`).
 
     Runs one forward pass with autograd on two copies of the batch's first row and counts the
     bytes of every tensor it saves for backward (each storage once) and of every tensor it produces.

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from probust._io import atomic_write_text
-from probust._per_model import PerModel
+from probust._user_model import PerModel
 
 CACHE_ENV = "PROBUST_CACHE_DIR"
 _FILE = "plans.json"
@@ -47,7 +47,7 @@ _FILE = "plans.json"
 # probust.linearisation.forward_mode skips, so they overstate a forward-mode pass.
 _VERSION = 3
 
-# Per model object, while its structure stays (probust._per_model): a new head or layer makes
+# Per model object, while its structure stays (probust._user_model): a new head or layer makes
 # another network, whose signature and plans are read again.
 _MEMORY: PerModel[Any] = PerModel()
 _SIGNATURES: PerModel[str] = PerModel()

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from probust._memory_format import to_format, weights_in_format
-from probust._per_model import PerModel
+from probust._user_model import PerModel, to_format, weights_in_format
 from probust.errors import Setting
 from probust.execution import plan_cache
 from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within

@@ -5,6 +5,10 @@ pulled on (:mod:`probust.linearisation.routes` chooses the routes).
 one kept forward pass (:class:`probust.linearisation.pullback.Pullback`); :class:`Exact` builds
 the cotangents every route needs (a boundary's on the features, the head route's basis vectors
 and its check) and runs one pull for them all, and forward mode for the forward route.
+
+Through a linear head W (:mod:`probust.linearisation.head`) the margins' normals are u = A J with
+A_i = W_t - W_i and J the features' Jacobian [d, *S], and their variances diag(A M A^T) with
+M = J S J^T: :func:`boundary_weights`, :func:`margin_normals`, :func:`boundary_variances`.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from probust._memory_format import to_format, weights_in_format
-from probust._segments import add_rows
-from probust.linearisation import head as linear_head
+from probust._user_model import to_format, weights_in_format
 from probust.linearisation.counting import CANDIDATES, DIRECT, FORWARD, HEAD
 from probust.linearisation.margins import margin_jacobian
 from probust.linearisation.pullback import JacobianPlan, Pullback, Strategy, features_and_logits, other_classes
 from probust.linearisation.screening import Pruned
+from probust.mvn import add_rows
 
 if TYPE_CHECKING:
     from probust.linearisation.routes import Context
@@ -173,9 +176,7 @@ class Exact:
             if self.jacobian is not None and ctx.prune:
                 form = ctx.noise.quadratic_form(self.jacobian)  # [H, d, d]
                 assert ctx.head is not None  # the head route needs one
-                var = linear_head.boundary_variances(
-                    linear_head.boundary_weights(ctx.head, target[self.head_points]), form
-                )
+                var = boundary_variances(boundary_weights(ctx.head, target[self.head_points]), form)
                 self.exact[self.head_points] = True
                 self.variance[self.head_points] = var
         self.u_forward: Tensor | None = None
@@ -217,8 +218,8 @@ class Exact:
             out[self.list_points] = torch.where(_expand(padding, u), 0.0, u)
         if self.jacobian is not None:
             assert self.ctx.head is not None
-            a = linear_head.boundary_weights(self.ctx.head, self.target[self.head_points], kept[self.head_points])
-            out[self.head_points] = linear_head.margin_normals(a, self.jacobian)
+            a = boundary_weights(self.ctx.head, self.target[self.head_points], kept[self.head_points])
+            out[self.head_points] = margin_normals(a, self.jacobian)
         if self.u_forward is not None:
             out[self.forward_points] = self.u_forward.gather(1, _expand(kept[self.forward_points], self.u_forward))
         return out
@@ -245,7 +246,7 @@ def _boundary_cotangents(target: Tensor, classes: Tensor, head: nn.Linear | None
     """[R, K, F]: the cotangents on the features of boundaries ``classes`` [R, K] of rows with
     targets [R]: W_t - W_i through a head, e_t - e_i on the logits (0 where i is the target)."""
     if head is not None:
-        return linear_head.boundary_weights(head, target, classes)
+        return boundary_weights(head, target, classes)
     eye = torch.eye(count, device=target.device)
     return eye[target][:, None] - eye[classes]
 
@@ -377,3 +378,24 @@ def timed_pulls(
         if every_boundary:
             return pullback.pull(cotangents, chunk_size=plan.class_chunk, pad=False)
         return pullback.pull(cotangents)
+
+
+def boundary_weights(head: nn.Linear, target: Tensor, classes: Tensor | None = None) -> Tensor:
+    """A [B, K, d] = W_t - W_i for the classes i (int64 [B, K]; None: all C, zero at the target).
+
+    Detached: the head path serves estimates without a graph (``differentiable`` goes direct)."""
+    weight = head.weight.detach()
+    rows = weight[None].expand(len(target), -1, -1) if classes is None else weight[classes]
+    return weight[target][:, None] - rows
+
+
+def margin_normals(weights: Tensor, jacobian: Tensor) -> Tensor:
+    """u [B, K, *S] = A J from boundary weights A [B, K, d] and the features' Jacobian J [B, d, *S]."""
+    flat = torch.bmm(weights.to(jacobian.dtype), jacobian.flatten(2))
+    return flat.view(*flat.shape[:2], *jacobian.shape[2:])
+
+
+def boundary_variances(weights: Tensor, feature_form: Tensor) -> Tensor:
+    """u_i S u_i^T for every boundary, float64 [B, K]: diag(A M A^T), M = J S J^T [B, d, d]."""
+    a = weights.to(torch.float64)
+    return torch.einsum("bkd,bde,bke->bk", a, feature_form, a)

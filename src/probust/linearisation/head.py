@@ -1,4 +1,4 @@
-"""Margin gradients through the model's last linear layer: d backward passes instead of C - 1.
+"""The model's last linear layer, through which every margin gradient is d backward passes instead of C - 1.
 
 Most classifiers end in an ``nn.Linear``: logits f(x) = W h(x) + b with features h [B, d]. Every
 margin g_i = f_t - f_i then has the gradient
@@ -12,7 +12,8 @@ every z_i is known exactly from d backward passes. This pays where d < C - 1: th
 Jacobian's up to float rounding (the same products, summed in another order). Features held at
 exactly 0 (a ReLU before the head) have zero rows and need no pass (the estimators check that
 claim: :mod:`probust.linearisation.routes`); a trained ReLU network holds many of its features at 0
-at any one point.
+at any one point. The head route's arithmetic (A, u = A J and diag(A M A^T)) is in
+:mod:`probust.linearisation.exact`; here are the head itself and a bound on its boundaries.
 
 :func:`find_linear_head` finds such a layer by running the model once with hooks; it accepts a
 layer only if the model returns that layer's output object unchanged and calls it once on a
@@ -68,15 +69,6 @@ def find_linear_head(model: nn.Module, x: Tensor) -> nn.Linear | None:
     return head
 
 
-def boundary_weights(head: nn.Linear, target: Tensor, classes: Tensor | None = None) -> Tensor:
-    """A [B, K, d] = W_t - W_i for the classes i (int64 [B, K]; None: all C, zero at the target).
-
-    Detached: the head path serves estimates without a graph (``differentiable`` goes direct)."""
-    weight = head.weight.detach()
-    rows = weight[None].expand(len(target), -1, -1) if classes is None else weight[classes]
-    return weight[target][:, None] - rows
-
-
 def boundary_norms_squared(head: nn.Linear, target: Tensor) -> Tensor:
     """float64 [B, C]: ||W_t - W_i||^2 for every class i (0 at the target), never below the exact value.
 
@@ -115,15 +107,3 @@ def _float64_rows(head: nn.Linear) -> tuple[Tensor, Tensor]:
     norms = w64.square().sum(1)
     _ROWS[head] = (key, w64, norms)
     return w64, norms
-
-
-def margin_normals(weights: Tensor, jacobian: Tensor) -> Tensor:
-    """u [B, K, *S] = A J from boundary weights A [B, K, d] and the features' Jacobian J [B, d, *S]."""
-    flat = torch.bmm(weights.to(jacobian.dtype), jacobian.flatten(2))
-    return flat.view(*flat.shape[:2], *jacobian.shape[2:])
-
-
-def boundary_variances(weights: Tensor, feature_form: Tensor) -> Tensor:
-    """u_i S u_i^T for every boundary, float64 [B, K]: diag(A M A^T), M = J S J^T [B, d, d]."""
-    a = weights.to(torch.float64)
-    return torch.einsum("bkd,bde,bke->bk", a, feature_form, a)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from probust._per_model import PerModel
+from probust._user_model import PerModel
 from probust.linearisation import forward_mode
 
 #: Cotangents per vmapped pullback: a fixed width, so that every vmapped pass has the same
@@ -350,7 +350,7 @@ _RUNS: PerModel[bool] = PerModel()
 def forward_mode_runs(model: nn.Module, x: Tensor) -> bool:
     """Whether torch.func's forward mode runs through ``model`` on rows like ``x`` [B, *S]: one
     probe of one row, untimed, kept per model object and input shape while the model's structure
-    stays (:mod:`probust._per_model`). False only where torch
+    stays (:mod:`probust._user_model`). False only where torch
     says it cannot (:func:`cannot_trace`, e.g. CPU flash attention has no forward-mode
     formula); any other error propagates."""
     key = (x.device, x.dtype, tuple(x.shape[1:]))

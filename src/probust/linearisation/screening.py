@@ -38,12 +38,12 @@ import torch
 from scipy.stats import chi2
 from torch import Tensor
 
-from probust import _rng
-from probust._memory_format import to_format
+from probust._user_model import to_format
 from probust.linearisation import head as linear_head
 from probust.linearisation.margins import margin_sketch
 from probust.linearisation.pullback import forward_mode_runs
 from probust.mvn import ndtr
+from probust.noise import STREAM_PRUNE, STREAM_SCREEN, normal_draws, point_keys
 
 if TYPE_CHECKING:
     from probust.linearisation.exact import Rows
@@ -270,8 +270,8 @@ def spectral(ctx: Context, rows: Rows, c: Tensor, target: Tensor, indices: Tenso
     """
     features = rows.features
     stages = ctx.spectral_stages
-    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_SCREEN)
-    probes = _rng.normal(keys, 0, stages[-1], features.shape[1], dtype=features.dtype)  # [P, m, F]
+    keys = point_keys(ctx.seed, indices, STREAM_SCREEN)
+    probes = normal_draws(keys, 0, stages[-1], features.shape[1], dtype=features.dtype)  # [P, m, F]
     if ctx.head is not None:
         scale = linear_head.boundary_norms_squared(ctx.head, target)
     else:
@@ -366,7 +366,7 @@ def _sketch(ctx: Context, copies: Tensor, target: Tensor, indices: Tensor, first
     """float64 [P', stop - first, C]: the margins' derivatives along the points' forward-mode probes
     ``first``..``stop - 1`` (:func:`probust.linearisation.margins.margin_sketch`; each probe a function of
     the seed, the point and its index, whichever stage draws it)."""
-    keys = _rng.point_keys(ctx.seed, indices, _rng.STREAM_PRUNE)
+    keys = point_keys(ctx.seed, indices, STREAM_PRUNE)
     count = stop - first
     probes = ctx.noise.sample(keys, first, count, copies.shape[2:]).to(copies.device)
     rows = ctx.probe_rows

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._segments import add_rows
 from probust.errors import OptionError
 from probust.estimators import Estimator, LinearisationWarning, make_estimator, untrusted
 from probust.metrics.points import PointwiseMetric, usable_inputs
+from probust.mvn import add_rows
 from probust.noise import Noise
 
 #: The default quantiles of p reported by :class:`AverageCaseRobustness`.

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from probust import _model_output
+from probust import _user_model
 from probust._untrusted import torch_load
 from probust.errors import first_line
 from probust.models._checkpoint import CheckpointError
@@ -111,5 +111,5 @@ def output_problem(out: Any, batch: int) -> str | None:
     """What is wrong with a model's output for a batch of ``batch`` inputs, and what to do; None
     when the model contract reads logits ``[batch, C]`` from it: logits, a Hugging Face
     ``ModelOutput`` (its ``.logits``) or a tuple whose first item is the logits
-    (:func:`probust._model_output.output_problem`, which the estimators apply too)."""
-    return _model_output.output_problem(out, batch)
+    (:func:`probust._user_model.output_problem`, which the estimators apply too)."""
+    return _user_model.output_problem(out, batch)

@@ -9,12 +9,13 @@ Modules: ``cdf`` and ``sf`` (the two functions), ``problem`` (checked, standardi
 ``numerics`` (batch-independent primitives). Derivations and measurements: docs/mvn.md.
 
 The rest of probust imports the names below from ``probust.mvn``, never from the modules
-underneath (``lint-imports`` checks it); :func:`ndtr` is the univariate CDF the screenings share.
+underneath (``lint-imports`` checks it); :func:`ndtr` is the univariate CDF the screenings
+share, :func:`add_rows` the order-fixed sum into slots that MMSE's averages and the metrics use.
 """
 
 from probust.mvn.cdf import mvn_cdf
-from probust.mvn.numerics import ndtr
+from probust.mvn.numerics import add_rows, ndtr
 from probust.mvn.problem import DEFAULT_TOL
 from probust.mvn.sf import mvn_sf
 
-__all__ = ["DEFAULT_TOL", "mvn_cdf", "mvn_sf", "ndtr"]
+__all__ = ["DEFAULT_TOL", "add_rows", "mvn_cdf", "mvn_sf", "ndtr"]

@@ -7,10 +7,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from probust._segments import add_rows
 from probust.mvn.bounds import orthant_bounds
 from probust.mvn.genz import Factor, FactorTensors, block_sums, factorise
-from probust.mvn.numerics import ndtr, tree_sum
+from probust.mvn.numerics import add_rows, ndtr, tree_sum
 from probust.mvn.sobol import sobol_points
 
 __all__ = ["qmc_cdf"]

@@ -29,13 +29,13 @@ import torch
 from torch import nn
 
 from probust._options import UNSET, declared, option
-from probust._stats import INTERVALS
 from probust.errors import OptionError, Setting
 from probust.estimators import (
     DEFAULT_CONFIDENCE,
     DEFAULT_COPIES,
     DEFAULT_DRAWS,
     GRADIENTS,
+    INTERVALS,
     METHODS,
     MMSE,
     PAPER_METHODS,

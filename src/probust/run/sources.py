@@ -31,7 +31,7 @@ from torch.utils.data import (
 from probust._checks import eval_mode
 from probust._io import sha256_file
 from probust._json import jsonable
-from probust._model_output import (
+from probust._user_model import (
     ModelOutputError,
     input_problem,
     is_low_precision,
@@ -601,8 +601,8 @@ def data_units_note(ds: Any, normalizing: bool = False, points: int = 8) -> str 
 
 def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ...], classes: int | None) -> nn.Module:
     """Run two real points through the model: it must give logits [2, num_classes] as the model
-    contract reads them (:mod:`probust._model_output`, as the estimators do). Returns the module
-    the run computes with: ``model``, or a :class:`~probust._model_output.LogitsOf` it where its
+    contract reads them (:mod:`probust._user_model`, as the estimators do). Returns the module
+    the run computes with: ``model``, or a :class:`~probust._user_model.LogitsOf` it where its
     logits are unwrapped (a ModelOutput, a tuple) or its dtype is bfloat16 / float16."""
     x, _ = batch(ds, np.arange(min(2, len(ds)), dtype=np.int64))
     dtype = parameter_dtype(model)

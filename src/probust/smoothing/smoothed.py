@@ -14,7 +14,7 @@ it, and the radius, in normalised units. Nothing is clipped.
 
 The draws of a point are a pure function of (seed, its index ``index_offset + row``, purpose):
 the selection draws, the estimation draws and PREDICT's draws come from three independent
-streams (:mod:`probust._rng`), so results do not depend on how points are batched, split or
+streams (:mod:`probust.noise`), so results do not depend on how points are batched, split or
 resumed. The forward passes are Monte Carlo's (:func:`probust.estimators.monte_carlo.noisy_predictions`,
 with its measured plan and memory budget).
 """
@@ -30,14 +30,13 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust import _rng
 from probust._checks import check_logits, check_positive_int
-from probust._memory_format import weights_in_format
 from probust._progress import Progress, progress
+from probust._user_model import weights_in_format
 from probust.errors import OptionError
 from probust.estimators import AffineLogits, PointwiseMethod, check_noisy_copies, noisy_predictions
 from probust.execution import ForwardPlan
-from probust.noise import Gaussian, Noise
+from probust.noise import STREAM_CERTIFY_ESTIMATE, STREAM_CERTIFY_SELECT, STREAM_PREDICT, Gaussian, Noise, point_keys
 from probust.smoothing import stats
 from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
 
@@ -236,11 +235,11 @@ class Certify(_Smoothing):
             progress(batch * (self.n0 + self.n), "certify", self.show_progress) as bar,
         ):
             started = time.perf_counter()
-            keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_SELECT)
+            keys = point_keys(self.seed, indices, STREAM_CERTIFY_SELECT)
             selected = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes, affine=affine).argmax(
                 dim=1
             )
-            keys = _rng.point_keys(self.seed, indices, _rng.STREAM_CERTIFY_ESTIMATE)
+            keys = point_keys(self.seed, indices, STREAM_CERTIFY_ESTIMATE)
             if self.radii is None:
                 hits = self._count(x, keys, indices, 0, self.n, plan, bar, of=selected, affine=affine)
                 trials = torch.full_like(hits, self.n)
@@ -382,7 +381,7 @@ class Predict(_Smoothing):
         batch = x.shape[0]
         classes = self._classes(x)
         plan, affine = self._noisy_plan(x, batch * self.n, self.noise)
-        keys = _rng.point_keys(self.seed, indices, _rng.STREAM_PREDICT)
+        keys = point_keys(self.seed, indices, STREAM_PREDICT)
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),

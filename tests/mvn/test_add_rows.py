@@ -1,4 +1,4 @@
-"""probust._segments.add_rows: index_add with each slot's adds in the rows' order on every device.
+"""probust.mvn.add_rows: index_add with each slot's adds in the rows' order on every device.
 
 Oracle: the CPU's ``index_add_``, which adds into one slot in the rows' order. The rank-by-rank
 path that CUDA takes runs here on the CPU (``_by_rank``): the same bits as ``index_add_`` where
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probust._segments import _by_rank, add_rows
+from probust.mvn.numerics import _by_rank, add_rows
 
 
 def _case(seed: int, rows: int, slots: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Binomial intervals (probust._stats) against scipy and closed forms.
+"""Binomial intervals (estimators.monte_carlo.binomial_interval, estimators.trust.upper_rate) against scipy and closed forms.
 
 Oracles: ``scipy.stats.beta.ppf`` (the Clopper-Pearson bounds' definition), the Wilson score
 interval's closed form in plain Python floats, the closed forms of the k = 0 and k = n edges
@@ -16,7 +16,8 @@ import pytest
 import torch
 from scipy import stats
 
-from probust._stats import INTERVALS, binomial_interval, upper_rate
+from probust.estimators.monte_carlo import INTERVALS, binomial_interval
+from probust.estimators.trust import upper_rate
 
 CONFIDENCES = (0.9, 0.95, 0.999)
 

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 import probust
-from probust._memory_format import weights_in_format
-from probust._per_model import PerModel, structure_token
+from probust._user_model import PerModel, structure_token, weights_in_format
 from probust.execution import Execution
 from probust.linearisation.pullback import forward_mode_runs
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from probust import _rng
+from probust import noise
 
 MASK = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -35,8 +35,8 @@ def _oracle_normal(key: int, sample: int, dim: int) -> list[float]:
 
 @pytest.mark.parametrize("start,n,dim", [(0, 3, 5), (17, 2, 784), (1000, 1, 1)])
 def test_bits_equal_splitmix64_on_python_integers(start, n, dim):
-    keys = _rng.point_keys(7, torch.tensor([0, 5, 123456]), _rng.STREAM_MC)
-    bits = _rng._bits(keys, start, n, dim)
+    keys = noise.point_keys(7, torch.tensor([0, 5, 123456]), noise.STREAM_MC)
+    bits = noise._bits(keys, start, n, dim)
     for b, key in enumerate(keys.tolist()):
         for s in range(n):
             for w in range(dim):
@@ -46,8 +46,8 @@ def test_bits_equal_splitmix64_on_python_integers(start, n, dim):
 
 @pytest.mark.parametrize("dim", [1, 6, 785])
 def test_normal_matches_box_muller_oracle(dim):
-    keys = _rng.point_keys(3, torch.arange(4), _rng.STREAM_MMSE)
-    got = _rng.normal(keys, 11, 3, dim, dtype=torch.float64)
+    keys = noise.point_keys(3, torch.arange(4), noise.STREAM_MMSE)
+    got = noise.normal_draws(keys, 11, 3, dim, dtype=torch.float64)
     for b, key in enumerate(keys.tolist()):
         for s in range(3):
             expected = torch.tensor(_oracle_normal(key & MASK, 11 + s, dim), dtype=torch.float64)
@@ -56,38 +56,38 @@ def test_normal_matches_box_muller_oracle(dim):
 
 
 def test_draws_do_not_depend_on_how_points_and_samples_are_split():
-    keys = _rng.point_keys(0, torch.arange(9), _rng.STREAM_MC)
-    whole = _rng.normal(keys, 0, 300, 785)
-    pieces = torch.cat([_rng.normal(keys, 0, 37, 785), _rng.normal(keys, 37, 263, 785)], dim=1)
+    keys = noise.point_keys(0, torch.arange(9), noise.STREAM_MC)
+    whole = noise.normal_draws(keys, 0, 300, 785)
+    pieces = torch.cat([noise.normal_draws(keys, 0, 37, 785), noise.normal_draws(keys, 37, 263, 785)], dim=1)
     assert torch.equal(whole, pieces)
-    assert torch.equal(whole[4:5], _rng.normal(keys[4:5], 0, 300, 785))
-    uniform = _rng.uniform(keys, 5, 200, 13, torch.float64)
-    assert torch.equal(uniform[:, 100:], _rng.uniform(keys, 105, 100, 13, torch.float64))
+    assert torch.equal(whole[4:5], noise.normal_draws(keys[4:5], 0, 300, 785))
+    uniform = noise.uniform_draws(keys, 5, 200, 13, torch.float64)
+    assert torch.equal(uniform[:, 100:], noise.uniform_draws(keys, 105, 100, 13, torch.float64))
 
 
 def test_blocks_larger_than_the_cache_chunk_give_the_same_numbers(monkeypatch):
-    keys = _rng.point_keys(1, torch.arange(3), _rng.STREAM_MC)
-    reference = _rng.normal(keys, 0, 64, 100)
-    monkeypatch.setattr(_rng, "_CHUNK_WORDS", 37)  # forces many small, unaligned blocks
-    assert torch.equal(_rng.normal(keys, 0, 64, 100), reference)
+    keys = noise.point_keys(1, torch.arange(3), noise.STREAM_MC)
+    reference = noise.normal_draws(keys, 0, 64, 100)
+    monkeypatch.setattr(noise, "_CHUNK_WORDS", 37)  # forces many small, unaligned blocks
+    assert torch.equal(noise.normal_draws(keys, 0, 64, 100), reference)
 
 
 def test_normal_and_uniform_have_their_laws():
-    keys = _rng.point_keys(2, torch.arange(20), _rng.STREAM_MC)
-    z = _rng.normal(keys, 0, 5000, 8).double().flatten()  # 800,000 draws
+    keys = noise.point_keys(2, torch.arange(20), noise.STREAM_MC)
+    z = noise.normal_draws(keys, 0, 5000, 8).double().flatten()  # 800,000 draws
     assert abs(z.mean().item()) < 5 * 1 / math.sqrt(z.numel())
     assert abs(z.var().item() - 1) < 5 * math.sqrt(2 / z.numel())
     assert abs((z < -1.0).double().mean().item() - 0.158655) < 5 * math.sqrt(0.16 * 0.84 / z.numel())
-    u = _rng.uniform(keys, 0, 5000, 8, torch.float64).flatten()
+    u = noise.uniform_draws(keys, 0, 5000, 8, torch.float64).flatten()
     assert 0 < u.min().item() and u.max().item() < 1
     assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / u.numel())
 
 
 def test_streams_and_seeds_are_independent():
     index = torch.arange(4)
-    a = _rng.normal(_rng.point_keys(0, index, _rng.STREAM_MC), 0, 100, 10).flatten().double()
-    b = _rng.normal(_rng.point_keys(0, index, _rng.STREAM_MMSE), 0, 100, 10).flatten().double()
-    c = _rng.normal(_rng.point_keys(1, index, _rng.STREAM_MC), 0, 100, 10).flatten().double()
+    a = noise.normal_draws(noise.point_keys(0, index, noise.STREAM_MC), 0, 100, 10).flatten().double()
+    b = noise.normal_draws(noise.point_keys(0, index, noise.STREAM_MMSE), 0, 100, 10).flatten().double()
+    c = noise.normal_draws(noise.point_keys(1, index, noise.STREAM_MC), 0, 100, 10).flatten().double()
     for other in (b, c):
         correlation = torch.corrcoef(torch.stack([a, other]))[0, 1].item()
         assert abs(correlation) < 5 / math.sqrt(a.numel())
@@ -96,30 +96,30 @@ def test_streams_and_seeds_are_independent():
 def test_every_stream_has_its_own_keys():
     # A purpose's draws must not repeat another's (CERTIFY's selection and estimation draws are
     # independent only because their streams differ): distinct constants, distinct keys.
-    streams = {name: value for name, value in vars(_rng).items() if name.startswith("STREAM_")}
+    streams = {name: value for name, value in vars(noise).items() if name.startswith("STREAM_")}
     assert len(set(streams.values())) == len(streams), streams
     index = torch.arange(50)
-    keys = torch.stack([_rng.point_keys(0, index, stream) for stream in streams.values()])
+    keys = torch.stack([noise.point_keys(0, index, stream) for stream in streams.values()])
     assert keys.flatten().unique().numel() == keys.numel()
 
 
 def test_buffers_kept_between_calls_serve_calls_in_and_out_of_inference_mode():
-    keys = _rng.point_keys(3, torch.arange(4), _rng.STREAM_MC)
-    reference = _rng.normal(keys, 7, 50, 301)
+    keys = noise.point_keys(3, torch.arange(4), noise.STREAM_MC)
+    reference = noise.normal_draws(keys, 7, 50, 301)
     with torch.inference_mode():  # the kept buffers and counter tables are made here first
-        _rng._THREAD.__dict__.clear()
-        inside = _rng.normal(keys, 7, 50, 301)
-    outside = _rng.normal(keys, 7, 50, 301)  # and written to here, outside inference mode
+        noise._THREAD.__dict__.clear()
+        inside = noise.normal_draws(keys, 7, 50, 301)
+    outside = noise.normal_draws(keys, 7, 50, 301)  # and written to here, outside inference mode
     assert torch.equal(inside, reference) and torch.equal(outside, reference)
 
 
 def test_threads_drawing_at_once_get_the_numbers_of_one_thread():
     import concurrent.futures
 
-    keys = [_rng.point_keys(seed, torch.arange(3), _rng.STREAM_MC) for seed in range(8)]
-    serial = [_rng.normal(k, 5 * i, 200, 600) for i, k in enumerate(keys)]
+    keys = [noise.point_keys(seed, torch.arange(3), noise.STREAM_MC) for seed in range(8)]
+    serial = [noise.normal_draws(k, 5 * i, 200, 600) for i, k in enumerate(keys)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        parallel = list(pool.map(lambda ik: _rng.normal(ik[1], 5 * ik[0], 200, 600), enumerate(keys)))
+        parallel = list(pool.map(lambda ik: noise.normal_draws(ik[1], 5 * ik[0], 200, 600), enumerate(keys)))
     assert all(torch.equal(a, b) for a, b in zip(serial, parallel, strict=True))
 
 
@@ -127,9 +127,9 @@ def test_threads_drawing_at_once_get_the_numbers_of_one_thread():
 def test_normal_is_bitwise_the_step_by_step_box_muller_of_the_bits(dtype):
     # The fused conversions (int64 + 0.5 in one pass, 2 pi * 2**-32 in one multiplication) must
     # give exactly the floats of converting, adding 0.5, scaling by 2**-32 and then by 2 pi.
-    keys = _rng.point_keys(11, torch.arange(3), _rng.STREAM_MC)
+    keys = noise.point_keys(11, torch.arange(3), noise.STREAM_MC)
     pairs = 300
-    h = _rng._bits(keys, 40, 70, pairs)
+    h = noise._bits(keys, 40, 70, pairs)
     high, low = (h >> 32) & 0xFFFFFFFF, h & 0xFFFFFFFF
 
     def unit(bits):
@@ -142,4 +142,4 @@ def test_normal_is_bitwise_the_step_by_step_box_muller_of_the_bits(dtype):
     radius = unit(high).log_().mul_(-2.0).sqrt_()
     angle = unit(low).mul_(2.0 * math.pi)
     expected = torch.cat([torch.cos(angle) * radius, torch.sin(angle) * radius], dim=-1)
-    assert torch.equal(_rng.normal(keys, 40, 70, 2 * pairs, dtype=dtype), expected)
+    assert torch.equal(noise.normal_draws(keys, 40, 70, 2 * pairs, dtype=dtype), expected)

@@ -1,6 +1,7 @@
-"""The model contract: what a model may return, read the same way by the estimators and the runner.
+"""The user's model, as probust reads it: its output contract, the facts kept per model object,
+and the memory format its weights and inputs run in.
 
-A model maps float inputs [B, *S] to one of
+**The output contract.** A model maps float inputs [B, *S] to one of
 
     logits [B, C], C >= 2                           taken as they are
     a Mapping with a "logits" entry                 out["logits"]   (a Hugging Face ModelOutput's .logits)
@@ -11,13 +12,29 @@ with one :class:`ModelOutputError` that says what to do. :func:`logits_reading` 
 :func:`read_logits` applies the decision; :class:`LogitsOf` is the small module that returns
 a model's logits (read this way, and with inputs cast to a low-precision model's own dtype), so
 the code that differentiates the model still sees the user's own modules inside it.
+
+**Facts kept per model** (:class:`PerModel`: row costs, plans, whether forward mode runs),
+dropped when the model's structure changes. A notebook changes a model in place: a new head
+(``model.fc = nn.Linear(512, 10)``), a layer swapped for another, ``model.half()``. Facts measured
+before would then describe another network. Each fact is therefore kept under the model's
+structure token (:func:`structure_token`), read again at every look-up: a replaced module,
+parameter or buffer, or one of another shape, dtype or device, a ``forward`` replaced on a module
+object, or a forward hook added or removed, empties the model's entries. New values in the same
+tensors (a training step, ``load_state_dict``) keep them.
+
+**The memory format** (layout only): an execution plan decides whether a convolutional model
+runs in channels_last; the estimators' maths put their rows and the weights in that format with
+:func:`weights_in_format` and :func:`to_format`, which neither time nor plan anything (so the
+maths never call back into planning).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+import weakref
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +46,7 @@ __all__ = [
     "LogitsOf",
     "ModelCallError",
     "ModelOutputError",
+    "PerModel",
     "Reading",
     "call_error",
     "first_layer",
@@ -39,7 +57,11 @@ __all__ = [
     "output_problem",
     "parameter_dtype",
     "read_logits",
+    "structure_token",
+    "to_format",
+    "weights_in_format",
 ]
+
 
 #: How logits are read from an output: the output itself, its "logits" entry, or its first item.
 Reading = Literal["tensor", "logits", "first"]
@@ -309,3 +331,104 @@ def _logits_problem(logits: Tensor, batch: int, subject: str) -> str | None:
             "softmax, or wrap it as forward(x) = torch.log(model(x).clamp_min(1e-12))"
         )
     return None
+
+
+V = TypeVar("V")
+
+
+def structure_token(model: Any) -> tuple:
+    """What a model's kept facts depend on: the identity and class of each of its modules, a
+    ``forward`` set on a module object (``model.forward = f``) and the module's own forward hooks,
+    and the identity, shape, dtype and device of each parameter and buffer (not their values,
+    nor their memory format). Empty for a callable that is not a module. One walk over the
+    modules, parameters and buffers, reading no values: cheap enough for every look-up."""
+    if not isinstance(model, nn.Module):
+        return ()
+    return (
+        tuple(
+            (
+                id(module),
+                type(module),
+                id(module.__dict__.get("forward")),
+                tuple(module._forward_pre_hooks),
+                tuple(module._forward_hooks),
+            )
+            for module in model.modules()
+        ),
+        tuple((id(t), t.shape, t.dtype, t.device) for t in (*model.parameters(), *model.buffers())),
+    )
+
+
+class PerModel(Generic[V]):
+    """Values kept per model object, weakly, and per key (e.g. an input shape), under the model's
+    :func:`structure_token`: a look-up after the structure changed finds nothing. A model that
+    cannot be held weakly keeps nothing."""
+
+    def __init__(self) -> None:
+        self._held: weakref.WeakKeyDictionary[Any, tuple[tuple, dict[Hashable, V]]] = weakref.WeakKeyDictionary()
+
+    def _entries(self, model: Any) -> dict[Hashable, V] | None:
+        token = structure_token(model)
+        try:
+            held = self._held.get(model)
+            if held is None or held[0] != token:
+                held = (token, {})
+                self._held[model] = held
+        except TypeError:  # not weakly referable or not hashable
+            return None
+        return held[1]
+
+    def get(self, model: Any, key: Hashable) -> V | None:
+        """The value kept for ``model`` under ``key``, or None."""
+        entries = self._entries(model)
+        return None if entries is None else entries.get(key)
+
+    def put(self, model: Any, key: Hashable, value: V) -> None:
+        """Keep ``value`` for ``model`` under ``key`` (for as long as its structure and the model last)."""
+        entries = self._entries(model)
+        if entries is not None:
+            entries[key] = value
+
+    def holds(self, model: Any) -> bool:
+        """Whether anything is kept for ``model`` under its current structure."""
+        return bool(self._entries(model))
+
+    def forget(self, model: Any) -> None:
+        """Drop everything kept for ``model``."""
+        try:
+            self._held.pop(model, None)
+        except TypeError:
+            pass
+
+
+@contextlib.contextmanager
+def weights_in_format(model: nn.Module, channels_last: bool) -> Iterator[None]:
+    """Hold the model's 4-D parameters and buffers in channels_last, then give the originals back.
+
+    The model's tensors are swapped (``.data``), not copied into: the caller's model, its
+    optimiser state and its parameters' identities are untouched once the block exits.
+    """
+    if not channels_last:
+        yield
+        return
+    swapped: list[tuple[Tensor, Tensor]] = []
+    try:
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.ndim != 4:
+                continue
+            # Compared by strides, not is_contiguous: a weight with one input channel (a first
+            # convolution on grey images) counts as channels_last-contiguous in its plain strides,
+            # and convolving channels_last inputs with it takes a slower path.
+            restrided = torch.empty_like(tensor.data, memory_format=torch.channels_last)
+            if restrided.stride() != tensor.data.stride():
+                swapped.append((tensor, tensor.data))
+                tensor.data = restrided.copy_(tensor.data)
+        yield
+    finally:
+        for tensor, original in swapped:
+            tensor.data = original
+
+
+def to_format(x: Tensor, channels_last: bool) -> Tensor:
+    """``x`` in channels_last where ``channels_last`` (a copy unless it already is), else ``x`` itself."""
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
