@@ -47,6 +47,7 @@ import torch
 import probust
 import probust.data
 from probust.estimators.monte_carlo import binomial_interval
+from probust.execution import Execution
 from probust.training import train
 
 RUNS = Path("runs/bench_control_variate")
@@ -107,7 +108,7 @@ def resnet18() -> tuple[torch.nn.Module, float]:
 def compare(model: torch.nn.Module, x: torch.Tensor, sigma: float, n: int, classes: int) -> dict:
     """One mc_cv run: per-point half-widths of plain MC and mc_cv on the same draws."""
     t0 = time.perf_counter()
-    r = probust.MonteCarloCV(model, sigma, n_samples=n, mmse_samples=MMSE_N, batch_size=1024, jacobian_batch_size=64)(x)
+    r = probust.MonteCarloCV(model, sigma, n_samples=n, mmse_samples=MMSE_N, execution=Execution(batch_size=1024))(x)
     seconds = time.perf_counter() - t0
     successes = torch.round(r.p_mc * n).long()
     low, high = binomial_interval(successes, torch.full_like(successes, n), 0.95, "wilson")
@@ -135,7 +136,9 @@ def compare(model: torch.nn.Module, x: torch.Tensor, sigma: float, n: int, class
 
 def adaptive(model: torch.nn.Module, x: torch.Tensor, sigma: float, half: float, cap: int) -> tuple[int, int, float]:
     """Total model evaluations of plain MC and mc_cv, each stopping at the same half-width."""
-    mc = probust.MonteCarlo(model, sigma, n_samples=cap, target_half_width=half, check_every=250, batch_size=1024)(x)
+    mc = probust.MonteCarlo(
+        model, sigma, n_samples=cap, target_half_width=half, check_every=250, execution=Execution(batch_size=1024)
+    )(x)
     cv = probust.MonteCarloCV(
         model,
         sigma,
@@ -143,8 +146,7 @@ def adaptive(model: torch.nn.Module, x: torch.Tensor, sigma: float, half: float,
         target_half_width=half,
         check_every=250,
         mmse_samples=MMSE_N,
-        batch_size=1024,
-        jacobian_batch_size=64,
+        execution=Execution(batch_size=1024),
     )(x)
     reached = float((((cv.ci_high - cv.ci_low) / 2) <= half).double().mean())
     return int(mc.n_samples.sum()), int(cv.n_samples.sum()), reached

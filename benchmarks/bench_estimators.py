@@ -22,6 +22,7 @@ import time
 import torch
 
 import probust
+from probust.execution import Execution
 from probust.linearisation.margins import logit_jacobian
 from probust.models import build
 
@@ -53,8 +54,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CNN 1x28x28 -> 10, sigma {args.sigma}")
 
     xb = x[: args.batch]
-    taylor = probust.Taylor(model, args.sigma, batch_size=args.batch)
-    mmse = probust.MMSE(model, args.sigma, n_samples=5, batch_size=5 * args.batch)
+    taylor = probust.Taylor(model, args.sigma, execution=Execution(batch_size=args.batch))
+    mmse = probust.MMSE(model, args.sigma, n_samples=5, execution=Execution(batch_size=5 * args.batch))
     taylor(xb[:4]), mmse(xb[:4])  # warm-up: torch.func tracing, allocator
     jac = _best_of(lambda: logit_jacobian(model, xb), args.repeats)
     t_taylor = _best_of(lambda: taylor(xb), args.repeats)

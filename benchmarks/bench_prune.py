@@ -97,8 +97,8 @@ def main() -> None:
             x = x_all[:points]
             for sigma in args.sigmas:
                 make = probust.Taylor if method == "taylor" else probust.MMSE
-                full, t_full, mb_full = _timed(make(model, sigma, prune="off", tol=args.tol, show_progress=False), x)
-                estimator = make(model, sigma, **FORCING[args.route], tol=args.tol, show_progress=False)
+                full, t_full, mb_full = _timed(make(model, sigma, prune="off", tol=args.tol), x)
+                estimator = make(model, sigma, **FORCING[args.route], tol=args.tol)
                 pruned, t_pruned, mb_pruned = _timed(estimator, x)
                 route = "direct" if pruned.route is None else ROUTE_NAMES[int(pruned.route.mode().values)]
                 assert pruned.boundaries_kept is not None and pruned.cdf_error is not None

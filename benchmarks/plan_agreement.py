@@ -47,7 +47,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests._help
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries  # noqa: E402
 
 import probust  # noqa: E402
-from probust.estimators import REGISTRY, Estimate, LinearisedMonteCarlo, make_estimator  # noqa: E402
+from probust.estimators import REGISTRY, Estimate, make_estimator  # noqa: E402
+from probust.execution import Execution
 from probust.linearisation.routes import FORCING  # noqa: E402
 from probust.models import build  # noqa: E402
 
@@ -76,19 +77,18 @@ def models() -> dict[str, tuple[nn.Module, Tensor, float]]:
 
 def settings(name: str, *, batch_size: int = 32, jacobian: str = "loop", channels_last: bool = False) -> dict:
     spec = REGISTRY[name]
-    s: dict[str, Any] = dict(batch_size=batch_size, memory_budget="256MB", channels_last=channels_last, seed=0)
+    how: dict[str, Any] = dict(batch_size=batch_size, memory_budget="256MB", channels_last=channels_last)
+    if "jacobian" in spec.run_options:
+        how["jacobian"] = jacobian
+    s: dict[str, Any] = dict(execution=Execution(**how), seed=0)
     if spec.samples == "mc":
         s["n_samples"] = 256
     elif spec.samples == "mmse":
         s["n_samples"] = 3
     if "tol" in spec.run_options:
         s["tol"] = 1e-3
-    if "jacobian" in spec.run_options:
-        s["jacobian"] = jacobian
     if "mmse_samples" in spec.run_options:
         s["mmse_samples"] = 3
-    if issubclass(spec.estimator, LinearisedMonteCarlo):
-        s["jacobian_batch_size"] = batch_size
     return s
 
 

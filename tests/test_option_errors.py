@@ -10,6 +10,7 @@ from torch import nn
 
 import probust
 from probust.errors import OptionError
+from probust.execution import Execution
 from probust.execution.budget import parse_bytes
 from probust.noise import Uniform
 from probust.smoothing import Certify, Predict
@@ -36,15 +37,15 @@ CASES = [
     (lambda m: probust.Taylor(m, 0.1, p_fail="yes"), "p_fail"),
     (lambda m: probust.Taylor(m, 0.1, gradients="fastest"), "gradients"),
     (lambda m: probust.Taylor(m, 0.1, gradients="head", differentiable=True), "gradients"),
-    (lambda m: probust.Taylor(m, 0.1, gradients="forward", jacobian="loop"), "gradients"),
+    (lambda m: probust.Taylor(m, 0.1, gradients="forward", execution=Execution(jacobian="loop")), "gradients"),
     (lambda m: probust.Taylor(m, 0.1, prune="sometimes"), "prune"),
     (lambda m: probust.Taylor(m, 0.1, prune=False), "prune"),
     (lambda m: probust.Taylor(m, 0.1, prune="on"), "prune"),
     (lambda m: probust.Taylor(m, 0.1, prune="spectral", cdf="mv-sigmoid"), "prune"),
     (lambda m: probust.Taylor(m, 0.1, prune="sketch", gradients="head"), "prune"),
-    (lambda m: probust.Taylor(m, 0.1, jacobian="reverse"), "jacobian"),
-    (lambda m: probust.Taylor(m, 0.1, jacobian="forward"), "jacobian"),
-    (lambda m: probust.Taylor(m, 0.1, memory_budget="lots"), "memory_budget"),
+    (lambda m: probust.Taylor(m, 0.1, execution=Execution(jacobian="reverse")), "jacobian"),
+    (lambda m: probust.Taylor(m, 0.1, execution=Execution(jacobian="forward")), "jacobian"),
+    (lambda m: probust.Taylor(m, 0.1, execution=Execution(memory_budget="lots")), "memory_budget"),
     (lambda m: probust.MMSE(m, 0.1, n_samples=0), "n_samples"),
     (lambda m: probust.MMSE(m, 0.1, sampling="sobol"), "sampling"),
     (lambda m: probust.MonteCarloCV(m, 0.1, confidence=0), "confidence"),

@@ -17,7 +17,7 @@ from probust.linearisation.pullback import forward_mode_runs
 pytestmark = pytest.mark.filterwarnings("ignore::probust.LinearisationWarning")
 
 #: Fixed plans (nothing timed), so that two calls can be compared bit for bit.
-FIXED = dict(jacobian="loop", batch_size=8, channels_last=False, seed=0)
+FIXED = dict(execution=Execution(jacobian="loop", batch_size=8, channels_last=False), seed=0)
 
 
 def _net(classes: int) -> nn.Sequential:

@@ -30,6 +30,7 @@ from probust.estimators import (
     estimate,
     make_estimator,
 )
+from probust.execution import Execution
 from probust.models import Normalize, with_normalization
 from probust.mvn import mvn_cdf, mvn_sf
 from probust.noise import Gaussian, Laplace, Noise, Uniform
@@ -76,6 +77,7 @@ __all__ = [
     "CertifyResult",
     "Estimate",
     "Estimator",
+    "Execution",
     "Gaussian",
     "Laplace",
     "LinearisationWarning",

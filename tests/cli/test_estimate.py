@@ -15,7 +15,7 @@ import torch
 
 from probust import models
 from probust.cli import main
-from probust.run.store import read_config, read_results
+from probust.run.reading import read_config, read_results
 
 REPO = Path(__file__).resolve().parents[2]
 

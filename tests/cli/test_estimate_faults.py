@@ -16,7 +16,7 @@ import torch
 
 from probust import models
 from probust.cli import main
-from probust.run.store import read_results
+from probust.run.reading import read_results
 
 REPO = Path(__file__).resolve().parents[2]
 

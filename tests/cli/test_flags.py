@@ -168,8 +168,10 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
     for method, spec in REGISTRY.items():
         est = make_task_estimator(plan, Task(0.1, method, 100 if spec.samples == "mc" else 2 if spec.samples else 0))
         for name, param in params.items():
-            if hasattr(est, param) and (param in spec.run_options or param not in _run_options()):
-                got = getattr(est, param)
+            # How the work runs arrives as the estimator's Execution.
+            holder = est.execution if hasattr(est.execution, param) else est
+            if hasattr(holder, param) and (param in spec.run_options or param not in _run_options()):
+                got = getattr(holder, param)
                 assert got == values[name], (method, param, got)
                 reached.add(name)
     assert reached == set(values)
@@ -521,7 +523,7 @@ def test_a_bad_flag_value_names_the_flag(in_root, capsys):
 def _estimate(root, out, *extra):
     code = main(["estimate", *ESTIMATE_BASE[:-1], out, "--device", "cpu", "--quiet", "--limit", "4", *extra])
     assert code == 0
-    from probust.run.store import read_results
+    from probust.run.reading import read_results
 
     return read_results(root / out)
 

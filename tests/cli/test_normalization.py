@@ -14,7 +14,7 @@ import pytest
 
 from probust.cli import main
 from probust.run.certify import read_certified
-from probust.run.store import read_config, read_results
+from probust.run.reading import read_config, read_results
 
 MEAN = ["0.485", "0.456", "0.406"]
 STD = ["0.229", "0.224", "0.225"]

@@ -18,7 +18,7 @@ from torch import nn
 
 from probust import models
 from probust.cli import main
-from probust.run.store import read_config, read_results
+from probust.run.reading import read_config, read_results
 from tests._helpers import save_tiny_vit
 
 NETS = """

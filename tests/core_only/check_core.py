@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from probust.execution import Execution
+
 EXTRA_MODULES = ("pandas", "pyarrow", "matplotlib", "sklearn", "torchvision", "tqdm", "PIL", "transformers")
 
 
@@ -100,7 +102,7 @@ def main() -> None:
     # What needs an extra names it.
     for attempt, extra in (
         (lambda: probust.run_estimate, "run"),
-        (lambda: probust.Taylor(net, sigma, show_progress=True)(x), "run"),
+        (lambda: probust.Taylor(net, sigma, execution=Execution(show_progress=True))(x), "run"),
         (lambda: __import__("probust.experiments"), "report"),
     ):
         try:

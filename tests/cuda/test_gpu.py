@@ -31,7 +31,7 @@ from torch import nn
 
 import probust
 from probust._user_model import to_format, weights_in_format
-from probust.execution import tuning
+from probust.execution import Execution, tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
 from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
@@ -66,10 +66,10 @@ def _models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
 def _estimator(method: str, model: nn.Module, **kwargs) -> probust.Estimator:
     samples = {"mc": N_MC, "mc_cv": 400, "mc_is": 400, "mmse": 4, "mmse_mvs": 4}.get(method)
     sigma = None if method == "softmax" else SIGMA
-    extra = {} if method in ("softmax",) else dict(PINNED)
+    how = {} if method in ("softmax",) else dict(PINNED)
     if method in ("taylor", "mmse", "taylor_mvs", "mmse_mvs", "mc_cv", "mc_is"):
-        extra["jacobian"] = "loop"
-    return probust.make_estimator(method, model, sigma, n_samples=samples, **extra, **kwargs)
+        how["jacobian"] = "loop"
+    return probust.make_estimator(method, model, sigma, n_samples=samples, execution=Execution(**how), **kwargs)
 
 
 def _on(device: torch.device, method: str, model: nn.Module, x: torch.Tensor, target: torch.Tensor):
@@ -190,7 +190,7 @@ def test_mmse_on_resnet18_inputs_stays_under_a_cuda_memory_budget():
     model = build("resnet18", 10, (3, 32, 32)).eval().to(DEVICE)
     x = torch.rand(6, 3, 32, 32, device=DEVICE)
     budget = 256 * 2**20
-    est = probust.MMSE(model, 0.1, n_samples=5, memory_budget=budget)
+    est = probust.MMSE(model, 0.1, n_samples=5, execution=Execution(memory_budget=budget))
     with peak_memory(DEVICE) as peak:
         r = est(x)
     assert torch.isfinite(r.p).all()
@@ -242,8 +242,10 @@ def test_plans_chosen_on_the_gpu_fit_the_budget_and_are_kept(monkeypatch):
         assert tiny.strategy == "vmap"
     # The estimates under the measured plans agree with a pinned plan to rounding.
     target = torch.zeros(16, dtype=torch.long, device=DEVICE)
-    measured = probust.Taylor(model, SIGMA, memory_budget=budget)(x, target).p
-    pinned = probust.Taylor(model, SIGMA, memory_budget=budget, jacobian="loop", batch_size=16)(x, target).p
+    measured = probust.Taylor(model, SIGMA, execution=Execution(memory_budget=budget))(x, target).p
+    pinned = probust.Taylor(model, SIGMA, execution=Execution(memory_budget=budget, jacobian="loop", batch_size=16))(
+        x, target
+    ).p
     torch.testing.assert_close(measured, pinned, rtol=0, atol=ROUNDING)
 
 
@@ -301,7 +303,7 @@ def test_two_nccl_ranks_give_the_single_process_table(tmp_path):
     # the plan pinned: the same kind of device, so the same table bit for bit (docs/estimate.md).
     from probust import models
     from probust.cli import main
-    from probust.run.store import read_config, read_results
+    from probust.run.reading import read_config, read_results
 
     torch.manual_seed(0)
     model = models.save_checkpoint(tmp_path / "cnn.pt", models.build("cnn", 10, (1, 8, 8)), {"dataset": "digits"})

@@ -90,15 +90,15 @@ def main() -> None:
     import probust
 
     models = _models()
-    plan = {"batch_size": 16, "channels_last": False} if mode == "fixed" else {}
-    fixed = {"jacobian": "loop", **plan} if mode == "fixed" else {}
+    # A fixed plan: rows per pass, memory format and (for the linearisations) the Jacobian strategy.
+    how = probust.Execution(batch_size=16, channels_last=False, jacobian="loop") if mode == "fixed" else None
     runs = {
-        "taylor": lambda m: probust.Taylor(m, 0.3, **fixed),
-        "mmse": lambda m: probust.MMSE(m, 0.3, n_samples=5, **fixed),
-        "mc": lambda m: probust.MonteCarlo(m, 0.3, n_samples=200, **plan),
-        "mc_cv": lambda m: probust.MonteCarloCV(m, 0.3, n_samples=100, **fixed),
-        "mc_is": lambda m: probust.MonteCarloIS(m, 0.3, n_samples=100, **fixed),
-        "softmax": lambda m: probust.Softmax(m, **plan),
+        "taylor": lambda m: probust.Taylor(m, 0.3, execution=how),
+        "mmse": lambda m: probust.MMSE(m, 0.3, n_samples=5, execution=how),
+        "mc": lambda m: probust.MonteCarlo(m, 0.3, n_samples=200, execution=how),
+        "mc_cv": lambda m: probust.MonteCarloCV(m, 0.3, n_samples=100, execution=how),
+        "mc_is": lambda m: probust.MonteCarloIS(m, 0.3, n_samples=100, execution=how),
+        "softmax": lambda m: probust.Softmax(m, execution=how),
     }
     out = {}
     for name, (model, x) in models.items():

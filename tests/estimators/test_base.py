@@ -13,6 +13,7 @@ from torch import nn
 
 import probust
 from probust.estimators.base import plan_blocks
+from probust.execution import Execution
 from tests._helpers import NonFiniteAbove, linear_model
 
 
@@ -83,15 +84,15 @@ def test_target_out_of_range_is_refused(small):
 # ---- NaN or inf logits on noisy copies ---------------------------------------------------------
 
 NOISY_ESTIMATORS = {
-    "mc": lambda m, s: probust.MonteCarlo(m, s, n_samples=400, batch_size=300),
+    "mc": lambda m, s: probust.MonteCarlo(m, s, n_samples=400, execution=Execution(batch_size=300)),
     "mc_adaptive": lambda m, s: probust.MonteCarlo(
-        m, s, n_samples=400, batch_size=300, target_half_width=1e-3, check_every=400
+        m, s, n_samples=400, target_half_width=1e-3, check_every=400, execution=Execution(batch_size=300)
     ),
     "mc_cv": lambda m, s: probust.MonteCarloCV(
-        m, s, n_samples=400, linearisation="taylor", batch_size=300, jacobian_batch_size=16
+        m, s, n_samples=400, linearisation="taylor", execution=Execution(batch_size=300)
     ),
     "mc_is": lambda m, s: probust.MonteCarloIS(
-        m, s, n_samples=400, linearisation="taylor", batch_size=300, jacobian_batch_size=16
+        m, s, n_samples=400, linearisation="taylor", execution=Execution(batch_size=300)
     ),
 }
 
@@ -140,8 +141,8 @@ def test_mmse_refuses_non_finite_logits_on_its_noisy_copies():
     model, x, sigma = _threshold_model(float("nan"))
     # 200 copies of a point with P(x_0 + eps_0 > 1) ~ 0.16: some copy fails (1 - 0.84^200 ~ 1).
     for estimator in (
-        probust.MMSE(model, sigma, n_samples=200, batch_size=64),
-        probust.MonteCarloCV(model, sigma, n_samples=400, mmse_samples=200, batch_size=300, jacobian_batch_size=64),
+        probust.MMSE(model, sigma, n_samples=200, execution=Execution(batch_size=64)),
+        probust.MonteCarloCV(model, sigma, n_samples=400, mmse_samples=200, execution=Execution(batch_size=300)),
     ):
         with pytest.raises(ValueError, match=r"noisy copies x \+ eps of MMSE's linearisation") as error:
             estimator(x, index_offset=40)

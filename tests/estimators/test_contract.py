@@ -29,11 +29,11 @@ from probust.errors import OptionError
 from probust.estimators import (
     REGISTRY,
     Estimate,
-    LinearisedMonteCarlo,
     MethodSpec,
     make_estimator,
     method_spec,
 )
+from probust.execution import Execution
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
 
 METHODS = list(REGISTRY)
@@ -61,27 +61,32 @@ def _cnn() -> tuple[nn.Module, Tensor, float]:
 MODELS = {"linear": _linear, "cnn": _cnn}
 
 
-def small_settings(spec: MethodSpec, *, seed: int = 0, batch_size: int = 32) -> dict[str, Any]:
-    """Few samples and a fixed execution plan (nothing measured), for any registered method."""
-    settings: dict[str, Any] = dict(batch_size=batch_size, memory_budget="256MB", channels_last=False, seed=seed)
+def small_settings(spec: MethodSpec, *, seed: int = 0, batch_size: int = 32, **how: Any) -> dict[str, Any]:
+    """Few samples and a fixed execution plan (nothing measured), for any registered method;
+    ``how`` changes the execution's settings."""
+    fixed = dict(batch_size=batch_size, memory_budget="256MB", channels_last=False)
+    if "jacobian" in spec.run_options:
+        fixed["jacobian"] = "vmap"
+    settings: dict[str, Any] = dict(seed=seed, execution=Execution(**(fixed | how)))
     if spec.samples == "mc":
         settings["n_samples"] = 64
     elif spec.samples == "mmse":
         settings["n_samples"] = 3
     if "tol" in spec.run_options:
         settings["tol"] = 1e-3
-    if "jacobian" in spec.run_options:
-        settings["jacobian"] = "vmap"
     if "mmse_samples" in spec.run_options:
         settings["mmse_samples"] = 3
-    if issubclass(spec.estimator, LinearisedMonteCarlo):
-        settings["jacobian_batch_size"] = batch_size
     return settings
+
+
+#: The settings of how the work runs (an Execution's), as keywords of :func:`build`.
+EXECUTION_FIELDS = {f.name for f in dataclasses.fields(Execution)}
 
 
 def build(name: str, model: nn.Module, sigma: float, **overrides: Any) -> probust.Estimator:
     spec = REGISTRY[name]
-    settings = small_settings(spec, seed=overrides.pop("seed", 0), batch_size=overrides.pop("batch_size", 32))
+    how = {key: overrides.pop(key) for key in list(overrides) if key in EXECUTION_FIELDS}
+    settings = small_settings(spec, seed=overrides.pop("seed", 0), **how)
     return make_estimator(name, model, sigma, **(settings | overrides))
 
 

@@ -18,6 +18,7 @@ from torch import nn
 import probust
 from probust.estimators.control_variate import cv_statistics
 from probust.estimators.linearised_mc import project
+from probust.execution import Execution
 from probust.noise import require_gaussian
 from tests._helpers import linear_model
 
@@ -160,11 +161,11 @@ def test_mc_cv_does_not_depend_on_batch_split():
     model = _toy()
     x = torch.randn(5, 10, generator=torch.Generator().manual_seed(4)) * 0.4
     kwargs = dict(n_samples=300, linearisation="taylor")
-    whole = probust.MonteCarloCV(model, 0.3, batch_size=4096, **kwargs)(x).p
+    whole = probust.MonteCarloCV(model, 0.3, execution=Execution(batch_size=4096), **kwargs)(x).p
     parts = torch.cat(
         [
-            probust.MonteCarloCV(model, 0.3, batch_size=7, **kwargs)(x[:2]).p,
-            probust.MonteCarloCV(model, 0.3, batch_size=1000, **kwargs)(x[2:], index_offset=2).p,
+            probust.MonteCarloCV(model, 0.3, execution=Execution(batch_size=7), **kwargs)(x[:2]).p,
+            probust.MonteCarloCV(model, 0.3, execution=Execution(batch_size=1000), **kwargs)(x[2:], index_offset=2).p,
         ]
     )
     # Other rows per pass are another plan: the float32 margins round differently, measured 3.3e-8
@@ -251,12 +252,11 @@ def test_cv_statistics_floors_the_variance_when_no_disagreement_was_seen():
 def test_the_linearisation_shares_the_monte_carlo_estimators_execution_settings():
     model = torch.nn.Linear(4, 3)
     for cls in (probust.MonteCarloCV, probust.MonteCarloIS):
-        outer = cls(
-            model, 0.2, seed=7, memory_budget="1GB", channels_last=False, jacobian_batch_size=5, jacobian="loop"
-        )
+        given = Execution(batch_size=64, memory_budget="1GB", channels_last=False, jacobian="loop")
+        outer = cls(model, 0.2, seed=7, execution=given)
         linear = outer.linear
-        assert (linear.seed, linear.memory_budget, linear.channels_last) == (7, "1GB", False)
-        assert (linear.batch_size, linear.jacobian, linear.method) == (5, "loop", "mmse")
+        assert (linear.seed, linear.method) == (7, "mmse")
+        assert linear.execution == given.replace(batch_size=None)  # its Jacobian's rows are measured
         with pytest.raises(ValueError, match="^linearisation: must be one of"):
             cls(model, 0.2, linearisation="quadratic")
 

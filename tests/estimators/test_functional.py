@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import probust
+from probust.execution import Execution
 from tests._helpers import linear_model, points_near_boundaries
 
 
@@ -14,11 +15,11 @@ def test_estimate_does_not_depend_on_batch_split(method):
     model = linear_model(10, 6, seed=1)
     x = points_near_boundaries(model, 7, 0.4)
     kwargs = {"n_samples": 300} if method == "mc" else {}
-    whole = probust.estimate(model, x, 0.4, method, batch_size=64, **kwargs)
+    whole = probust.estimate(model, x, 0.4, method, execution=Execution(batch_size=64), **kwargs)
     parts = torch.cat(
         [
-            probust.estimate(model, x[:3], 0.4, method, batch_size=5, **kwargs),
-            probust.estimate(model, x[3:], 0.4, method, batch_size=1000, index_offset=3, **kwargs),
+            probust.estimate(model, x[:3], 0.4, method, execution=Execution(batch_size=5), **kwargs),
+            probust.estimate(model, x[3:], 0.4, method, index_offset=3, execution=Execution(batch_size=1000), **kwargs),
         ]
     )
     # The noise is identical; only the model's float rounding may differ with the BLAS batch size.

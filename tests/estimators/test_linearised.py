@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.execution import Execution
 from probust.noise import Gaussian, Laplace, Uniform
 from tests._helpers import inside, linear_model, points_near_boundaries
 
@@ -201,9 +202,9 @@ def test_models_torch_func_cannot_trace_fall_back_to_autograd():
     model = _Untraceable()
     reference = nn.Sequential(model.a, nn.ReLU(), model.b)
     x = torch.randn(5, 6)
-    expected = probust.Taylor(reference, 0.3, jacobian="loop")(x).p
+    expected = probust.Taylor(reference, 0.3, execution=Execution(jacobian="loop"))(x).p
     with pytest.warns(RuntimeWarning, match="one backward pass per cotangent"):
-        got = probust.Taylor(model, 0.3, jacobian="vmap")(x).p
+        got = probust.Taylor(model, 0.3, execution=Execution(jacobian="vmap"))(x).p
     assert torch.equal(got, expected)  # the fallback is the "loop" plan: the same bits
     # Measuring strategies ("auto") on enough work drops the one the model cannot run, silently.
     many = torch.randn(600, 6)
@@ -211,7 +212,7 @@ def test_models_torch_func_cannot_trace_fall_back_to_autograd():
         warnings.simplefilter("error", RuntimeWarning)
         measured = probust.Taylor(model, 0.3)(many).p
     # "loop" is the only strategy left to measure; the reference in that plan gives the same bits
-    assert torch.equal(measured, probust.Taylor(reference, 0.3, jacobian="loop")(many).p)
+    assert torch.equal(measured, probust.Taylor(reference, 0.3, execution=Execution(jacobian="loop"))(many).p)
 
 
 def test_the_fallback_warning_is_a_standard_warning_without_module_state():
@@ -223,13 +224,13 @@ def test_the_fallback_warning_is_a_standard_warning_without_module_state():
     model, x = _Untraceable(), torch.randn(3, 6)
     for _ in range(2):  # a new estimator warns again: no warn-once set left behind
         with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
-            probust.Taylor(model, 0.3, jacobian="vmap")(x)
+            probust.Taylor(model, 0.3, execution=Execution(jacobian="vmap"))(x)
         with pytest.warns(TraceFallbackWarning, match="one backward pass per cotangent"):
             Pullback(model, x, model.b, strategy="vmap")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")
         for _ in range(3):
-            probust.Taylor(model, 0.3, jacobian="vmap")(x)
+            probust.Taylor(model, 0.3, execution=Execution(jacobian="vmap"))(x)
     assert sum(issubclass(w.category, TraceFallbackWarning) for w in seen) == 1
     assert issubclass(TraceFallbackWarning, RuntimeWarning)
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 import probust
 from probust._user_model import ModelCallError, ModelOutputError
 from probust.estimators import REGISTRY, make_estimator, method_spec
+from probust.execution import Execution
 from tests.estimators.test_contract import assert_same_estimate, small_settings
 
 METHODS = list(REGISTRY)
@@ -121,7 +122,7 @@ def _points(size: int) -> Tensor:
 def test_every_method_gives_a_model_the_numbers_of_its_logits_wrapped_by_hand(model_name, method):
     model, read, size, sigma = MODELS[model_name]()
     x = _points(size)
-    settings = small_settings(method_spec(method), batch_size=16) | {"memory_budget": "2GB"}
+    settings = small_settings(method_spec(method), batch_size=16, memory_budget="2GB")
     r = make_estimator(method, model, sigma, **settings)(x)
     by_hand = make_estimator(method, HandLogits(model, read), sigma, **settings)(x)
     assert_same_estimate(r, by_hand)
@@ -133,11 +134,11 @@ def test_certify_and_predict_read_the_same_logits(model_name):
     model, read, size, sigma = MODELS[model_name]()
     x = _points(size)
     hand = HandLogits(model, read)
-    a = probust.certify(model, x, sigma, n0=16, n=64, batch_size=32)
-    b = probust.certify(hand, x, sigma, n0=16, n=64, batch_size=32)
+    a = probust.certify(model, x, sigma, n0=16, n=64, execution=Execution(batch_size=32))
+    b = probust.certify(hand, x, sigma, n0=16, n=64, execution=Execution(batch_size=32))
     assert torch.equal(a.prediction, b.prediction) and torch.equal(a.hits, b.hits) and torch.equal(a.radius, b.radius)
-    c = probust.predict(model, x, sigma, n=64, batch_size=32)
-    d = probust.predict(hand, x, sigma, n=64, batch_size=32)
+    c = probust.predict(model, x, sigma, n=64, execution=Execution(batch_size=32))
+    d = probust.predict(hand, x, sigma, n=64, execution=Execution(batch_size=32))
     assert torch.equal(c.prediction, d.prediction) and torch.equal(c.count_top, d.count_top)
 
 
@@ -204,7 +205,7 @@ def test_an_output_the_contract_refuses_fails_before_any_work_with_the_command_l
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_python_and_the_runner_refuse_a_model_with_the_same_message(case):
     from probust.run import ConfigError
-    from probust.run.sources import load_model
+    from probust.run.model_source import load_model
 
     model = REFUSED[case][0]()
     x = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
@@ -372,8 +373,8 @@ def test_a_bfloat16_model_runs_every_method_and_agrees_with_float32(method):
 
 def test_a_bfloat16_model_certifies_as_its_float32_twin():
     full, low, x, sigma = _bf16_pair()
-    a = probust.certify(full, x, sigma, n0=32, n=256, batch_size=64)
-    b = probust.certify(low, x, sigma, n0=32, n=256, batch_size=64)
+    a = probust.certify(full, x, sigma, n0=32, n=256, execution=Execution(batch_size=64))
+    b = probust.certify(low, x, sigma, n0=32, n=256, execution=Execution(batch_size=64))
     assert torch.equal(a.prediction, b.prediction)
     assert (a.hits - b.hits).abs().max() <= 4 * math.sqrt(256 * 0.25)
 

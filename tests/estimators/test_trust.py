@@ -20,6 +20,7 @@ import probust
 from probust.data import ImageDataset
 from probust.errors import OptionError
 from probust.estimators import trust
+from probust.execution import Execution
 from probust.run import run_estimate
 from tests._helpers import linear_model, points_near_boundaries
 
@@ -147,7 +148,7 @@ def test_a_badly_linearised_model_gives_low_agreement_and_one_warning_per_call()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # A small memory budget splits the 40 points into chunks: still one warning.
-        estimator = probust.Taylor(model, 1.0, prune="off", memory_budget="20KB")
+        estimator = probust.Taylor(model, 1.0, prune="off", execution=Execution(memory_budget="20KB"))
         assert estimator.points_per_chunk(x) < 40
         r = estimator(x)
     assert r.agreement.mean() < 0.3

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.execution import Execution
 from probust.execution.budget import MemoryBudgetError, parse_bytes, resolve_budget, row_cost
 from probust.execution.engine import Inputs
 
@@ -29,7 +30,7 @@ def test_bad_sizes_name_memory_budget(value):
     with pytest.raises(ValueError, match="memory_budget"):
         parse_bytes(value)
     with pytest.raises(ValueError, match="memory_budget"):
-        probust.MonteCarlo(nn.Linear(3, 2), 0.1, memory_budget=value)
+        probust.MonteCarlo(nn.Linear(3, 2), 0.1, execution=Execution(memory_budget=value))
 
 
 def _mem_available() -> int:
@@ -76,7 +77,7 @@ def test_work_that_cannot_fit_raises_naming_the_knob():
         with pytest.raises(MemoryBudgetError, match="memory_budget"):
             estimator(x)
     with pytest.raises(MemoryBudgetError, match="batch_size"):
-        probust.MonteCarlo(model, 0.1, n_samples=10, batch_size=10_000, memory_budget="1MB")(x)
+        probust.MonteCarlo(model, 0.1, n_samples=10, execution=Execution(batch_size=10_000, memory_budget="1MB"))(x)
 
 
 _PEAK_SCRIPT = textwrap.dedent(
@@ -94,7 +95,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = build("resnet18", 10, (3, 32, 32)).eval()
     x = torch.rand(6, 3, 32, 32)
-    est = probust.MMSE(model, 0.1, n_samples=5, memory_budget="{budget}")
+    est = probust.MMSE(model, 0.1, n_samples=5, execution=probust.Execution(memory_budget="{budget}"))
     # torch's one-time costs (kernel code, thread pools, allocator arenas) are the process's, not
     # the estimator's: one forward and backward pass first, so the peak below is the call's own.
     # Without it they moved the peak by 50 MB between runs (103-157 MB at this budget).

@@ -8,6 +8,7 @@ from torch import nn
 
 import probust
 from probust import _user_model
+from probust.execution import Execution
 from probust.execution import tuning as _tuning
 from probust.execution.engine import Inputs
 from probust.linearisation.margins import logit_jacobian
@@ -52,12 +53,12 @@ def test_estimates_do_not_depend_on_jacobian_strategy_or_rows(method):
     model = build("cnn", 10, (1, 12, 12)).eval()
     x = torch.rand(9, 1, 12, 12)
     sigma = 0.3
-    reference = probust.estimate(model, x, sigma, method, jacobian="loop", batch_size=4)
+    reference = probust.estimate(model, x, sigma, method, execution=Execution(jacobian="loop", batch_size=4))
     for jacobian, rows in (("vmap", 1), ("vmap", None), ("auto", 7), ("auto", None)):
-        got = probust.estimate(model, x, sigma, method, jacobian=jacobian, batch_size=rows)
+        got = probust.estimate(model, x, sigma, method, execution=Execution(jacobian=jacobian, batch_size=rows))
         torch.testing.assert_close(got, reference, rtol=0, atol=PLAN_ATOL)
     # Every gradient by forward mode (another source, the same numbers up to rounding).
-    got = probust.estimate(model, x, sigma, method, gradients="forward", prune="off", batch_size=5)
+    got = probust.estimate(model, x, sigma, method, gradients="forward", prune="off", execution=Execution(batch_size=5))
     torch.testing.assert_close(got, reference, rtol=0, atol=PLAN_ATOL)
 
 
@@ -91,7 +92,7 @@ def test_monte_carlo_counts_do_not_depend_on_rows_or_memory_format(monkeypatch):
     torch.manual_seed(0)
     model = build("cnn", 10, (1, 16, 16)).eval()
     x = torch.rand(5, 1, 16, 16)
-    reference = probust.MonteCarlo(model, 0.2, n_samples=400, batch_size=64)(x).p
+    reference = probust.MonteCarlo(model, 0.2, n_samples=400, execution=Execution(batch_size=64))(x).p
     for rows, channels_last in ((7, False), (400, True), (1000, True)):
         monkeypatch.setattr(
             probust.MonteCarlo,
@@ -154,14 +155,14 @@ def test_channels_last_can_be_fixed_either_way():
     model = build("cnn", 10, (1, 16, 16)).eval()
     x = torch.rand(6, 1, 16, 16)
     # sigma = 2: every p in (0.69, 0.81), so rounding in z reaches p (at 0.2 every p is 1.0).
-    on = probust.Taylor(model, 2.0, channels_last=True, jacobian="loop")(x)
-    off = probust.Taylor(model, 2.0, channels_last=False, jacobian="loop")(x)
+    on = probust.Taylor(model, 2.0, execution=Execution(channels_last=True, jacobian="loop"))(x)
+    off = probust.Taylor(model, 2.0, execution=Execution(channels_last=False, jacobian="loop"))(x)
     assert ((off.p > 0.5) & (off.p < 0.9)).all(), off.p
     torch.testing.assert_close(on.p, off.p, rtol=0, atol=PLAN_ATOL)  # measured 4.7e-8
     # z to float32 rounding: measured 2.3e-7 relative (two ulps)
     torch.testing.assert_close(on.z, off.z, rtol=5e-7, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="channels_last"):
-        probust.Taylor(model, 0.2, channels_last="yes")
+        probust.Taylor(model, 0.2, execution=Execution(channels_last="yes"))
 
 
 def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:

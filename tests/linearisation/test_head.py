@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.execution import Execution
 from probust.linearisation import head as linear_head
 from probust.linearisation.exact import boundary_variances, boundary_weights, margin_normals
 from probust.linearisation.margins import margin_jacobian
@@ -118,8 +119,8 @@ def test_rows_of_features_held_at_zero_are_skipped_and_still_exact(make, jacobia
         features = model[:3](x)
     assert (features == 0).float().mean() > 0.3  # the premise: many dead features
     # mv-sigmoid: nothing pruned, so every boundary's gradient comes out and can be compared.
-    on_head = make(model, 0.2, cdf="mv-sigmoid", gradients="head", jacobian=jacobian)(x)
-    direct = make(model, 0.2, cdf="mv-sigmoid", prune="off", jacobian=jacobian)(x)
+    on_head = make(model, 0.2, cdf="mv-sigmoid", gradients="head", execution=Execution(jacobian=jacobian))(x)
+    direct = make(model, 0.2, cdf="mv-sigmoid", prune="off", execution=Execution(jacobian=jacobian))(x)
     assert (on_head.route == ROUTE_NAMES.index("head")).all()
     torch.testing.assert_close(on_head.grad_norm, direct.grad_norm, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(on_head.z, direct.z, rtol=1e-5, atol=1e-6)
@@ -215,7 +216,7 @@ def test_a_points_estimate_does_not_depend_on_what_its_block_keeps_alive(make):
     x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
         -1, 1, 1, 1
     )
-    estimator = make(model, 0.2, batch_size=4, jacobian="vmap")
+    estimator = make(model, 0.2, execution=Execution(batch_size=4, jacobian="vmap"))
     whole = estimator(x)
     assert (whole.route == ROUTE_NAMES.index("head")).all()
     for k in (4, 8):

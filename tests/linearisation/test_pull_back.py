@@ -87,8 +87,8 @@ def test_taylor_and_mmse_in_a_fresh_process_import_no_symbolic_shapes():
         import probust
         model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)).eval()
         x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-        probust.Taylor(model, 0.1, jacobian="loop", show_progress=False)(x)
-        probust.MMSE(model, 0.1, n_samples=4, jacobian="loop", show_progress=False)(x)
+        probust.Taylor(model, 0.1, execution=probust.Execution(jacobian="loop"))(x)
+        probust.MMSE(model, 0.1, n_samples=4, execution=probust.Execution(jacobian="loop"))(x)
         print(sorted(m for m in ("torch.fx.experimental.symbolic_shapes", "sympy") if m in sys.modules))
         """
     )

@@ -10,6 +10,7 @@ from torch import nn
 
 import probust
 from probust.errors import OptionError
+from probust.execution import Execution
 from probust.linearisation import counting as cost_model
 from probust.linearisation import exact, routes
 from probust.linearisation import pullback as gradients
@@ -251,7 +252,7 @@ def test_few_classes_take_every_gradient_through_the_routes_keeping_every_bounda
     model = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
     x = torch.randn(16, 12, generator=torch.Generator().manual_seed(1))
     sigma = 0.5
-    est = make(model, sigma, jacobian="loop", batch_size=8, differentiable=differentiable)
+    est = make(model, sigma, differentiable=differentiable, execution=Execution(jacobian="loop", batch_size=8))
     ctx = est.route_context(x)
     assert not ctx.prune and ctx.gradients == "direct" and ctx.head is None
     assert ctx.differentiable == differentiable
@@ -273,12 +274,12 @@ def test_few_classes_take_every_gradient_through_the_routes_keeping_every_bounda
     torch.testing.assert_close(got.margin.detach(), margin, rtol=0, atol=1e-6)
     torch.testing.assert_close(got.z.detach(), z, rtol=1e-5, atol=1e-6)
     if differentiable:  # the same numbers with the graph kept as without it
-        plain = make(model, sigma, jacobian="loop", batch_size=8)(x)
+        plain = make(model, sigma, execution=Execution(jacobian="loop", batch_size=8))(x)
         torch.testing.assert_close(got.p.detach(), plain.p, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("batch_size", [1, 5, 100])
-@pytest.mark.parametrize("source", [{"jacobian": "loop"}, {"jacobian": "vmap"}, {"gradients": "forward"}])
+@pytest.mark.parametrize("source", [("loop", "auto"), ("vmap", "auto"), ("auto", "forward")])
 @pytest.mark.parametrize("differentiable", [False, True])
 def test_mmse_linearisation_is_the_mean_of_its_copies_linearisations(source, batch_size, differentiable):
     # Every boundary's margin and gradient averaged over the copies, whatever the rows per pass
@@ -287,7 +288,15 @@ def test_mmse_linearisation_is_the_mean_of_its_copies_linearisations(source, bat
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 5)).double().eval()
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    est = probust.MMSE(model, 0.3, n_samples=4, batch_size=batch_size, differentiable=differentiable, **source)
+    jacobian, gradients = source
+    est = probust.MMSE(
+        model,
+        0.3,
+        n_samples=4,
+        differentiable=differentiable,
+        gradients=gradients,
+        execution=Execution(batch_size=batch_size, jacobian=jacobian),
+    )
     indices = torch.arange(3)
     with torch.no_grad():
         target = model(x).argmax(1)
@@ -312,19 +321,19 @@ def test_mmse_with_more_copies_than_a_pass_holds(route):
     if route == "candidates-of-sketch":
         model, route = Tempered(model), "sketch"
     x = torch.randn(5, 30, generator=torch.Generator().manual_seed(4)) * 0.1
-    full = probust.MMSE(model, 0.05, n_samples=6, prune="off", batch_size=4)(x)
-    got = probust.MMSE(model, 0.05, n_samples=6, batch_size=4, **FORCING[route])(x)
+    full = probust.MMSE(model, 0.05, n_samples=6, prune="off", execution=Execution(batch_size=4))(x)
+    got = probust.MMSE(model, 0.05, n_samples=6, execution=Execution(batch_size=4), **FORCING[route])(x)
     assert torch.equal(got.target, full.target)
     assert ((got.p - full.p).abs() <= got.cdf_error + full.cdf_error + 1e-6).all()
     # Whole points per pass (batch_size >= copies): the same numbers.
-    whole = probust.MMSE(model, 0.05, n_samples=6, batch_size=12, **FORCING[route])(x)
+    whole = probust.MMSE(model, 0.05, n_samples=6, execution=Execution(batch_size=12), **FORCING[route])(x)
     torch.testing.assert_close(whole.p, got.p, rtol=0, atol=1e-6)
 
 
 def test_the_forward_route_is_every_gradient_by_forward_mode():
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 50)).eval())
     x = torch.randn(7, 6, generator=torch.Generator().manual_seed(0))
-    full = probust.Taylor(model, 0.3, cdf="mv-sigmoid", prune="off", jacobian="loop")(x)
+    full = probust.Taylor(model, 0.3, cdf="mv-sigmoid", prune="off", execution=Execution(jacobian="loop"))(x)
     forward = probust.Taylor(model, 0.3, cdf="mv-sigmoid", gradients="forward")(x)
     assert (forward.route == ROUTE_NAMES.index("forward")).all()
     torch.testing.assert_close(forward.grad_norm, full.grad_norm, rtol=1e-5, atol=1e-6)
@@ -336,10 +345,10 @@ def test_few_inputs_and_many_classes_take_forward_mode_by_counts():
     # on a CPU) give every gradient, far cheaper than 399 backward passes; nothing is timed.
     model = Tempered(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 400)).eval())
     x = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
-    r = probust.Taylor(model, 0.02, jacobian="loop")(x)
+    r = probust.Taylor(model, 0.02, execution=Execution(jacobian="loop"))(x)
     assert 6 * cost_model.jvp_in_pulls(x.device) < 399
     assert (r.route == ROUTE_NAMES.index("forward")).all()
-    full = probust.Taylor(model, 0.02, prune="off", jacobian="loop")(x[:8])
+    full = probust.Taylor(model, 0.02, prune="off", execution=Execution(jacobian="loop"))(x[:8])
     assert ((r.p[:8] - full.p).abs() <= r.cdf_error[:8] + full.cdf_error + 1e-6).all()
 
 
@@ -355,7 +364,7 @@ def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkey
 
     monkeypatch.setattr(gradients.forward_mode, "jvps", no_formula)
     assert not gradients.forward_mode_runs(model, x)
-    r = probust.Taylor(model, 0.02, jacobian="loop")(x)
+    r = probust.Taylor(model, 0.02, execution=Execution(jacobian="loop"))(x)
     assert not (r.route == ROUTE_NAMES.index("forward")).any()
     with pytest.raises(OptionError, match="cannot run through this model"):
         probust.Taylor(model, 0.02, prune="sketch")(x)
@@ -374,7 +383,7 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
     fixed plan (jacobian, batch_size) still gives each point its route, the same as before."""
     model, _ = _trained_like(400, near=10)
     x = torch.randn(6, 30, generator=torch.Generator().manual_seed(3))
-    before = probust.Taylor(model, 0.5, jacobian="loop", batch_size=8)(x)
+    before = probust.Taylor(model, 0.5, execution=Execution(jacobian="loop", batch_size=8))(x)
 
     def no_clock():
         raise AssertionError("a clock was read while deciding what to compute")
@@ -383,7 +392,7 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
 
     fresh, _ = _trained_like(400, near=10)
     monkeypatch.setattr(tuning.time, "perf_counter", no_clock)
-    after = probust.Taylor(fresh, 0.5, jacobian="loop", batch_size=8, channels_last=False)(x)
+    after = probust.Taylor(fresh, 0.5, execution=Execution(jacobian="loop", batch_size=8, channels_last=False))(x)
     assert torch.equal(after.route, before.route) and torch.equal(after.p, before.p)
 
 
@@ -596,13 +605,13 @@ def test_the_sketch_runs_where_both_screenings_fit_the_screening_share_of_the_be
     model = _flat_map()
     x = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
     stages, kept = _record_sketch(monkeypatch)
-    r = probust.Taylor(model, 0.05, jacobian="loop")(x)
+    r = probust.Taylor(model, 0.05, execution=Execution(jacobian="loop"))(x)
     assert kept[0] == [499] * 3  # the premise: the spectral screening keeps all
     assert stages[:1] == ([(0, 8, [0, 1, 2])] if sketched else [])
     share = cost_model.screening_share(device_kind)
     spent = cost_model.spectral_stages("cpu")[0]
     assert (spent + pruning.PROBES * jvp_in_pulls <= share * 499) == sketched
-    full = probust.Taylor(model, 0.05, prune="off", jacobian="loop")(x)
+    full = probust.Taylor(model, 0.05, prune="off", execution=Execution(jacobian="loop"))(x)
     assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()
 
 
@@ -616,7 +625,7 @@ def test_each_sketch_stage_runs_where_its_new_probes_cost_less_than_the_candidat
     model = _flat_map()
     x = torch.randn(6, 400, generator=torch.Generator().manual_seed(0))
     stages, kept = _record_sketch(monkeypatch)
-    r = probust.Taylor(model, sigma, jacobian="loop", check_draws=0)(x)
+    r = probust.Taylor(model, sigma, check_draws=0, execution=Execution(jacobian="loop"))(x)
     assert max(stop for _, stop, _ in stages) == last_stop
     done, ran = 0, list(range(6))
     for stage, (first, stop, points) in enumerate(stages):
@@ -626,7 +635,7 @@ def test_each_sketch_stage_runs_where_its_new_probes_cost_less_than_the_candidat
         assert points == [i for i in ran if cost < left[i]], (stage, left)
         done, ran = stop, points
     assert len(stages[-1][2]) < 6 or last_stop == 16  # a later stage skips points where it cannot pay
-    full = probust.Taylor(model, sigma, prune="off", jacobian="loop", check_draws=0)(x)
+    full = probust.Taylor(model, sigma, prune="off", check_draws=0, execution=Execution(jacobian="loop"))(x)
     assert ((r.p - full.p).abs() <= r.cdf_error + full.cdf_error + 1e-6).all()
 
 
@@ -640,7 +649,7 @@ def test_a_points_sketch_stages_and_numbers_do_not_depend_on_the_batch_split(mon
     model = _flat_map()
     x = torch.randn(6, 400, generator=torch.Generator().manual_seed(0))
     stages, _ = _record_sketch(monkeypatch)
-    estimator = probust.Taylor(model, 0.03, jacobian="loop", batch_size=8, check_draws=0)
+    estimator = probust.Taylor(model, 0.03, check_draws=0, execution=Execution(jacobian="loop", batch_size=8))
     whole = estimator(x)
     together = {first: points for first, _, points in stages}
     assert 0 < len(together[16]) < 6  # the premise: the last stage takes some points, not all

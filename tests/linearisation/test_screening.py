@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import probust
+from probust.execution import Execution
 from probust.linearisation import counting as cost_model
 from probust.linearisation import screening as pruning
 from probust.linearisation.margins import margin_sketch
@@ -185,7 +186,10 @@ def test_routes_are_chosen_by_counted_cost():
     # Not pruned: every gradient directly or, by counts, by forward mode; or by the source asked for.
     off = probust.Taylor(many, 0.3, prune="off")(x)
     assert (off.route == ROUTE_NAMES.index("forward")).all() and (off.boundaries_kept == 999).all()
-    assert (probust.Taylor(many, 0.3, prune="off", jacobian="loop")(x).route == ROUTE_NAMES.index("direct")).all()
+    assert (
+        probust.Taylor(many, 0.3, prune="off", execution=Execution(jacobian="loop"))(x).route
+        == ROUTE_NAMES.index("direct")
+    ).all()
     for source in ("direct", "head", "forward"):
         forced = probust.Taylor(many, 0.3, prune="off", gradients=source)(x)
         assert (forced.route == ROUTE_NAMES.index(source)).all() and (forced.boundaries_kept == 999).all()
@@ -199,13 +203,14 @@ def test_a_forced_route_that_cannot_apply_is_refused():
     with pytest.raises(ValueError, match="^gradients: 'head' does not keep the autograd graph"):
         probust.Taylor(model, 0.1, gradients="head", differentiable=True)
     with pytest.raises(ValueError, match="^gradients: 'forward' takes no backward passes"):
-        probust.Taylor(model, 0.1, gradients="forward", jacobian="vmap")
+        probust.Taylor(model, 0.1, gradients="forward", execution=Execution(jacobian="vmap"))
     with pytest.raises(ValueError, match="^prune: 'spectral' screens the boundaries, which cannot be combined with"):
         probust.Taylor(model, 0.1, prune="spectral", cdf="mv-sigmoid")
     with pytest.raises(ValueError, match="^prune: 'sketch' screens .* gradients='head'"):
         probust.Taylor(model, 0.1, prune="sketch", gradients="head")
     with pytest.raises(ValueError, match="^jacobian: must be one of"):
-        probust.Taylor(model, 0.1, jacobian="forward")  # forward mode is a source: gradients="forward"
+        # Forward mode is a source of gradients (gradients="forward"), not a Jacobian strategy.
+        probust.Taylor(model, 0.1, execution=Execution(jacobian="forward"))
     with pytest.raises(ValueError, match="needs a model whose logits come from an nn.Linear head"):
         probust.Taylor(Tempered(model), 0.1, gradients="head")(torch.randn(2, 30))
 
@@ -254,16 +259,16 @@ def test_a_model_forward_mode_cannot_run_is_screened_in_reverse_mode_only():
     x = torch.randn(6, 80, generator=torch.Generator().manual_seed(0)) * 0.2
     with pytest.raises(RuntimeError):  # the premise: forward mode fails on this model
         torch.func.jvp(model, (x,), (x,))
-    full = probust.Taylor(model, 0.1, prune="off", jacobian="loop")(x)
+    full = probust.Taylor(model, 0.1, prune="off", execution=Execution(jacobian="loop"))(x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning of a fallback either
         # The trust check may rightly flag this quadratic model's linearisation: not a fallback.
         warnings.filterwarnings("ignore", category=probust.LinearisationWarning)
-        auto = probust.Taylor(model, 0.1, jacobian="loop")(x)
+        auto = probust.Taylor(model, 0.1, execution=Execution(jacobian="loop"))(x)
     assert auto.route is not None and (auto.route != ROUTE_NAMES.index("forward")).all()
     assert ((auto.p - full.p).abs() <= auto.cdf_error + full.cdf_error + 1e-6).all()
     with pytest.raises(ValueError, match="forward mode"):
-        probust.Taylor(model, 0.1, jacobian="loop", prune="sketch")(x)
+        probust.Taylor(model, 0.1, prune="sketch", execution=Execution(jacobian="loop"))(x)
 
 
 @functools.cache
@@ -299,7 +304,11 @@ def _unpruned_on_the_cnn(make: type, sigma: float, tempered: bool) -> probust.Es
     which neither run's cdf_error covers."""
     model, x = _trained_many_class_cnn()
     return make(
-        Tempered(model) if tempered else model, sigma, prune="off", tol=1e-3, jacobian="vmap", channels_last=False
+        Tempered(model) if tempered else model,
+        sigma,
+        prune="off",
+        tol=1e-3,
+        execution=Execution(jacobian="vmap", channels_last=False),
     )(x)
 
 
@@ -313,7 +322,9 @@ def test_pruned_and_full_agree_within_the_bound_on_a_trained_many_class_cnn(make
     middling = dropped = 0
     for sigma in (0.02, 0.05, 0.1):
         full = _unpruned_on_the_cnn(make, sigma, tempered)
-        pruned = make(model, sigma, tol=1e-3, jacobian="vmap", channels_last=False, **FORCING[route])(x)
+        pruned = make(
+            model, sigma, tol=1e-3, execution=Execution(jacobian="vmap", channels_last=False), **FORCING[route]
+        )(x)
         assert torch.equal(full.target, pruned.target)
         gap = (pruned.p - full.p).abs()
         # + 1e-6: the head route sums the same float32 products in another order (z moves by
@@ -379,7 +390,7 @@ def test_screened_estimates_do_not_depend_on_the_batch_split(make, route):
     x = torch.rand(12, 1, 6, 6, generator=torch.Generator().manual_seed(5)) * torch.linspace(0.2, 3, 12).view(
         -1, 1, 1, 1
     )
-    estimator = make(model, 0.3, batch_size=4, jacobian="vmap", **FORCING[route])
+    estimator = make(model, 0.3, execution=Execution(batch_size=4, jacobian="vmap"), **FORCING[route])
     whole = estimator(x)
     assert len(set(whole.boundaries_kept.tolist())) > 2  # points of different widths
     for k in (4, 8):

@@ -19,7 +19,8 @@ from probust.run import (
     prepare,
     run_estimate,
 )
-from probust.run.store import ResultStore, read_config, read_results
+from probust.run.reading import read_config, read_results
+from probust.run.store import ResultStore
 from tests._helpers import tiny_data, tiny_model
 
 SIGMAS = [0.1, 0.3]

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from probust.run import ConfigError, run_estimate
-from probust.run.store import ResultStore, ResultsWriteError, read_config, read_results
+from probust.run.reading import read_config, read_results
+from probust.run.store import ResultStore, ResultsWriteError
 from tests._helpers import tiny_data, tiny_model
 
 # Every kind of row: Monte Carlo, the QMC mvn-cdf methods, the control variate, p_fail.

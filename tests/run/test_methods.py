@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
 import probust
+from probust.execution import Execution
 from probust.run import DEFAULT_METHODS, Task, methods
 from probust.run.methods import make_task_estimator, sample_kind, tasks, uses_mmse_samples
 
@@ -56,6 +58,7 @@ PLAN = dict(
     noise=None,
 )
 BASE = {"seed": 3, "memory_budget": "1GB"}
+EXECUTION_FIELDS = {f.name for f in dataclasses.fields(Execution)}
 
 
 def _plan(values: dict) -> SimpleNamespace:
@@ -139,7 +142,10 @@ def test_the_estimator_gets_the_settings_its_method_uses(monkeypatch, method, pl
     make_task_estimator(_plan({**PLAN, **plan}), Task(0.25, method, 50))
     ((args, kwargs),) = calls
     assert args == (method, "MODEL", None if method == "softmax" else 0.25)
-    assert kwargs == expected
+    # The settings of how the work runs arrive as one Execution.
+    how = {key: value for key, value in expected.items() if key in EXECUTION_FIELDS}
+    what = {key: value for key, value in expected.items() if key not in EXECUTION_FIELDS}
+    assert kwargs == {**what, "execution": Execution(**how)}
 
 
 def test_a_run_noise_reaches_the_estimator_as_its_noise_object_and_the_default_as_the_number(monkeypatch):

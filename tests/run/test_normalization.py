@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 
 import probust
 from probust.run import ConfigError, RunSettings, run_estimate
+from probust.run.reading import read_config
 from probust.run.sources import data_units_note
-from probust.run.store import read_config
 from tests._helpers import save_tiny_vit
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]

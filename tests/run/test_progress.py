@@ -12,6 +12,7 @@ import torch
 import tqdm.auto
 
 import probust
+from probust.execution import Execution
 from probust.run import run_estimate
 from probust.run.certify import CertifySettings, run_certify
 from tests._helpers import tiny_data, tiny_model
@@ -166,6 +167,6 @@ def test_certify_with_radii_fills_the_bar_with_the_draws_it_did_not_need(bars, t
 
 def test_an_estimator_called_alone_draws_its_own_bar_over_its_draws(bars):
     x = torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(2))
-    probust.MonteCarlo(tiny_model(), 0.3, n_samples=100, show_progress=True)(x)
+    probust.MonteCarlo(tiny_model(), 0.3, n_samples=100, execution=Execution(show_progress=True))(x)
     (bar,) = bars
     assert bar.total == 3 * 100 and bar.n == bar.total

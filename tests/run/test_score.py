@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, IterableDataset, Subset, SubsetRandomSa
 
 import probust
 from probust.run import ConfigError, run_estimate
-from probust.run.store import MemoryStore, ResultStore
+from probust.run.memory_store import MemoryStore
+from probust.run.store import ResultStore
 from tests._helpers import tiny_data, tiny_model
 
 METHODS = ["mc", "taylor", "mmse", "softmax"]

@@ -15,7 +15,7 @@ from scipy.stats import norm
 
 import probust
 from probust.run import RunSettings, execute, prepare, run_estimate
-from probust.run.store import read_results
+from probust.run.reading import read_results
 from tests._helpers import tiny_data, tiny_model
 
 SIGMAS = [1 / 3, 0.0123456789]

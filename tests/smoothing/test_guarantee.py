@@ -18,10 +18,11 @@ from scipy import stats
 from torch import Tensor, nn
 
 import probust
+from probust.execution import Execution
 
 SIGMA = 0.5
 RADII = (0.0, 0.25, 0.5)
-SETTINGS = dict(memory_budget="512MB", channels_last=False, batch_size=4096)
+SETTINGS = dict(execution=Execution(memory_budget="512MB", channels_last=False, batch_size=4096))
 
 
 def _two_class_linear(d: int = 5, seed: int = 0) -> nn.Linear:

@@ -14,8 +14,10 @@ gives identical numbers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +40,9 @@ from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import Execution, ForwardPlan
 from probust.noise import STREAM_MC, Noise, noise_words, point_keys
+
+#: The settings an :class:`~probust.execution.Execution` holds (not an estimator's keywords).
+_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Execution))
 
 
 class PointwiseMethod:
@@ -63,65 +68,46 @@ class PointwiseMethod:
             naming how x's shape was read and what the model's first layer does not take in it
             (other channels; a single image without its batch dimension, with the advice to pass
             ``x.unsqueeze(0)`` only then).
-        batch_size: the most rows (clean or noisy copies) in one pass through the model.
-            None (default): measured on the first call, the fastest that fits
-            ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
-        memory_budget: bytes (or a size such as ``"2GB"``) the estimator may hold at once;
-            None: half the memory free on the device at each call. Work that cannot fit raises
-            an error naming this argument.
-        channels_last: run convolutional models with weights and inputs in channels_last
-            memory format (True), or not (False); None: measured with the rest of the plan.
-            The model's weights are given back in their own format after each call.
         seed: seed of every random stream the estimator uses.
-        show_progress: draw a progress bar over the work.
-        execution: the execution settings as one :class:`~probust.execution.Execution` (which
-            may be shared by several estimators), instead of ``batch_size``, ``memory_budget``,
-            ``channels_last`` (and a linearisation's ``jacobian``, ``class_chunk_size``): give
-            one or the other. The numbers depend only on the settings, not on which way they
-            were given.
+        execution: how the work runs, as one :class:`~probust.execution.Execution` (which may be
+            shared by several estimators): rows per pass, memory budget, memory format, the
+            Jacobian strategy and class chunks of a linearisation, the progress bar. None: the
+            defaults (measured plans, half the free memory, no progress bar). The numbers depend
+            on what an estimator computes, not on its execution, except for float rounding.
 
     Attributes:
         execution: the :class:`~probust.execution.Execution` the work runs by. ``batch_size``,
-            ``memory_budget`` and ``channels_last`` read (and, assigned, replace) its fields.
+            ``memory_budget``, ``channels_last`` and ``show_progress`` read (and, assigned,
+            replace) its fields.
     """
 
     method: str = ""
     model: nn.Module
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        batch_size: int | None = None,
-        memory_budget: int | str | None = None,
-        channels_last: bool | None = None,
-        seed: int = 0,
-        show_progress: bool = False,
-        execution: Execution | None = None,
-    ):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # The settings of how the work runs are one argument: name where a keyword went.
+        moved = sorted(set(kwargs) & _EXECUTION_FIELDS)
+        if moved:
+            settings = ", ".join(f"{name}=..." for name in moved)
+            raise TypeError(
+                f"{cls.__name__}() takes {', '.join(moved)} through execution=: "
+                f"{cls.__name__}(..., execution=probust.Execution({settings}))"
+            )
+        return super().__new__(cls)
+
+    def __init__(self, model: nn.Module, *, seed: int = 0, execution: Execution | None = None):
         if not callable(model):
             raise TypeError(f"model must be a torch.nn.Module (or callable) returning {CONTRACT}, got {model!r}")
         self.model = model
-        self._execution_given = execution is not None
-        self.execution = Execution.compose(
-            execution, batch_size=batch_size, memory_budget=memory_budget, channels_last=channels_last
-        )
+        if execution is not None and not isinstance(execution, Execution):
+            raise OptionError(f"must be a probust.Execution or None, got {execution!r}", field="execution")
+        self.execution = Execution() if execution is None else execution
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise OptionError(f"must be an int, got {seed!r}", field="seed")
         self.seed = seed
-        self.show_progress = show_progress
         # (model, (input shape, dtype, device), what the computation runs): decided by a probe
         # on the first call for each model and input shape (:meth:`_logits_model`).
         self._logits_model_for: tuple[nn.Module, tuple, nn.Module] | None = None
-
-    def _compose_execution(self, **settings: object) -> None:
-        """Add a subclass's own execution keywords (e.g. ``jacobian``) to :attr:`execution`:
-        into the one the keywords built, or, where ``execution=`` was given, checked to be left
-        at their defaults (the settings are given once)."""
-        if self._execution_given:
-            Execution.compose(self.execution, **settings)
-        else:
-            self.execution = self.execution.replace(**settings)
 
     @property
     def batch_size(self) -> int | None:
@@ -149,6 +135,15 @@ class PointwiseMethod:
     @channels_last.setter
     def channels_last(self, value: bool | None) -> None:
         self.execution = self.execution.replace(channels_last=value)
+
+    @property
+    def show_progress(self) -> bool:
+        """Whether a progress bar is drawn over the work (:attr:`Execution.show_progress`)."""
+        return self.execution.show_progress
+
+    @show_progress.setter
+    def show_progress(self, value: bool) -> None:
+        self.execution = self.execution.replace(show_progress=value)
 
     def _prepare(self, x: Tensor, index_offset: int) -> tuple[Tensor, Tensor]:
         """Check ``x`` and ``index_offset``; move ``x`` to the model's device and dtype.
@@ -280,7 +275,7 @@ class Estimator(PointwiseMethod, ABC):
     """Common call convention: ``estimator(x, target=None, index_offset=0) -> Estimate``.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see
+        model, seed, execution: see
             :class:`PointwiseMethod`.
     """
 

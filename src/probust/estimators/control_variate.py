@@ -95,8 +95,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
     interval, and far fewer model evaluations where the linearisation is good.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`probust.Estimator`; ``batch_size``
-            bounds the noisy copies per forward pass.
+        model, seed, execution: see :class:`probust.estimators.LinearisedMonteCarlo`.
         sigma: noise standard deviation per input coordinate (units of x), or a Gaussian
             :class:`probust.noise.Noise`.
         n_samples: Monte Carlo draws per point (the most, in adaptive mode).
@@ -110,9 +109,6 @@ class MonteCarloCV(LinearisedMonteCarlo):
         check_every: draws between adaptive checks (fixed, so results do not depend on batching).
         tol: absolute tolerance of the mvn-cdf giving the control variate's mean; its error
             bound (times |beta|) is added to the interval.
-        jacobian_batch_size: rows per Jacobian pass of the linearisation (None: measured).
-        jacobian: the linearisation's Jacobian strategy (see :class:`probust.Taylor`).
-        class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
 
     Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p``, ``stderr``,
     ``ci_low``/``ci_high``, ``n_samples`` (model evaluations on noisy copies), ``p_mc`` (plain

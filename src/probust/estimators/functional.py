@@ -59,7 +59,7 @@ def estimate(
             default 5).
         target: long [B] classes to measure; default the clean prediction.
         index_offset: index of row 0 in the data set (per-point random streams).
-        **kwargs: passed to the estimator (seed, batch_size, tol, temperature, ...).
+        **kwargs: passed to the estimator (seed, execution, tol, temperature, ...).
 
     Returns:
         float64 [B], the probability of keeping the prediction.

@@ -49,7 +49,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
     """p_fail (and p = 1 - p_fail) by importance sampling around the linearised boundaries.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`probust.Estimator`.
+        model, seed, execution: see :class:`probust.Estimator`.
         sigma: noise standard deviation per input coordinate, or a Gaussian Noise.
         n_samples: draws per point.
         linearisation: "mmse" (default, as :class:`probust.MonteCarloCV`; margins and
@@ -59,8 +59,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         components: keep only this many most likely boundaries (by Phi(-z_i)); None: all.
         defensive: share ``a`` of the draws from the nominal noise (0 <= a < 1).
         confidence: level of the interval.
-        tol, jacobian_batch_size, class_chunk_size, jacobian: passed to the linearisation
-            (``jacobian_batch_size`` is its ``batch_size``).
+        tol: the linearisation's mvn-cdf tolerance.
 
     Returns (from ``__call__``) an :class:`~probust.Estimate` with ``p = 1 - p_fail``,
     ``p_fail``, ``p_fail_error`` (standard error / p_fail; inf when no failure was drawn),

@@ -8,9 +8,7 @@ p = Phi_{U S U^T}(z) (mvn-cdf) or the mv-sigmoid of z.
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -20,11 +18,10 @@ from probust._checks import check_choice, check_fraction, check_positive_float, 
 from probust._progress import progress
 from probust._user_model import structure_token, to_format, weights_in_format
 from probust.errors import OptionError
-from probust.estimators import maps, trust
+from probust.estimators import maps, route_plan, trust
 from probust.estimators.base import Estimator, noise_words
 from probust.estimators.result import Estimate
 from probust.execution import ForwardPlan, resolve_budget
-from probust.linearisation import JacobianPlan, find_linear_head
 from probust.mvn import DEFAULT_TOL
 from probust.noise import STREAM_TRUST, Noise, as_noise, point_keys
 
@@ -79,30 +76,10 @@ class _Problem(NamedTuple):
     std: maps.Standardised
 
 
-class _Checked(NamedTuple):
-    """What the trust check reads of a group of points' linearisation.
-
-    Attributes:
-        points: int64 [n], the group's positions in the chunk.
-        classes: int64 [n, K], each kept boundary's class (the target's column, and padding, hold the target).
-        margin: [n, C], the margins of every class.
-        normal: [n, K, *S], the kept boundaries' u_i.
-        z: float64 [n, K], their z-scores.
-        scale: float64 [n, K], the standard deviation of u_i . eps.
-    """
-
-    points: Tensor
-    classes: Tensor
-    margin: Tensor
-    normal: Tensor
-    z: Tensor
-    scale: Tensor
-
-    @classmethod
-    def of(cls, points: Tensor, problem: _Problem, margin: Tensor) -> _Checked:
-        """The group ``points`` of a chunk whose mvn problem is ``problem`` (its own, not a stack)."""
-        assert problem.std.scale is not None  # set by maps.standardise; only stacks lack it
-        return cls(points, problem.columns, margin, problem.normal, problem.std.z, problem.std.scale)
+def _checked(points: Tensor, problem: _Problem, margin: Tensor) -> trust.Checked:
+    """What the trust check reads of the group ``points`` of a chunk whose mvn problem is ``problem``."""
+    assert problem.std.scale is not None  # set by maps.standardise; only stacks lack it
+    return trust.Checked(points, problem.columns, margin, problem.normal, problem.std.z, problem.std.scale)
 
 
 def _check_finite(linearisation: Linearisation, indices: Tensor) -> None:
@@ -144,8 +121,6 @@ class Linearised(Estimator):
         *,
         cdf: str = "mvn",
         tol: float = DEFAULT_TOL,
-        jacobian: str = "auto",
-        class_chunk_size: int | None = None,
         differentiable: bool = False,
         p_fail: bool = False,
         fail_rtol: float = 1e-2,
@@ -160,7 +135,6 @@ class Linearised(Estimator):
         ):
             raise OptionError(f"must be None or an int >= 0, got {check_draws!r}", field="check_draws")
         self.check_draws = check_draws
-        self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
         check_choice(cdf, CDFS, "cdf")
         self.cdf = cdf
@@ -178,7 +152,7 @@ class Linearised(Estimator):
             differentiable=differentiable,
             p_fail=p_fail,
             gaussian=self.noise.is_gaussian,
-            jacobian=self.jacobian,
+            jacobian=self.execution.jacobian,
         )
         self.prune = prune
         self.gradients = gradients
@@ -188,19 +162,10 @@ class Linearised(Estimator):
     def method(self) -> str:  # type: ignore[override]
         return self.base_method if self.cdf == "mvn" else f"{self.base_method}_mvs"
 
-    @property
-    def jacobian(self) -> str:
-        """The Jacobian strategy as given (:attr:`probust.execution.Execution.jacobian`)."""
-        return self.execution.jacobian
-
-    @property
-    def class_chunk_size(self) -> int | None:
-        """Classes per vmapped pass as given (:attr:`probust.execution.Execution.class_chunk_size`)."""
-        return self.execution.class_chunk_size
-
     def linearise(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Linearisation:
         """The linearised margins of a chunk of points with every boundary's gradient (the Monte
-        Carlo variants mc_cv and mc_is): the routes' every-gradient path (:meth:`_every_gradient`).
+        Carlo variants mc_cv and mc_is): the routes' every-gradient path
+        (:func:`probust.estimators.route_plan.every_gradient`).
 
         Args:
             x: [B, *S] on the model's device, in its dtype; the model already in eval mode (as
@@ -208,7 +173,7 @@ class Linearised(Estimator):
             target: long [B] or None (the clean prediction; a tie is an error).
             indices: int64 [B], the points' indices in the data set (their random streams).
         """
-        routed = self._routed(self._every_gradient(x), x, target, indices, self.execution.clean_rows)
+        routed = self._routed(route_plan.every_gradient(self, x), x, target, indices, self.execution.clean_rows)
         return Linearisation(routed.target, routed.margin, routed.normal)
 
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
@@ -289,7 +254,7 @@ class Linearised(Estimator):
         part: Estimate,
         x: Tensor,
         indices: Tensor,
-        groups: list[_Checked],
+        groups: list[trust.Checked],
         copy_logits: Tensor,
         plan: ForwardPlan | None,
     ) -> None:
@@ -307,7 +272,7 @@ class Linearised(Estimator):
             part: the chunk's estimate (points in the order of ``x``).
             x: [B, *S].
             indices: int64 [B], the points' indices in the data set.
-            groups: the boundaries each group of points kept (:class:`_Checked`).
+            groups: the boundaries each group of points kept (:class:`probust.estimators.trust.Checked`).
             copy_logits: [B, N, C], the model's logits on the linearisation's copies.
             plan: the forward plan of the fresh draws' passes (:meth:`_plan`); None: none drawn.
         """
@@ -339,7 +304,7 @@ class Linearised(Estimator):
         part.agreement_draws = draws
 
     def _compare(
-        self, which: Tensor, eps: Tensor, target: Tensor, groups: list[_Checked], logits: Tensor, screen: bool
+        self, which: Tensor, eps: Tensor, target: Tensor, groups: list[trust.Checked], logits: Tensor, screen: bool
     ) -> tuple[Tensor, Tensor | None]:
         """The model's verdicts against the linearisation's on the draws ``eps`` [W, m, *S] of
         the points ``which`` (int64 [W], positions in the chunk), whose logits there are
@@ -382,125 +347,9 @@ class Linearised(Estimator):
         return model == linear, rate
 
     def route_context(self, x: Tensor) -> linearisation.Context:
-        """How the margin gradients of points like ``x`` are computed: the settings of
-        :func:`probust.linearisation.routes.linearise`, which chooses a route per point from counts
-        (the model's linear head, screenings that prune the boundaries that cannot matter,
-        forward mode, or every gradient), or takes the forced one. Where nothing but every
-        gradient pays (``prune="off"`` with ``gradients`` "auto", "direct" or "forward", or a
-        model too small in classes for any other route to pay), and with ``differentiable`` (or
-        a model that is not a module): every gradient, every boundary kept
-        (:meth:`_every_gradient`).
-
-        Decided from counts and the declared cost model (:mod:`probust.linearisation.counting`)
-        before anything is timed: C, the head's width, the input size and the probes'
-        declared cost. Forward mode counts only where one untimed probe shows it runs."""
-        # The autograd graph is kept through every gradient only; a model that is not a module has
-        # no head to find and no forward mode to probe.
-        every = self.differentiable or not isinstance(self.model, nn.Module)
-        if every or (self.prune == "off" and self.gradients != "head"):
-            return self._every_gradient(x)
-        classes = self.execution.classes(self.model, x)
-        inputs = x[0].numel()
-        # Boundaries may be left out only within the mvn-cdf's error budget, under Gaussian tails.
-        prune = self.prune != "off" and self.cdf == "mvn" and not self.p_fail and self.noise.is_gaussian
-        # Each point's route is chosen (by counts) only where neither setting forces one.
-        chooses = self.gradients == "auto" and self.prune == "auto"
-        head = find_linear_head(self.model, x[:1])
-        # Forward mode at its declared cost, unless it cannot run through the model: probed
-        # (untimed) here where it would decide the route (a forced one, or D probes below the
-        # reverse routes' passes), else only once a point's route wants the sketch.
-        costs = self.execution.declared_costs(x.device)
-        jvp, share = costs.jvp, costs.share
-        forced_forward = self.gradients == "forward" or self.prune == "sketch"
-        if forced_forward or (chooses and inputs * jvp < linearisation.static_exact(head, classes, inputs, math.inf)):
-            if not linearisation.forward_mode_runs(self.model, x):
-                if forced_forward:
-                    field = "gradients" if self.gradients == "forward" else "prune"
-                    raise OptionError(
-                        f"{getattr(self, field)!r} needs forward mode (torch.func.jvp), which cannot run through "
-                        "this model; use " + ("'auto' or 'direct'" if field == "gradients" else "'spectral' or 'auto'"),
-                        field=field,
-                    )
-                jvp = math.inf
-        exact = linearisation.static_exact(head, classes, inputs, jvp)
-        spectral = self.prune == "spectral" or (
-            chooses
-            and prune
-            and linearisation.SPECTRAL_PROBES
-            <= linearisation.RHO * linearisation.static_exact(head, classes, inputs, math.inf)
-        )
-        sketch_could_pay = prune and linearisation.SPECTRAL_PROBES * spectral + linearisation.PROBES * jvp <= (
-            share * exact
-        )
-        if chooses and not (exact < classes - 1 or spectral or sketch_could_pay):
-            return self._every_gradient(x)  # nothing pays but every gradient, one pass each
-        # Loop or vmap and the format are timed on the routes' own pulls (vmap pays its padding
-        # to a full step, as their narrow pulls do), bounded by the work they serve: at least the
-        # screening's probes per row.
-        plan = self.execution.jacobian_plan(
-            self.model,
-            x,
-            x.shape[0] * self.copies,
-            run=functools.partial(linearisation.timed_pulls, self.model, head),
-            passes=linearisation.SPECTRAL_PROBES if spectral else exact,
-            work="pulls",
-            # A forward-mode plan serves only the forward route; where another exact route is
-            # cheaper no point takes it (per point the head's cost only falls), and the pulls
-            # would run by the loop, untimed.
-            forward=self.gradients == "forward",
-            offer_forward=chooses and math.isfinite(jvp) and inputs * jvp <= exact,
-        )
-        return self._context(
-            x,
-            plan,
-            head=head,
-            prune=prune,
-            jvp=jvp,
-            share=share,
-            gradients=self.gradients,
-            screening=self.prune if self.prune in linearisation.SCREENINGS else "auto",
-            spectral_stages=costs.spectral_stages,
-            pull_rows=self.execution.pull_rows(self.model, x, plan, self.copies),
-            graph_rows=self.execution.graph_rows(self.model, x, plan),
-        )
-
-    def _context(self, x: Tensor, plan: JacobianPlan, **fields: Any) -> linearisation.Context:
-        """The routes' context under ``plan``: this estimator's model, noise, ``tol`` and seed,
-        the forward-mode rows of points like ``x``, and ``fields``."""
-        return linearisation.Context(
-            model=self.model,
-            plan=plan,
-            noise=self.noise,
-            tol=self.tol,
-            seed=self.seed,
-            probe_rows=self.execution.forward_mode_rows(self.model, x, plan),
-            **fields,
-        )
-
-    def _every_gradient(self, x: Tensor) -> linearisation.Context:
-        """The routes' context that takes every margin's gradient and keeps every boundary: one
-        backward pass per boundary from the logits, or forward mode where the plan takes it (asked
-        for, or paying by counts: :meth:`probust.execution.Execution.jacobian_plan`, where neither
-        ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
-        # Timed on the pulls this context runs, unpadded: padding vmap's 2 trial cotangents to 8,
-        # as the narrow routes do, would time work this context never runs and add to a first
-        # call's planning.
-        plan = self._jacobian_plan(x, x.shape[0] * self.copies)
-        # No screening shares a pass here, so the passes keep the plan's rows, as timed.
-        costs = self.execution.declared_costs(x.device)
-        return self._context(
-            x,
-            plan,
-            head=None,
-            prune=False,
-            jvp=costs.jvp,
-            share=costs.share,
-            gradients="forward" if plan.strategy.whole_jacobian else "direct",
-            pull_rows=plan.rows,
-            graph_rows=plan.rows,
-            differentiable=self.differentiable,
-            every_boundary=True,
-        )
+        """How the margin gradients of points like ``x`` are computed
+        (:func:`probust.estimators.route_plan.route_context`)."""
+        return route_plan.route_context(self, x)
 
     def _routed(
         self, ctx: linearisation.Context, x: Tensor, target: Tensor | None, indices: Tensor, clean_rows: int
@@ -571,7 +420,7 @@ class Linearised(Estimator):
             estimate,
             x,
             indices,
-            [_Checked.of(index, problem, routed.margin[index]) for (index, _), problem in zip(groups, problems)],
+            [_checked(index, problem, routed.margin[index]) for (index, _), problem in zip(groups, problems)],
             routed.logits,
             check,
         )
@@ -590,20 +439,6 @@ class Linearised(Estimator):
         their gradients, a float64 copy of them for the covariance, and their noisy copies'
         inputs take at most half the memory budget."""
         return self.execution.points_per_chunk(self.model, x, self.copies)
-
-    def _jacobian_plan(self, x: Tensor, rows: int) -> JacobianPlan:
-        """How :meth:`_every_gradient` differentiates ``rows`` rows like ``x``
-        (:meth:`probust.execution.Execution.jacobian_plan`, timed on the routes' own pulls of every
-        boundary, :func:`probust.linearisation.exact.timed_pulls`)."""
-        return self.execution.jacobian_plan(
-            self.model,
-            x,
-            rows,
-            run=functools.partial(linearisation.timed_pulls, self.model, None, every_boundary=True),
-            differentiable=self.differentiable,
-            forward=self.gradients == "forward",
-            offer_forward=self.gradients == "auto",
-        )
 
     def _copies(self, x: Tensor, indices: Tensor) -> Tensor:
         """[B, N, *S]: the inputs whose linearisations are averaged (Taylor: x itself)."""

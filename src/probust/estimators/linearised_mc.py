@@ -35,7 +35,6 @@ def linearised_estimator(
     linearisation: str,
     *,
     mmse_samples: int,
-    jacobian_batch_size: int | None,
     **kwargs: Any,
 ) -> Linearised:
     """The Taylor or MMSE estimator that gives a Monte Carlo variant its linearisation.
@@ -43,16 +42,16 @@ def linearised_estimator(
     Args:
         outer: the Monte Carlo estimator; its seed and its execution (memory budget, memory
             format, Jacobian strategy, class chunks) are the linearisation's too, except the rows
-            per pass.
+            per pass: the outer's bound its noisy copies, the linearisation's Jacobian rows are
+            measured within the budget.
         model: the classifier.
         noise: the (Gaussian) noise the linearisation is taken under.
         linearisation: "taylor" (at x) or "mmse" (averaged over ``mmse_samples`` noisy copies).
         mmse_samples: N, copies of the MMSE linearisation.
-        jacobian_batch_size: the linearisation's ``batch_size`` (rows per Jacobian pass).
         **kwargs: passed to the estimator (tol, ...).
     """
     check_choice(linearisation, LINEARISATIONS, "linearisation")
-    common = dict(execution=outer.execution.replace(batch_size=jacobian_batch_size), seed=outer.seed, **kwargs)
+    common = dict(execution=outer.execution.replace(batch_size=None), seed=outer.seed, **kwargs)
     if linearisation == "taylor":
         return Taylor(model, noise, **common)
     return MMSE(model, noise, n_samples=mmse_samples, **common)
@@ -62,8 +61,10 @@ class LinearisedMonteCarlo(Estimator):
     """Base of the Monte Carlo estimators that draw around a linearisation of each point.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see
-            :class:`probust.Estimator`; ``batch_size`` bounds the noisy copies per forward pass.
+        model, seed, execution: see
+            :class:`probust.Estimator`; the execution's ``batch_size`` bounds the noisy copies per
+            forward pass, its ``jacobian`` and ``class_chunk_size`` the linearisation's backward
+            passes.
         sigma: noise standard deviation per input coordinate (units of x), or a Gaussian
             :class:`probust.noise.Noise`.
         n_samples: Monte Carlo draws per point (the most, in adaptive mode).
@@ -72,10 +73,6 @@ class LinearisedMonteCarlo(Estimator):
         mmse_samples: N, copies of the MMSE linearisation.
         confidence: level of the interval (``ci_low``, ``ci_high``).
         tol: absolute tolerance of the linearisation's mvn-cdf.
-        jacobian_batch_size: rows per Jacobian pass of the linearisation (None: measured).
-        class_chunk_size: classes per vmapped backward pass (bounds memory for large C).
-        jacobian: how the linearisation's backward passes run (see :class:`probust.Taylor`); its
-            gradients are taken directly, or by forward mode where the counts say it pays.
     """
 
     def __init__(
@@ -88,13 +85,9 @@ class LinearisedMonteCarlo(Estimator):
         mmse_samples: int = DEFAULT_COPIES,
         confidence: float = DEFAULT_CONFIDENCE,
         tol: float = DEFAULT_TOL,
-        jacobian_batch_size: int | None = None,
-        class_chunk_size: int | None = None,
-        jacobian: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
-        self._compose_execution(jacobian=jacobian, class_chunk_size=class_chunk_size)
         self.noise = as_noise(sigma)
         require_gaussian(self.noise, self.method)
         self.n_samples = check_positive_int(n_samples, "n_samples")
@@ -106,7 +99,6 @@ class LinearisedMonteCarlo(Estimator):
             self.noise,
             linearisation,
             mmse_samples=mmse_samples,
-            jacobian_batch_size=jacobian_batch_size,
             tol=tol,
         )
 

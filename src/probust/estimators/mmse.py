@@ -19,9 +19,8 @@ class MMSE(Linearised):
     over N noisy copies x + eps_j, eps_j drawn from the same noise.
 
     Args:
-        model, sigma, cdf, tol, jacobian, class_chunk_size, batch_size, memory_budget, channels_last,
-            seed, show_progress, execution, differentiable, p_fail, fail_rtol, prune, gradients: see
-            :class:`Taylor`. The routes and screenings work on the averaged linearisation
+        model, sigma, seed, execution, cdf, tol, differentiable, p_fail, fail_rtol, prune, gradients,
+            check_draws: see :class:`Taylor`. The routes and screenings work on the averaged linearisation
             (gradients, probes' pullbacks and derivatives averaged over the N copies, exactly the
             smoothed boundary's), so they keep the same guarantee. Differentiable MMSE
             differentiates through the N noisy copies with the noise held fixed (a pathwise

@@ -120,7 +120,7 @@ class MonteCarlo(Estimator):
     """The fraction of noisy copies x + eps still predicted as the target.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`Estimator`; ``batch_size`` bounds
+        model, seed, execution: see :class:`Estimator`; the execution's ``batch_size`` bounds
             the noisy copies per forward pass (memory), not the number of samples.
         sigma: noise standard deviation per input coordinate, in the units of x; or a
             :class:`probust.noise.Noise` (Gaussian with any covariance, Uniform, Laplace).

@@ -23,7 +23,8 @@ from probust.estimators.monte_carlo import DEFAULT_DRAWS, MonteCarlo
 from probust.estimators.softmax import Softmax
 from probust.estimators.taylor import Taylor
 
-#: The run settings a method may take (names of its estimator's constructor options).
+#: The run settings a method may take (names of its estimator's constructor options, or of the
+#: :class:`~probust.execution.Execution` it runs by: ``jacobian``).
 RUN_OPTIONS = (
     "confidence",
     "interval",

@@ -14,7 +14,7 @@ class Softmax(Estimator):
     """The softmax baseline: p = softmax(f(x) / T)_t. Independent of any noise.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: see :class:`Estimator`.
+        model, seed, execution: see :class:`Estimator`.
         temperature: T > 0.
     """
 

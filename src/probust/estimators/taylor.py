@@ -12,13 +12,11 @@ class Taylor(Linearised):
     pruning: docs/performance.md, "Routes at many classes"; the check: docs/estimators.md.
 
     Args:
-        model, batch_size, memory_budget, channels_last, seed, show_progress, execution: as for :class:`Estimator`.
+        model, seed, execution: as for :class:`Estimator`.
         sigma: noise standard deviation per input coordinate, in the units of x; or a
             :class:`probust.noise.Noise` (its covariance S enters as u S u^T).
         cdf: "mvn" (multivariate normal CDF) or "mv-sigmoid" (the paper's closed form).
         tol: absolute error tolerance of the mvn-cdf.
-        jacobian, class_chunk_size: how the backward passes run, "loop", "vmap" or "auto" (measured),
-            and the classes per vmapped pass (None: all); speed and rounding only.
         differentiable: keep the autograd graph of ``r.p``, ``r.z``, ``r.margin`` (to the parameters,
             and to x where it requires grad); the mvn-cdf's gradient holds its QMC points fixed.
         p_fail: also compute ``r.p_fail`` = 1 - p with relative accuracy, and ``r.p_fail_error``

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from scipy import stats
@@ -40,7 +41,29 @@ from probust._checks import finite_rows
 from probust.estimators.base import plan_blocks
 from probust.estimators.result import Estimate
 
+
+class Checked(NamedTuple):
+    """What the trust check reads of a group of points' linearisation.
+
+    Attributes:
+        points: int64 [n], the group's positions in the chunk.
+        classes: int64 [n, K], each kept boundary's class (the target's column, and padding, hold the target).
+        margin: [n, C], the margins of every class.
+        normal: [n, K, *S], the kept boundaries' u_i.
+        z: float64 [n, K], their z-scores.
+        scale: float64 [n, K], the standard deviation of u_i . eps.
+    """
+
+    points: Tensor
+    classes: Tensor
+    margin: Tensor
+    normal: Tensor
+    z: Tensor
+    scale: Tensor
+
+
 __all__ = [
+    "Checked",
     "upper_rate",
     "CLEAR_RATE",
     "FIRST_CHECK_DRAWS",

@@ -1,12 +1,13 @@
 """How an estimator's work runs: one object, given to the estimator, that owns the execution.
 
-    ex = probust.execution.Execution(batch_size=256, memory_budget="2GB")
+    ex = probust.Execution(batch_size=256, memory_budget="2GB")
     taylor = probust.Taylor(model, 0.1, execution=ex)
     mc = probust.MonteCarlo(model, 0.1, execution=ex)   # the same settings, the same plans
 
 An :class:`Execution` holds the settings that do not depend on the device or the model: rows
-per pass, the memory budget, the memory format, the Jacobian strategy and the classes per
-vmapped pass. It turns them into plans for a given model and batch: rows per forward pass of
+per pass, the memory budget, the memory format, the Jacobian strategy, the classes per vmapped
+pass and the progress bar. An estimator's own arguments say what it computes; its
+``execution=`` says how that runs. It turns them into plans for a given model and batch: rows per forward pass of
 noisy copies (:meth:`Execution.forward_plan`), how to differentiate (:meth:`Execution.jacobian_plan`),
 points linearised together (:meth:`Execution.points_per_chunk`). What is measured for a model
 (its row cost, its plans) is kept per model object, weakly, and on disk by structure (:mod:`probust.execution.plan_cache`),
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._checks import check_choice, check_positive_int
-from probust.errors import OptionError, Setting
+from probust.errors import OptionError
 from probust.execution.budget import RowCost, check_budget, resolve_budget, row_cost, rows_within
 from probust.execution.tuning import (
     DEFAULT_JACOBIAN_ROWS,
@@ -103,16 +104,6 @@ def _cycled(x: Tensor, count: int) -> Tensor:
     return x.detach().repeat(reps, *([1] * (x.ndim - 1)))[:count].contiguous()
 
 
-#: The keyword arguments of an estimator that build its :class:`Execution`, with their defaults.
-EXECUTION_DEFAULTS: dict[str, Any] = {
-    "batch_size": None,
-    "memory_budget": None,
-    "channels_last": None,
-    "jacobian": "auto",
-    "class_chunk_size": None,
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Execution:
     """The execution settings of an estimator, and the plans they give for a model and a batch.
@@ -133,6 +124,7 @@ class Execution:
             (forward mode among them) is the estimators' ``gradients``.
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C); None:
             chosen from the budget.
+        show_progress: draw a progress bar over an estimator's work.
 
     Raises:
         ValueError: an argument out of range; the message names it.
@@ -143,6 +135,7 @@ class Execution:
     channels_last: bool | None = None
     jacobian: str = "auto"
     class_chunk_size: int | None = None
+    show_progress: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size is not None:
@@ -155,37 +148,8 @@ class Execution:
         check_choice(self.jacobian, JACOBIANS, "jacobian")
         if self.class_chunk_size is not None:
             check_positive_int(self.class_chunk_size, "class_chunk_size")
-
-    @classmethod
-    def compose(cls, execution: Execution | None = None, **settings: Any) -> Execution:
-        """The Execution of an estimator from its ``execution=`` argument and its keyword arguments.
-
-        Without ``execution``, the keywords (any of :data:`EXECUTION_DEFAULTS`) build one. With
-        it, every keyword must be left at its default: the settings are given once.
-
-        Raises:
-            OptionError: ``execution`` is not an Execution (``field`` "execution"), or it is
-                given together with a keyword that is not at its default (the message names it).
-        """
-        unknown = set(settings) - set(EXECUTION_DEFAULTS)
-        if unknown:
-            raise TypeError(
-                f"unknown execution settings {sorted(unknown)}; expected some of {list(EXECUTION_DEFAULTS)}"
-            )
-        if execution is None:
-            return cls(**settings)
-        if not isinstance(execution, Execution):
-            raise OptionError(f"must be a probust.execution.Execution or None, got {execution!r}", field="execution")
-        given = [name for name, value in settings.items() if value != EXECUTION_DEFAULTS[name]]
-        if given:
-            also = [part for i, name in enumerate(given) for part in ((", ",) if i else ()) + (Setting(name),)]
-            raise OptionError(
-                "given together with ",
-                *also,
-                ": pass the execution settings once, either as an Execution or as keyword arguments",
-                field="execution",
-            )
-        return execution
+        if not isinstance(self.show_progress, bool):
+            raise OptionError(f"must be True or False, got {self.show_progress!r}", field="show_progress")
 
     def replace(self, **changes: Any) -> Execution:
         """A copy with some settings changed (validated again)."""
@@ -375,4 +339,4 @@ def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:
     return x[0].numel() * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
 
 
-__all__ = ["CLEAN_ROWS", "EXECUTION_DEFAULTS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]
+__all__ = ["CLEAN_ROWS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]

@@ -1,22 +1,16 @@
 """How to run a model fast within a memory budget: rows per pass, memory format, Jacobian strategy.
 
-The fastest way to push many rows through a network depends on the model, the device and
-the batch: on a CPU a convolutional net may run much faster with its weights and inputs in
-``channels_last`` format, a few dozen rows per pass are often faster than thousands, and for
-input gradients one backward pass per class can beat torch.func's vmapped backward (or the
-reverse, for small models and on GPUs). So the first call on a model measures: a few timed
-passes on copies of the real inputs, and the fastest plan is kept per (model structure,
-device, input shape, dtype, classes), in memory and on disk (:mod:`probust.execution.plan_cache`), so
-that later calls and later runs compute with the same plan and give the same numbers to the
-last bit. Different plans agree to float rounding: every strategy computes the same quantity,
-and rows are independent in eval mode.
+The fastest plan depends on the model, the device and the batch (``channels_last`` for a
+convolutional net, a few dozen rows per pass rather than thousands, one backward pass per class
+or torch.func's vmap), so the first call on a model times a few passes on copies of its real
+inputs and keeps the fastest plan per (model structure, device, input shape, dtype, classes), in
+memory and on disk (:mod:`probust.execution.plan_cache`): later calls and runs compute with the
+same plan and give the same bits. Plans agree to float rounding (each computes the same quantity).
 
-Measuring is paid for by the call it serves, so it is bounded by it: the first timing (of
-the default plan, on a few rows) estimates the whole call, and the other candidates are
-timed, cheapest first, only while the measuring stays within :data:`PLANNING_SHARE` of that
-estimate. A plan is kept (in memory and on disk) only once every candidate was timed, so a
-small first call does not fix a plan for the large ones after it; a call too small to time
-even the default gets the default without measuring.
+Measuring is bounded by the call it serves: the default plan's first timing estimates the call,
+and the other candidates are timed, cheapest first, while the measuring stays within
+:data:`PLANNING_SHARE` of that estimate. A plan is kept only once every candidate was timed; a
+call too small to time even the default gets the default without measuring.
 """
 
 from __future__ import annotations
@@ -40,12 +34,9 @@ from probust.linearisation import STRATEGIES, JacobianPlan, Strategy, cannot_tra
 if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
     from probust.execution.engine import Inputs
 
-#: The ``jacobian`` setting, how the backward passes run: "loop" (one forward with autograd, one
-#: backward pass per class), "vmap" (torch.func: the classes' backward passes vectorised, in class
-#: chunks), or "auto" (whichever is measured faster). Forward mode (torch.func, one
-#: Jacobian-vector product per input coordinate) is not a way to run backward passes but another
-#: source of the gradients: the estimators' ``gradients="forward"``, or the counts of
-#: :meth:`probust.execution.Execution.jacobian_plan`, ask for it.
+#: The ``jacobian`` setting, how the backward passes run: "loop" (one backward pass per class),
+#: "vmap" (torch.func, vectorised in class chunks) or "auto" (measured). Forward mode is a source
+#: of the gradients (``gradients="forward"``), not a way to run backward passes.
 JACOBIANS = ("auto", *(s for s in STRATEGIES if not Strategy(s).whole_jacobian))
 
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
@@ -60,9 +51,8 @@ _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
 #: On a CPU vmap is taken only where it costs at most this share of the loop per cotangent: what is
 #: timed, a trial of a few rows, flatters it (:func:`_measure_jacobian`).
 VMAP_PAYS = 2 / 3
-#: What torch.func's first call in a process is counted to cost, in seconds (vjp, vmap and jvp
-#: alike; declared, not timed): it imports torch._dynamo, and forward mode's first jvp builds
-#: more; plain autograd does not (docs/performance.md, "First use").
+#: What torch.func's first call in a process is counted to cost, in seconds (declared, not timed:
+#: it imports torch._dynamo; docs/performance.md, "First use").
 TORCH_FUNC_IMPORT_SECONDS = 2.0
 
 
@@ -120,12 +110,9 @@ def _seconds(run: Callable[[], object], device: torch.device) -> float:
 
 
 class _Allowance:
-    """The planning budget of one call: :data:`PLANNING_SHARE` of the call's estimated seconds.
-
-    ``estimate`` is set from the first timing (seconds per unit of work times the units the call
-    will do); ``affords(seconds)`` says whether one more timing of about that cost stays within
-    the share, counting the wall time spent since the allowance was opened.
-    """
+    """The planning budget of one call: :data:`PLANNING_SHARE` of the call's estimated seconds
+    (``estimate``, set from the first timing); ``affords(seconds)``: whether one more timing of
+    that cost stays within it, counting the wall time spent since the allowance was opened."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -213,9 +200,8 @@ def _measure_forward(
 
     Throughput over batch size is bumpy (cache sizes, kernel choices), so the ladder goes on
     past a small dip; it ends at the cap, at a clear loss, or where the allowance runs out. The
-    plan is complete once both formats are timed (the format changes float rounding; so may
-    the rows per pass, a matrix product rounding a row by the size of its pass, but the ladder
-    is kept once measured, so later calls run the same rows)."""
+    plan is complete once both formats are timed (the format, and the rows per pass, may change
+    float rounding: a kept plan gives later calls the same ones)."""
     allowance = _Allowance()
     first = min(cap, _FIRST_FORWARD_ROWS)
     default = ForwardPlan(min(first, max(total_rows, 1)), formats[0])
@@ -395,12 +381,9 @@ def _measure_jacobian(
     allowance (all or none: a plan measured in one call but not the next would change the float
     rounding between calls); then, on a GPU, the winner's rows doubled while that pays.
 
-    On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: there its cost per
-    cotangent grows with the width it batches (rows x cotangents) while the loop's falls as its
-    rows grow, so a trial of 4 rows and 2 margins flatters it: a vmap that ties the loop on the
-    trial can lose clearly at the plan's rows (docs/performance.md, "Measured plans"). Timing each
-    candidate at the shape it will run instead costs a real pass each, more than the planning
-    share of calls of a few hundred rows.
+    On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: its cost per cotangent
+    grows with the width it batches while the loop's falls as its rows grow, so a small trial
+    flatters it (docs/performance.md, "Measured plans").
 
     Args:
         passes: backward passes per row the call will run (C - 1 margins, or fewer where

@@ -20,12 +20,18 @@ contract). It sits below :mod:`probust.execution`, which plans how its passes ru
 """
 
 from probust.linearisation.counting import (
+    RHO,
     ROUTE_NAMES,
     SCREENING_SHARE,
+    SPECTRAL_PROBES,
     SPECTRAL_STAGES,
     DeclaredCosts,
+    RouteCounts,
     declared,
+    forward_may_decide,
     jvp_in_pulls,
+    route_counts,
+    static_exact,
 )
 from probust.linearisation.exact import timed_pulls
 from probust.linearisation.head import find_linear_head
@@ -45,13 +51,10 @@ from probust.linearisation.pullback import (
 from probust.linearisation.routes import (
     FORCING,
     GRADIENTS,
-    RHO,
-    SPECTRAL_PROBES,
     Context,
     Routed,
     check_settings,
     linearise,
-    static_exact,
 )
 from probust.linearisation.screening import PROBES, PRUNE_CHOICES, SCREENINGS, Pruned, by_width
 
@@ -91,5 +94,8 @@ __all__ = [
     "other_classes",
     "pull_back",
     "static_exact",
+    "route_counts",
+    "forward_may_decide",
+    "RouteCounts",
     "timed_pulls",
 ]

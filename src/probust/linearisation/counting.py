@@ -15,14 +15,24 @@ untimed probe (:func:`probust.linearisation.pullback.forward_mode_runs`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
+from torch import nn
+
+from probust.linearisation.screening import PROBES
 
 #: The routes a point can take, by name, as ``Estimate.route`` records them (an index into this).
 ROUTE_NAMES = ("direct", "head", "forward", "candidates")
 #: Indices into :data:`ROUTE_NAMES`.
 DIRECT, HEAD, FORWARD, CANDIDATES = 0, 1, 2, 3
+
+#: The most reverse-mode probes of the spectral screening (its last stage's, on every device kind:
+#: :data:`SPECTRAL_STAGES`).
+SPECTRAL_PROBES = 8
+#: The spectral screening runs only where its cost is at most this share of the cheapest exact route.
+RHO = 0.1
 
 #: A forward-mode probe of one row in pulls of one row, by device kind. On a CPU a probe (vmapped
 #: over one forward pass, with probust.linearisation.forward_mode's lean tangent rules) costs about a pull on
@@ -91,8 +101,74 @@ def declared(device: torch.device) -> DeclaredCosts:
     return DeclaredCosts(jvp_in_pulls(device), screening_share(device), spectral_stages(device))
 
 
+def static_exact(head: nn.Linear | None, classes: int, inputs: int, jvp: float) -> float:
+    """Pullbacks per row of the cheapest route that computes every gradient, before seeing a point
+    (the head's every feature alive; forward mode at ``jvp`` pulls per probe, inf: not available)."""
+    options = [float(classes - 1)]
+    if head is not None and head.in_features + 1 < classes - 1:
+        options.append(head.in_features + 1.0)
+    if inputs < classes - 1:
+        options.append(inputs * jvp)
+    return min(options)
+
+
+def forward_may_decide(head: nn.Linear | None, classes: int, inputs: int, jvp: float) -> bool:
+    """Whether forward mode, at ``jvp`` pulls per probe, is cheaper than every reverse-mode route
+    that gives every gradient (then whether it runs through the model decides the route)."""
+    return inputs * jvp < static_exact(head, classes, inputs, math.inf)
+
+
+class RouteCounts(NamedTuple):
+    """What the counts of a model say about the routes of points like a batch, before any point."""
+
+    #: Pulls per row of the cheapest route that gives every gradient (:func:`static_exact`).
+    exact: float
+    #: Whether the spectral screening runs.
+    spectral: bool
+    #: Whether any route but every gradient from the logits can pay.
+    pays: bool
+    #: Whether forward mode may serve a route (it runs, and it costs at most ``exact``).
+    offer_forward: bool
+
+
+def route_counts(
+    head: nn.Linear | None,
+    classes: int,
+    inputs: int,
+    jvp: float,
+    share: float,
+    *,
+    chooses: bool,
+    prune: bool,
+    spectral: bool,
+) -> RouteCounts:
+    """The routes' counts for a model with ``classes`` classes, ``inputs`` input coordinates and
+    linear head ``head`` (None: none), forward mode at ``jvp`` pulls per probe (inf: it does not
+    run) and the screenings' declared ``share``.
+
+    Args:
+        chooses: each point's route is chosen by counts (neither ``gradients`` nor ``prune`` forces one).
+        prune: boundaries may be left out (the mvn-cdf, Gaussian noise, no ``p_fail``).
+        spectral: the spectral screening is forced.
+    """
+    exact = static_exact(head, classes, inputs, jvp)
+    spectral = spectral or (
+        chooses and prune and SPECTRAL_PROBES <= RHO * static_exact(head, classes, inputs, math.inf)
+    )
+    sketch_could_pay = prune and SPECTRAL_PROBES * spectral + PROBES * jvp <= share * exact
+    pays = not chooses or exact < classes - 1 or spectral or sketch_could_pay
+    offer_forward = chooses and math.isfinite(jvp) and inputs * jvp <= exact
+    return RouteCounts(exact, spectral, pays, offer_forward)
+
+
 __all__ = [
+    "RHO",
+    "SPECTRAL_PROBES",
     "DeclaredCosts",
+    "RouteCounts",
+    "forward_may_decide",
+    "route_counts",
+    "static_exact",
     "JVP_IN_PULLS",
     "SCREENING_SHARE",
     "SPECTRAL_STAGES",

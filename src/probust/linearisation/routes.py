@@ -16,14 +16,15 @@ declared cost of a forward-mode probe (:mod:`probust.linearisation.counting`), n
 
 Two screenings, run only where they cost together at most the declared share of the cheapest
 route (:data:`probust.linearisation.counting.SCREENING_SHARE`, per device kind; so that unlucky
-screenings cost at most that much more than not screening), the first at most :data:`RHO` of it
-alone:
+screenings cost at most that much more than not screening), the first at most
+:data:`~probust.linearisation.counting.RHO` of it alone:
 
-1. **spectral**: up to :data:`SPECTRAL_PROBES` random cotangents on the features, pulled back
-   on the same forward pass, bound the top eigenvalue of the features' covariance (by their Gram
-   matrix's top eigenvalue) and with it every boundary's variance
-   (:func:`probust.linearisation.screening.spectral_z_lower`). Whether it runs is decided per model
-   and class count, so all points of a pass share it; its probes come in the device kind's
+1. **spectral**: up to :data:`~probust.linearisation.counting.SPECTRAL_PROBES` random cotangents
+   on the features, pulled back on the same forward pass, bound the top eigenvalue of the
+   features' covariance (by their Gram matrix's top eigenvalue) and with it every boundary's
+   variance (:func:`probust.linearisation.screening.spectral_z_lower`). Whether it runs is decided
+   per model and class count when the call is planned (``Context.spectral``,
+   :func:`probust.linearisation.counting.route_counts`), so all points of a pass share it; its probes come in the device kind's
    stages (:data:`probust.linearisation.counting.SPECTRAL_STAGES`: 4, then 8 on a CPU), the second
    only on the points where the most 8 probes could give would drop more boundaries than the
    4 more probes cost.
@@ -57,6 +58,7 @@ from torch import Tensor, nn
 from probust._checks import check_choice, check_logits, check_target
 from probust.errors import OptionError, Part, Setting
 from probust.linearisation.counting import ROUTE_NAMES as ROUTE_NAMES  # re-exported: the routes' names
+from probust.linearisation.counting import SPECTRAL_PROBES
 from probust.linearisation.exact import Exact, Rows, pad_to, per_point_max
 from probust.linearisation.pullback import JacobianPlan, Strategy, margins
 from probust.linearisation.screening import (
@@ -70,12 +72,6 @@ from probust.linearisation.screening import (
     staged_sketch,
 )
 from probust.noise import Noise, noise_words
-
-#: The most reverse-mode probes of the spectral screening (its last stage's, on every device kind:
-#: :data:`probust.linearisation.counting.SPECTRAL_STAGES`).
-SPECTRAL_PROBES = 8
-#: The spectral screening runs only where its cost is at most this share of the cheapest exact route.
-RHO = 0.1
 
 #: The ``gradients`` setting of Taylor and MMSE, where the exact margin gradients come from: "auto"
 #: chooses per point by counted cost; the others are routes of :data:`ROUTE_NAMES`, forced on
@@ -185,6 +181,8 @@ class Context:
             Otherwise pulls are padded to :data:`probust.linearisation.pullback.VMAP_STEP` cotangents, so
             that a pull's shape, and its rounding, does not depend on what the other points of
             its pass need.
+        spectral: the spectral screening runs on every point (forced, or paying by the counts:
+            :func:`probust.linearisation.counting.route_counts`).
     """
 
     model: nn.Module
@@ -204,6 +202,7 @@ class Context:
     differentiable: bool = False
     every_boundary: bool = False
     spectral_stages: tuple[int, ...] = (SPECTRAL_PROBES,)
+    spectral: bool = False
 
     @property
     def pull(self) -> Strategy:
@@ -232,26 +231,6 @@ class Routed(NamedTuple):
     normal: Tensor
     route: Tensor
     logits: Tensor
-
-
-def spectral_pays(ctx: Context, classes: int, inputs: int) -> bool:
-    """Whether the spectral screening runs: its probes cost at most RHO of the cheapest reverse-mode
-    route that gives every gradient (a property of the model and the class count, not of the
-    points; the forward route then competes with its candidates point by point)."""
-    if ctx.gradients != "auto" or ctx.screening != "auto":
-        return ctx.screening == "spectral"
-    return ctx.prune and SPECTRAL_PROBES <= RHO * static_exact(ctx.head, classes, inputs, math.inf)
-
-
-def static_exact(head: nn.Linear | None, classes: int, inputs: int, jvp: float) -> float:
-    """Pullbacks per row of the cheapest route that computes every gradient, before seeing a point
-    (the head's every feature alive; forward mode at ``jvp`` pulls per probe, inf: not available)."""
-    options = [float(classes - 1)]
-    if head is not None and head.in_features + 1 < classes - 1:
-        options.append(head.in_features + 1.0)
-    if inputs < classes - 1:
-        options.append(inputs * jvp)
-    return min(options)
 
 
 def linearise(ctx: Context, copies: Tensor, target: Tensor | None, indices: Tensor) -> Routed:
@@ -353,7 +332,7 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     candidates_cost = torch.full_like(direct_cost, math.inf)
     screened: Pruned | None = None
     spent: Tensor | float = 0.0
-    if spectral_pays(ctx, classes, inputs):
+    if ctx.spectral:
         z_screen, spent = spectral(ctx, rows, c, target, indices)
         delta += share
         screened = drop(z_screen, target, budget=budget, delta=delta)

@@ -72,7 +72,7 @@ class RobustnessCallback(Callback):
         log_per_class: also log the mean p per true label.
         dataloader_idx: measure the batches of this validation dataloader only.
         get_inputs: ``batch -> (x, y)``, y the labels or None; default :meth:`get_inputs`.
-        **estimator_options: passed to the estimator (``batch_size``, ``memory_budget``, ...).
+        **estimator_options: passed to the estimator (``tol``, ``execution``, ...).
 
     Attributes:
         metric: the :class:`AverageCaseRobustness` of the last active epoch (None before).

@@ -46,8 +46,8 @@ class CertifiedAccuracy(PointwiseMetric):
         seed: seed of every point's random streams.
         max_points: certify at most this many points per process between resets; None: all.
         metric_options: keyword arguments of :class:`torchmetrics.Metric`.
-        **certify_options: passed to :class:`probust.smoothing.Certify` (``batch_size``,
-            ``memory_budget``, ``futility``).
+        **certify_options: passed to :class:`probust.smoothing.Certify` (``futility``,
+            ``execution``).
     """
 
     higher_is_better = True

@@ -83,8 +83,7 @@ class AverageCaseRobustness(PointwiseMetric):
         max_points: measure at most this many points per process between resets; None: all.
         metric_options: keyword arguments of :class:`torchmetrics.Metric` (``sync_on_compute``,
             ``process_group``, ...).
-        **estimator_options: passed to the estimator (``batch_size``, ``memory_budget``,
-            ``tol``, ...).
+        **estimator_options: passed to the estimator (``tol``, ``execution``, ...).
 
     Example:
         >>> metric = AverageCaseRobustness(model, sigma=0.1, n_samples=5)

@@ -20,14 +20,16 @@ the same folder, work-unit and torchrun machinery.
 from probust.run.certify import CertifySettings, execute_certify, prepare_certify, read_certified, run_certify
 from probust.run.errors import ConfigError, ConfigMismatchError, TiedPredictionError
 from probust.run.indices import parse_indices
+from probust.run.memory_store import MemoryStore
 from probust.run.methods import ADAPTIVE_METHODS, DEFAULT_METHODS, LINEARISED_MC_METHODS, P_FAIL_METHODS
+from probust.run.model_source import hash_state_dict
 from probust.run.prepare import prepare, run_estimate
 from probust.run.prepared import PreparedRun, RunSummary, Task
+from probust.run.reading import read_config, read_results
 from probust.run.results_config import ResultsConfig, is_results_folder, read_results_config
 from probust.run.score import score
 from probust.run.settings import MMSE_SAMPLINGS, TARGETS, RunSettings
-from probust.run.sources import hash_state_dict
-from probust.run.store import FORMAT, FORMAT_VERSION, MemoryStore, ResultStore, read_config, read_results
+from probust.run.store import FORMAT, FORMAT_VERSION, ResultStore
 from probust.run.work_units import execute
 
 __all__ = [

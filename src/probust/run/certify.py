@@ -42,6 +42,7 @@ from probust.run.indices import consecutive_runs, index_ranges
 from probust.run.methods import make_task_estimator
 from probust.run.prepare import Grid, prepare_folder, refuse_integer_inputs
 from probust.run.prepared import PreparedRun, RunSummary, Task
+from probust.run.reading import read_config
 from probust.run.settings import (
     ComputeOptions,
     FolderOptions,
@@ -52,7 +53,7 @@ from probust.run.settings import (
     recorded,
 )
 from probust.run.sources import batch
-from probust.run.store import ResultStore, read_config
+from probust.run.store import ResultStore
 from probust.run.work_units import run_units
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The files of a results folder: the Parquet schema of the rows, atomic writes, reading one file.
 
-:mod:`probust.run.store` builds the folder on these; see :func:`probust.run.store.read_results`
+:mod:`probust.run.store` builds the folder on these; see :func:`probust.run.reading.read_results`
 for what each column means.
 """
 
@@ -39,7 +39,7 @@ CONFIG_META_KEY = b"probust.config"
 #: Columns that identify a row: one row per (point, noise level, method, sample count).
 KEY: tuple[str, ...] = ("index", "sigma", "method", "n_samples")
 
-#: The table's columns, in order (see :func:`probust.run.store.read_results` for their meaning).
+#: The table's columns, in order (see :func:`probust.run.reading.read_results` for their meaning).
 SCHEMA = pa.schema(
     [
         ("index", pa.int64()),

@@ -31,9 +31,12 @@ from probust.run.distributed import World
 from probust.run.errors import ConfigError, agree
 from probust.run.files import ESTIMATE, Layout
 from probust.run.folder import claim_folder, new_config, request, start_history
+from probust.run.memory_store import MemoryStore
 from probust.run.methods import DEFAULT_METHODS, tasks
+from probust.run.model_source import load_model
 from probust.run.noise_options import noise_setting
 from probust.run.prepared import PreparedRun
+from probust.run.reading import read_results
 from probust.run.settings import RunSettings, check_keywords, recorded
 from probust.run.sources import (
     batch,
@@ -43,12 +46,11 @@ from probust.run.sources import (
     device_type,
     input_shape,
     load_data,
-    load_model,
     num_classes,
     resolve_device,
     single_class_note,
 )
-from probust.run.store import FORMAT_VERSION, MemoryStore, ResultStore, read_results
+from probust.run.store import FORMAT_VERSION, ResultStore
 from probust.run.work_units import execute
 
 __all__ = ["Grid", "prepare", "prepare_folder", "run_estimate"]
@@ -283,7 +285,7 @@ def run_estimate(
             unit, default and what it changes (see :mod:`probust.run.settings`).
 
     Returns:
-        The results table as :func:`probust.run.store.read_results` gives it (every row in ``out``,
+        The results table as :func:`probust.run.reading.read_results` gives it (every row in ``out``,
         including those of earlier runs added with ``extend``).
 
     Raises:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from probust._options import UNSET, declared
+from probust.run.reading import read_config
 from probust.run.settings import SETTING_DEFAULTS, RunSettings
-from probust.run.store import CONFIG_NAME, FORMAT, read_config
+from probust.run.store import CONFIG_NAME, FORMAT
 
 #: Each recorded option: its key, declared type and implied value (None where nothing was implied).
 _RECORDED = [

@@ -6,7 +6,7 @@
 The runner's machinery without its folder: the arguments are :class:`~probust.run.RunSettings`'
 and checked by it, :func:`~probust.run.prepare` loads and probes as for ``probust estimate``,
 and :func:`~probust.run.work_units.run_units` computes the same work units, whose parts go to a
-:class:`~probust.run.store.MemoryStore` instead of Parquet files. The rows are therefore the
+:class:`~probust.run.memory_store.MemoryStore` instead of Parquet files. The rows are therefore the
 ones :func:`~probust.run.run_estimate` and ``probust estimate`` store for the same points,
 settings and seed, number for number (``seconds`` apart, a timing). With ``out`` the rows go to
 that results folder (resumable, as :func:`~probust.run.run_estimate`) and are read back.
@@ -23,11 +23,11 @@ from typing import Any
 from torch import nn
 
 from probust.run.errors import ConfigError
+from probust.run.memory_store import MemoryStore
 from probust.run.methods import DEFAULT_METHODS
 from probust.run.prepare import prepare
 from probust.run.settings import FolderOptions, RunSettings, check_keywords
 from probust.run.sources import class_names, point_paths
-from probust.run.store import MemoryStore
 from probust.run.work_units import execute
 
 __all__ = ["score"]

@@ -19,16 +19,13 @@ Every part is written to a hidden temporary name in ``parts/``, flushed to disk 
 whatever kills the writer; a write that fails (a full disk) raises :class:`ResultsWriteError`
 naming the folder and leaves it as it was. Each data page carries a checksum, so a file
 damaged later is refused by name rather than read with other numbers, and so is a file whose
-metadata says another run wrote it (a part copied in from another folder). :func:`read_results`
+metadata says another run wrote it (a part copied in from another folder). :func:`probust.run.reading.read_results`
 reads either layout, or both at once.
 
 The folder's ``config.json`` says which run made the rows; it is marked ``"format":``
-:data:`FORMAT` (version :data:`FORMAT_VERSION`). :func:`read_config` gives it as written (a
-dict); :func:`probust.run.results_config.read_results_config` reads it typed.
-
-Example:
-    >>> df = probust.run.store.read_results("results/")     # works while the run is going
-    >>> df.pivot_table(index="index", columns=["sigma", "method"], values="p")
+:data:`FORMAT` (version :data:`FORMAT_VERSION`). :func:`probust.run.reading.read_config` gives
+it as written (a dict); :func:`probust.run.results_config.read_results_config` reads it typed.
+:class:`~probust.run.memory_store.MemoryStore` holds the same table in memory.
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from probust._io import atomic_write_bytes
 from probust.errors import ProbustError, first_line
@@ -57,7 +53,6 @@ from probust.run.files import (
     SCHEMA,
     Layout,
     atomic_write_table,
-    damaged,
     is_data_file,
     make_table,
     read_table_file,
@@ -75,14 +70,11 @@ __all__ = [
     "PARTS_DIR",
     "SCHEMA",
     "FolderLockedError",
-    "MemoryStore",
     "ResultStore",
     "ResultsLinkError",
     "ResultsWriteError",
     "make_table",
     "merge",
-    "read_config",
-    "read_results",
 ]
 
 #: The ``"format"`` of a results folder's ``config.json``: what marks a folder as probust's
@@ -449,100 +441,6 @@ class ResultStore:
         return self.merged_path
 
 
-class MemoryStore(ResultStore):
-    """A results store held in memory (:func:`probust.score` without ``out``): the work units'
-    parts are Arrow tables of the layout's schema, the types a folder's files hold, so
-    :meth:`read` gives the same frame as :func:`read_results` on a folder of the same rows. There
-    is no folder: no files, no lock, no history, nothing to resume.
-
-    Every method of :class:`ResultStore` that would touch the disk is overridden; ``path`` is
-    only a name (:data:`MEMORY`), never written to.
-
-    Args:
-        layout: the table it holds (default ``probust estimate``'s).
-    """
-
-    def __init__(self, layout: Layout = ESTIMATE) -> None:
-        super().__init__(MEMORY, layout)
-        self._parts: list[pa.Table] = []
-        self._config: dict[str, Any] | None = None
-
-    @property
-    def config_path(self) -> Path:
-        raise RuntimeError("a MemoryStore has no folder")
-
-    @property
-    def parts_dir(self) -> Path:
-        raise RuntimeError("a MemoryStore has no folder")
-
-    @property
-    def merged_path(self) -> Path:
-        raise RuntimeError("a MemoryStore has no folder")
-
-    def create(self) -> None:
-        pass
-
-    def data_files(self) -> list[Path]:
-        return []
-
-    def has_results(self) -> bool:
-        return bool(self._parts)
-
-    def clear(self) -> None:
-        self._parts, self._config = [], None
-
-    def remove_temporaries(self) -> int:
-        return 0
-
-    def refuse_links(self) -> None:
-        pass  # no folder
-
-    def _own(self, path: Path, what: str) -> None:
-        pass
-
-    def _run(self) -> dict[str, Any] | None:
-        return None  # its parts are this process's own
-
-    def acquire_lock(self) -> None:
-        pass  # one process owns the object
-
-    def release_lock(self) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        yield
-
-    @contextlib.contextmanager
-    def _writing(self, path: Path) -> Iterator[None]:
-        yield
-
-    def read_config(self) -> dict[str, Any] | None:
-        return self._config
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        self._config = config
-
-    def write_part(self, name: str, columns: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path:
-        """Keep one work unit's rows (``metadata`` is dropped: the run's configuration is
-        :meth:`read_config`'s); returns the part's name under :data:`MEMORY`."""
-        self._parts.append(make_table(columns, self.layout))
-        return self.path / name
-
-    def _read(self, columns: Sequence[str] | None) -> pa.Table:
-        full = self.layout.schema
-        schema = full if columns is None else pa.schema([full.field(c) for c in columns])
-        if not self._parts:
-            return schema.empty_table()
-        return pa.concat_tables(self._parts).select(schema.names)
-
-    def merge(self, config: dict[str, Any] | None = None, frame: Any = None) -> Path:
-        """Nothing to compact: the rows stay as they are (returns :data:`MEMORY`)."""
-        if config is not None:
-            self._config = config
-        return self.path
-
-
 def _python_type(kind: pa.DataType) -> Any:
     """The Python type a key column's values are compared as."""
     if pa.types.is_integer(kind):
@@ -550,117 +448,6 @@ def _python_type(kind: pa.DataType) -> Any:
     if pa.types.is_floating(kind):
         return float
     return str
-
-
-def read_results(path: str | os.PathLike) -> Any:
-    """The results table of a run, as a pandas DataFrame, also while the run is going.
-
-    Args:
-        path: a results folder (``--out``), or one Parquet file written by probust.
-
-    Returns:
-        One row per (index, sigma, method, n_samples), sorted by those four columns (method
-        alphabetically), with a fresh RangeIndex. Rows of a work unit still being written are
-        not there yet; rows stored twice (a merge interrupted midway) appear once. Columns:
-
-        - ``index`` (int64): the point's index in the data set split.
-        - ``label`` (int64): its true class.
-        - ``prediction`` (int64): the model's class on the clean input (argmax of the logits;
-          the lowest class wins an exact tie).
-        - ``target`` (int64): the class whose survival ``p`` measures (the prediction, or the
-          label with ``target="label"``).
-        - ``sigma`` (float64): noise standard deviation per input coordinate, in the units of
-          the inputs (pixels in [0, 1]). ``softmax`` does not depend on it and is repeated for
-          every sigma so that each sigma has the same methods.
-        - ``method`` (str): one of ``probust.METHODS``: ``mc``, ``taylor``, ``mmse``,
-          ``taylor_mvs``, ``mmse_mvs``, ``softmax``, ``mc_cv``, ``mc_is``.
-        - ``n_samples`` (int64): the method's sample count: Monte Carlo draws M for ``mc``,
-          ``mc_cv`` and ``mc_is``; noisy copies N for ``mmse``/``mmse_mvs``; 0 for ``taylor``,
-          ``taylor_mvs`` and ``softmax``.
-        - ``p`` (float64): the estimate of p_robust, in [0, 1].
-        - ``ci_low``, ``ci_high`` (float64, NaN where there is none): the Monte Carlo
-          confidence interval (``mc``, ``mc_cv``, ``mc_is``; level in ``config.json``).
-        - ``stderr`` (float64, NaN where there is none): the standard error of ``p`` (same).
-        - ``clean_softmax`` (float64): softmax probability (temperature 1) of the clean
-          prediction, whatever the method (not the interval's level, which ``config.json`` records
-          as ``confidence``).
-        - ``cdf_error`` (float64, NaN where there is none): estimated absolute error of the
-          mvn-cdf evaluation (``taylor``, ``mmse``, and ``mc_cv``'s control variate).
-        - ``p_fail`` (float64, NaN where there is none): the failure probability 1 - p computed
-          directly, accurate in relative terms when tiny: ``mc_is`` always; ``taylor``,
-          ``mmse``, ``taylor_mvs``, ``mmse_mvs`` when the run asked for it (``p_fail=True``,
-          ``--p-fail``). Sort by it to rank the most robust points.
-        - ``p_fail_error`` (float64, NaN where there is none): the relative error of
-          ``p_fail``: an error bound over ``p_fail`` for the analytic methods (about 99%; 0
-          for the mv-sigmoid's closed form), the standard error over ``p_fail`` for ``mc_is``
-          (inf when no failure was drawn).
-        - ``p_mc``, ``p_linearised``, ``cv_beta`` (float64, NaN where there is none):
-          ``mc_cv`` only: the plain Monte Carlo fraction over the same draws, the linearised
-          model's p_robust (the control variate's exact mean) and the fitted coefficient.
-        - ``n_drawn`` (float64, NaN where there is none): noisy draws the Monte Carlo methods
-          actually evaluated for the point: ``n_samples``, or fewer where an adaptive run
-          (``target_half_width``) stopped the point early.
-        - ``boundaries_kept`` (stored as int64; NaN where there is none): ``taylor`` and
-          ``mmse``: how many of the C - 1 decision boundaries entered the mvn-cdf (fewer where
-          the run setting ``prune`` skipped those that cannot matter; the mv-sigmoid methods
-          always keep all C - 1).
-        - ``agreement`` (float64, NaN where there is none): ``taylor``, ``mmse`` and their
-          ``_mvs`` variants: the fraction of checked noise draws on which the model's verdict
-          (prediction unchanged) and the linearisation's agree; 1 - agreement estimates a bound
-          on the linearisation's error at the point (``Estimate.agreement``).
-        - ``agreement_draws`` (stored as int64; NaN where there is none): the draws
-          ``agreement`` counts (MMSE's N copies; Taylor's fresh draws: 8, or 32 where the
-          first 8 left the verdict open).
-        - ``route`` (string, null where there is none): ``taylor`` and ``mmse`` and their
-          ``_mvs`` variants: how the point's margin gradients were taken ("direct", "head",
-          "forward", "candidates"; :data:`probust.estimators.result.ROUTE_NAMES`), decided from
-          counts alone, so a resumed folder's new rows take the routes its first ones did.
-        - ``seconds`` (float64): wall time of the estimator on the point's work unit divided by
-          its points (data loading and writing excluded).
-        - ``seed`` (int64): the seed of the random streams.
-
-        The columns from ``p_fail`` to ``route`` (:data:`OPTIONAL_COLUMNS`) came after the
-        first results format: files written before them read with nulls there. Files of format
-        version 1 read with their ``confidence`` column as ``clean_softmax``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is another command's folder (``probust certify``'s: read it with
-            :func:`probust.run.read_certified`), or a results file is damaged (unreadable, truncated, a page whose checksum
-            does not match, a column of another type, a row without its key); the message names
-            it and says what to do (move it away and run the same command again, which
-            computes its rows again). No file is skipped: the table is whole or refused.
-    """
-    path = Path(path)
-    if path.is_file():
-        return to_frame(read_table_file(path, None))
-    if not path.is_dir():
-        raise FileNotFoundError(f"no results at {path}")
-    store = ResultStore(path)
-    config = store.read_config()
-    found = config.get("format") if isinstance(config, dict) else None
-    if found is not None and found != FORMAT:
-        raise ValueError(
-            f"{path} holds {found!r} results, not probust estimate's: read a probust certify folder with "
-            "probust.run.read_certified"
-        )
-    return store.read()
-
-
-def read_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The configuration of a results folder (``config.json``) or of a merged Parquet file.
-
-    Raises:
-        ValueError: the file is damaged (named in the message).
-    """
-    path = Path(path)
-    if path.is_file():
-        try:
-            meta = pq.read_schema(path).metadata or {}
-            return json.loads(meta[CONFIG_META_KEY]) if CONFIG_META_KEY in meta else None
-        except Exception as exc:  # a damaged file: name it, as read_results does
-            raise damaged(path, f"cannot read its configuration: {first_line(exc)}") from None
-    return ResultStore(path).read_config()
 
 
 def merge(path: str | os.PathLike) -> Path:

@@ -185,9 +185,8 @@ class Certify(_Smoothing):
         futility: with ``radii``: the level of the test that gives a radius up. Per point and
             radius, the probability of giving up a radius the point has (p_A above Phi(r / sigma))
             is at most this; it can lower the share certified, never the guarantee.
-        batch_size, memory_budget, channels_last, seed, show_progress, execution: see
-            :class:`probust.estimators.base.PointwiseMethod` (``batch_size`` bounds the noisy
-            copies per forward pass).
+        seed, execution: see :class:`probust.estimators.base.PointwiseMethod` (the execution's
+            ``batch_size`` bounds the noisy copies per forward pass).
     """
 
     method = "certify"
@@ -352,8 +351,7 @@ class Predict(_Smoothing):
     class other than the smoothed classifier's is at most ``alpha``.
 
     Args:
-        model, sigma, alpha, batch_size, memory_budget, channels_last, seed, show_progress, execution: as
-            :class:`Certify`.
+        model, sigma, alpha, seed, execution: as :class:`Certify`.
         n: draws per point (Cohen et al.: 100,000).
     """
 
@@ -417,10 +415,7 @@ def certify(
     alpha: float = 0.001,
     radii: Sequence[float] | Tensor | None = None,
     seed: int = 0,
-    batch_size: int | None = None,
-    memory_budget: int | str | None = None,
     index_offset: int = 0,
-    show_progress: bool = False,
     **kwargs,
 ) -> CertifyResult:
     """Cohen et al.'s CERTIFY for each row of ``x``: ``Certify(model, sigma, ...)(x, index_offset=...)``.
@@ -433,9 +428,9 @@ def certify(
         sigma: noise standard deviation per input coordinate (isotropic Gaussian only).
         n0, n, alpha, radii: see :class:`Certify` (Cohen et al.'s defaults; ``radii`` makes the
             estimation sequential).
-        seed, batch_size, memory_budget, show_progress: see :class:`Certify`.
+        seed: see :class:`Certify`.
         index_offset: the index of row 0 in the data set (each point's random streams).
-        **kwargs: passed to :class:`Certify` (``futility``, ``channels_last``).
+        **kwargs: passed to :class:`Certify` (``futility``, ``execution``).
 
     Returns:
         :class:`probust.smoothing.CertifyResult`: ``prediction`` int64 [B] (-1 where it
@@ -450,9 +445,6 @@ def certify(
         alpha=alpha,
         radii=radii,
         seed=seed,
-        batch_size=batch_size,
-        memory_budget=memory_budget,
-        show_progress=show_progress,
         **kwargs,
     )(x, index_offset=index_offset)
 
@@ -465,19 +457,16 @@ def predict(
     n: int = 100_000,
     alpha: float = 0.001,
     seed: int = 0,
-    batch_size: int | None = None,
-    memory_budget: int | str | None = None,
     index_offset: int = 0,
-    show_progress: bool = False,
     **kwargs,
 ) -> PredictResult:
     """Cohen et al.'s PREDICT for each row of ``x``: ``Predict(model, sigma, ...)(x, index_offset=...)``.
 
     Args:
-        model, x, sigma, seed, batch_size, memory_budget, index_offset, show_progress: as :func:`certify`.
+        model, x, sigma, seed, index_offset: as :func:`certify`.
         n: draws per point.
         alpha: the level of the binomial test.
-        **kwargs: passed to :class:`Predict` (``channels_last``).
+        **kwargs: passed to :class:`Predict` (``execution``).
 
     Returns:
         :class:`probust.smoothing.PredictResult`: ``prediction`` int64 [B], -1 where it abstains.
@@ -488,8 +477,5 @@ def predict(
         n=n,
         alpha=alpha,
         seed=seed,
-        batch_size=batch_size,
-        memory_budget=memory_budget,
-        show_progress=show_progress,
         **kwargs,
     )(x, index_offset=index_offset)

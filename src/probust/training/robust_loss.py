@@ -33,6 +33,7 @@ from probust._checks import check_choice, check_positive_float, check_positive_i
 from probust._options import declared, option
 from probust.errors import OptionError, Placeholder, Setting
 from probust.estimators import CDFS, MMSE, Taylor
+from probust.execution import Execution
 from probust.noise import Gaussian, Laplace, Noise, Uniform, as_noise
 
 TARGETS = ("label", "prediction")
@@ -202,10 +203,17 @@ class RobustLoss:
         # vmap builds the double-backward graph in one vectorised pass (a per-class loop would not).
         # No trust check: the loss needs p and its gradient, and the check's forward passes and
         # warning would come with every training step.
-        common: dict[str, Any] = dict(cdf=self.cdf, tol=self.tol, differentiable=True, jacobian="vmap", check_draws=0)
+        common: dict[str, Any] = dict(cdf=self.cdf, tol=self.tol, differentiable=True, check_draws=0)
         if self.linearisation == "taylor":
-            return Taylor(model, self.noise, batch_size=batch, **common)
-        return MMSE(model, self.noise, n_samples=self.mmse_samples, batch_size=batch * self.mmse_samples, **common)
+            return Taylor(model, self.noise, execution=Execution(batch_size=batch, jacobian="vmap"), **common)
+        rows = batch * self.mmse_samples
+        return MMSE(
+            model,
+            self.noise,
+            n_samples=self.mmse_samples,
+            execution=Execution(batch_size=rows, jacobian="vmap"),
+            **common,
+        )
 
     def neg_log_p(self, model: nn.Module, x: Tensor, y: Tensor | None = None) -> Tensor:
         """-log p_robust per example: float64 [B], differentiable in the model's parameters."""
