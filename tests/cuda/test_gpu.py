@@ -34,7 +34,8 @@ from probust._user_model import to_format, weights_in_format
 from probust.execution import Execution, tuning
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
-from probust.execution.tuning import jacobian_row_bytes, plan_forward, plan_jacobian
+from probust.execution.jacobian_plans import jacobian_row_bytes, plan_jacobian
+from probust.execution.tuning import plan_forward
 from probust.linearisation import counting as cost_model
 from probust.linearisation.margins import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries

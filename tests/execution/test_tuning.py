@@ -8,9 +8,10 @@ from torch import nn
 
 import probust
 from probust import _user_model
-from probust.execution import Execution
+from probust.execution import Execution, jacobian_plans
 from probust.execution import tuning as _tuning
 from probust.execution.engine import Inputs
+from probust.linearisation import JacobianPlan
 from probust.linearisation.margins import logit_jacobian
 from probust.models import build
 
@@ -177,8 +178,8 @@ def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:
     return timed
 
 
-def _plan(model: nn.Module, x: torch.Tensor, total_rows: int) -> _tuning.JacobianPlan:
-    return _tuning.plan_jacobian(
+def _plan(model: nn.Module, x: torch.Tensor, total_rows: int) -> JacobianPlan:
+    return jacobian_plans.plan_jacobian(
         model, Inputs.of(x, len(x)), 10, budget=2**30, total_rows=total_rows, run=lambda plan, rows, k: None, passes=9
     )
 
@@ -216,7 +217,7 @@ def test_on_a_cpu_vmap_is_chosen_only_where_it_wins_the_trial_clearly(monkeypatc
         return {"loop": 1e-5, "vmap": vmap_share * 1e-5}[strategies[-1]]
 
     monkeypatch.setattr(_tuning, "_seconds", fake)
-    plan = _tuning.plan_jacobian(
+    plan = jacobian_plans.plan_jacobian(
         model,
         Inputs.of(x, len(x)),
         10,

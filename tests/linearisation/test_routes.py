@@ -428,7 +428,7 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
     boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
     Jacobian paths they do not run, and the routes then pull by the plan it chose."""
-    from probust.execution import tuning
+    from probust.execution import jacobian_plans
 
     timed, pulled = _record_pulls(monkeypatch)
     torch.manual_seed(0)
@@ -439,7 +439,7 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
     ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
     assert not ctx.every_boundary and not pulled
     assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
-    assert {(width, pad) for _, width, _, pad in timed} == {(tuning._CALIBRATION_CLASSES, True)}
+    assert {(width, pad) for _, width, _, pad in timed} == {(jacobian_plans._CALIBRATION_CLASSES, True)}
     measured = len(timed)
     assert est.route_context(x).plan == ctx.plan and len(timed) == measured  # kept: not timed again
     r = est(x[:2])  # the plan is kept: a smaller call pulls by it
@@ -451,7 +451,7 @@ def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeyp
 def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
     """Where the routes take every boundary's gradient (C = 10), the plan is timed on the same
     Pullback pulls they run (in the plan's class chunks, unpadded), never on another path."""
-    from probust.execution import tuning
+    from probust.execution import jacobian_plans
 
     timed, pulled = _record_pulls(monkeypatch)
     torch.manual_seed(0)
@@ -461,7 +461,7 @@ def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
     ctx = est.route_context(x)
     assert ctx.every_boundary and ctx.head is None and not pulled
     assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
-    assert {(width, pad) for _, width, _, pad in timed} == {(tuning._CALIBRATION_CLASSES, False)}
+    assert {(width, pad) for _, width, _, pad in timed} == {(jacobian_plans._CALIBRATION_CLASSES, False)}
     r = est(x[:2])
     assert (r.route == ROUTE_NAMES.index("direct")).all()
     assert {(strategy, width, chunk, pad) for strategy, width, chunk, pad in pulled} == {

@@ -5,7 +5,8 @@ rows per pass, memory budget, memory format and Jacobian strategy, turned into p
 model and a batch. It hands the batch down as :class:`~probust.execution.engine.Inputs`, its
 description, by which known plans are found, and rows of it drawn only to measure.
 Underneath: memory budgets and row costs (:mod:`~probust.execution.budget`), measured plans
-(:mod:`~probust.execution.tuning`: each timed on the call's own work) and the cache that keeps
+(:mod:`~probust.execution.tuning` for forward passes, :mod:`~probust.execution.jacobian_plans`
+for gradients: each timed on the call's own work) and the cache that keeps
 what was measured per model and on disk (:mod:`~probust.execution.plan_cache`). The passes it
 plans are :mod:`probust.linearisation`'s (its strategies and declared costs), one layer down.
 

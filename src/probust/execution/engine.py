@@ -32,17 +32,9 @@ from torch import Tensor, nn
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError
 from probust.execution.budget import RowCost, check_budget, resolve_budget, row_cost, rows_within
-from probust.execution.tuning import (
-    DEFAULT_JACOBIAN_ROWS,
-    JACOBIANS,
-    ForwardPlan,
-    JacobianPlan,
-    jacobian_row_bytes,
-    plan_forward,
-    plan_jacobian,
-    too_many,
-)
-from probust.linearisation import DeclaredCosts, Strategy, declared, forward_mode_runs, jvp_in_pulls
+from probust.execution.jacobian_plans import DEFAULT_JACOBIAN_ROWS, jacobian_row_bytes, plan_jacobian
+from probust.execution.tuning import JACOBIANS, ForwardPlan, plan_forward, too_many
+from probust.linearisation import DeclaredCosts, JacobianPlan, Strategy, declared, forward_mode_runs, jvp_in_pulls
 
 #: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
 #: any memory limit.
@@ -234,7 +226,7 @@ class Execution:
         offer_forward: bool = True,
     ) -> JacobianPlan:
         """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
-        (measured once per model; :func:`probust.execution.tuning.plan_jacobian`).
+        (measured once per model; :func:`probust.execution.jacobian_plans.plan_jacobian`).
 
         With ``jacobian="auto"``, forward mode is taken by counts, never timed: where one probe
         per input coordinate at its declared cost (:mod:`probust.linearisation.counting`) is cheaper

@@ -43,7 +43,7 @@ _FILE = "plans.json"
 # Entries of another version are measured again. Version 1's pass costs may include torch's
 # first-call import of its symbolic shapes, which probust.linearisation.pullback.pull_back avoids, timed into a
 # small model's first pullback, and its CPU plans may take vmap on a trial won by noise
-# (tuning.VMAP_PAYS); version 2's jvp costs include the weights' zero tangents that
+# (jacobian_plans.VMAP_PAYS); version 2's jvp costs include the weights' zero tangents that
 # probust.linearisation.forward_mode skips, so they overstate a forward-mode pass.
 _VERSION = 3
 

@@ -1,4 +1,5 @@
-"""How to run a model fast within a memory budget: rows per pass, memory format, Jacobian strategy.
+"""How to run a model fast within a memory budget: rows per pass and memory format (the Jacobian
+strategy: :mod:`probust.execution.jacobian_plans`), and the timing both are measured by.
 
 The fastest plan depends on the model, the device and the batch (``channels_last`` for a
 convolutional net, a few dozen rows per pass rather than thousands, one backward pass per class
@@ -28,8 +29,8 @@ from torch import Tensor, nn
 from probust._user_model import PerModel, to_format, weights_in_format
 from probust.errors import Setting
 from probust.execution import plan_cache
-from probust.execution.budget import MemoryBudgetError, RowCost, human_bytes, row_cost, rows_within
-from probust.linearisation import STRATEGIES, JacobianPlan, Strategy, cannot_trace
+from probust.execution.budget import MemoryBudgetError, human_bytes, row_cost, rows_within
+from probust.linearisation import STRATEGIES, JacobianPlan, Strategy
 
 if TYPE_CHECKING:  # the door's description of a batch; the door imports this module
     from probust.execution.engine import Inputs
@@ -42,15 +43,8 @@ JACOBIANS = ("auto", *(s for s in STRATEGIES if not Strategy(s).whole_jacobian))
 #: Measuring a plan may cost at most this share of the (estimated) call it serves.
 PLANNING_SHARE = 0.1
 _MAX_FORWARD_ROWS = 4096
-_MAX_JACOBIAN_ROWS = 256
 _FIRST_FORWARD_ROWS = 64  # the forward ladder's first (and default) rows per pass
-DEFAULT_JACOBIAN_ROWS = 32
-_TRIAL_ROWS = 4  # rows of a timed Jacobian pass
-_CALIBRATION_CLASSES = 2  # margins (or tangents) per timed call; cost is linear in them
 _TIMED_CALLS = 2  # timed calls after the warm-up call; the fastest counts
-#: On a CPU vmap is taken only where it costs at most this share of the loop per cotangent: what is
-#: timed, a trial of a few rows, flatters it (:func:`_measure_jacobian`).
-VMAP_PAYS = 2 / 3
 #: What torch.func's first call in a process is counted to cost, in seconds (declared, not timed:
 #: it imports torch._dynamo; docs/performance.md, "First use").
 TORCH_FUNC_IMPORT_SECONDS = 2.0
@@ -246,231 +240,6 @@ def _inverse(timing: tuple[float, float]) -> tuple[float, float]:
     return 1 / max(timing[0], 1e-12), timing[1]
 
 
-def jacobian_row_bytes(cost: RowCost, strategy: Strategy | str, classes: int, class_chunk: int | None) -> int:
-    """Bytes per row of one Jacobian pass: the pass itself and the [C, *S] Jacobian it returns
-    (about three copies of it live at once: per-class gradients, the stacked Jacobian and
-    the margin gradients made from it)."""
-    jacobian = 3 * classes * cost.input
-    strategy = Strategy(strategy)
-    if strategy is Strategy.LOOP:
-        return cost.backward + jacobian
-    chunk = classes if class_chunk is None else class_chunk
-    if strategy is Strategy.VMAP:
-        return cost.saved + chunk * (3 * cost.largest + 2 * cost.input) + jacobian
-    return 2 * chunk * (3 * cost.largest + 2 * cost.input) + jacobian  # forward mode
-
-
-def plan_jacobian(
-    model: nn.Module,
-    inputs: Inputs,
-    classes: int,
-    *,
-    budget: int,
-    total_rows: int,
-    strategy: str = "auto",
-    rows: int | None = None,
-    class_chunk: int | None = None,
-    channels_last: bool | None = None,
-    differentiable: bool = False,
-    run: Callable[[JacobianPlan, Tensor, int], object],
-    passes: int | None = None,
-    work: str = "margins",
-) -> JacobianPlan:
-    """The fastest way to get the [C, *S] input Jacobian of ``total_rows`` rows within ``budget``.
-
-    Args:
-        model: in eval mode.
-        inputs: the batch as the door describes it (timings are taken on its rows).
-        classes: C, the number of logits.
-        budget: bytes the passes may hold.
-        total_rows: rows the caller will differentiate; tiny jobs get a default plan.
-        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.linearisation.pullback.Strategy` value
-            used as given (forward mode where the estimator asks for it or the door's counts
-            take it: :meth:`probust.execution.Execution.jacobian_plan`).
-        rows: the user's rows per pass (checked against the budget).
-        class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
-        channels_last: the user's choice of format; None measures it (off when differentiable).
-        differentiable: the Jacobian must keep its graph (forward mode is not offered).
-        run: ``run(plan, rows, k)``: the call's own work on ``rows`` for k margins (or cotangents),
-            which is what is timed.
-        passes: backward passes per row the call will run (default C - 1; fewer where the
-            caller prunes): sizes the work whose :data:`PLANNING_SHARE` the measuring may cost.
-        work: names what ``run`` does, in the plan's key: plans of different work are timed and
-            kept apart.
-    """
-    cost = row_cost(model, inputs)
-    d = cost.input // inputs.element_size
-    if differentiable or not can_use_channels_last(model, inputs):
-        channels_last = False
-    if strategy == "auto":
-        # The default (timed first, kept where there is no time to time more) by device: a CPU
-        # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
-        # Loop and vmap pull the same cotangents: timing them changes speed and rounding only.
-        pair = [Strategy.LOOP, Strategy.VMAP]
-        strategies = pair[::-1] if inputs.device.type == "cuda" else pair
-    else:
-        strategies = [Strategy(strategy)]
-    formats = [False, True] if channels_last is None else [channels_last]
-
-    def fitted(name: Strategy, rows_wanted: int) -> JacobianPlan:
-        chunk = class_chunk
-        if name.traced and chunk is None:
-            width = d if name.whole_jacobian else classes
-            per_class = (3 * cost.largest + 2 * cost.input) * (2 if name.whole_jacobian else 1)
-            fixed = rows_wanted * (cost.saved + 3 * classes * cost.input)
-            chunk = max(1, min(width, (budget - fixed) // max(1, rows_wanted * per_class)))
-            chunk = None if chunk >= width else int(chunk)
-        per_row = jacobian_row_bytes(cost, name, classes, chunk)
-        cap = rows_within(budget, per_row, what=f"one Jacobian pass ({name})")
-        if rows is not None and rows > cap:
-            raise too_many("batch_size", rows, cap, budget)
-        return JacobianPlan(name, min(rows_wanted, cap), chunk, False)
-
-    if len(strategies) == 1 and len(formats) == 1:
-        base = fitted(strategies[0], rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS))
-        return JacobianPlan(base.strategy, base.rows, base.class_chunk, formats[0])
-    key = (
-        "jacobian",
-        inputs.device,
-        inputs.dtype,
-        inputs.shape,
-        classes,
-        tuple(strategies),
-        tuple(formats),
-        differentiable,
-        rows,
-        work,
-    )
-    plan = _cached(model, key, JacobianPlan)
-    if plan is None:
-        plan, complete = _measure_jacobian(
-            model,
-            key,
-            inputs,
-            strategies,
-            formats,
-            fitted,
-            run,
-            rows,
-            total_rows,
-            classes - 1 if passes is None else passes,
-            min(classes - 1, _CALIBRATION_CLASSES),
-        )
-        if complete:
-            _remember(model, key, plan)
-    assert isinstance(plan, JacobianPlan)
-    base = fitted(plan.strategy, plan.rows)
-    return JacobianPlan(base.strategy, base.rows, base.class_chunk, plan.channels_last)
-
-
-def _measure_jacobian(
-    model: nn.Module,
-    key: tuple,
-    inputs: Inputs,
-    strategies: list[Strategy],
-    formats: list[bool],
-    fitted: Callable[[Strategy, int], JacobianPlan],
-    run: Callable[[JacobianPlan, Tensor, int], object],
-    rows: int | None,
-    total_rows: int,
-    passes: int,
-    margins: int,
-) -> tuple[JacobianPlan, bool]:
-    """(plan, whether every candidate was timed): each (strategy, format) timed on a few rows and
-    a class subset, the default first; the others only if timing them all fits the planning
-    allowance (all or none: a plan measured in one call but not the next would change the float
-    rounding between calls); then, on a GPU, the winner's rows doubled while that pays.
-
-    On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: its cost per cotangent
-    grows with the width it batches while the loop's falls as its rows grow, so a small trial
-    flatters it (docs/performance.md, "Measured plans").
-
-    Args:
-        passes: backward passes per row the call will run (C - 1 margins, or fewer where
-            pruned): with ``total_rows``, the size of the work the allowance is a share of.
-        margins: the margins (or cotangents) each timed call runs.
-    """
-    allowance = _Allowance()
-    trial_rows = rows if rows is not None else min(_TRIAL_ROWS, total_rows)
-    candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
-    default_rows = rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS)
-
-    def planned(strategy: Strategy, channels_last: bool, rows_wanted: int) -> JacobianPlan:
-        base = fitted(strategy, rows_wanted)
-        return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
-
-    default = planned(*candidates[0], default_rows)
-    # Each timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes: a call
-    # smaller than ten times all of them cannot repay the measuring, so it times nothing.
-    trial_passes = (1 + _TIMED_CALLS) * trial_rows * (1 + margins)
-    if total_rows * (1 + passes) < 10 * len(candidates) * trial_passes:
-        return default, False
-
-    def timed(plan: JacobianPlan) -> float:
-        batch = inputs.rows(plan.rows)
-        return _seconds(lambda: run(plan, batch, margins), inputs.device)
-
-    def per_row(plan: JacobianPlan, seconds: float) -> float:
-        # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
-        # computes the whole Jacobian whatever the subset.
-        scale = 1.0 if plan.strategy.whole_jacobian else max(passes, 1) / margins
-        return seconds * scale / plan.rows
-
-    failures: list[Exception] = []
-    best: tuple[float, JacobianPlan] | None = None
-    seconds = 0.0
-    for index, (strategy, channels_last) in enumerate(candidates):
-        plan = planned(strategy, channels_last, trial_rows)
-        try:
-            if best is None:  # the default: its first timing is remembered for later calls
-                memo = (*key, trial_rows, strategy, channels_last)
-                seconds = _first_timing(model, memo, functools.partial(_paired, timed, plan))[0]
-                allowance.estimate = per_row(plan, seconds) * total_rows
-                others = candidates[index + 1 :]
-                # the first torch.func call imports its compiler stack: paid once per process
-                startup = torch_func_startup() if any(s.traced for s, _ in others) else 0.0
-                if not allowance.affords(len(others) * (1 + _TIMED_CALLS) * seconds + startup):
-                    return planned(strategy, channels_last, default_rows), False
-            else:
-                seconds = timed(plan)
-        except RuntimeError as exc:  # NotImplementedError included
-            # A strategy torch.func cannot run through this model is no candidate; any other
-            # error is the model's or probust's and propagates.
-            if not cannot_trace(exc):
-                raise
-            failures.append(exc)
-            continue
-        cost = per_row(plan, seconds)
-        if plan.strategy is Strategy.VMAP and inputs.device.type != "cuda":
-            cost /= VMAP_PAYS  # the trial flatters vmap on a CPU (see the docstring)
-        if best is None or cost < best[0]:
-            best = (cost, plan)
-    if best is None:
-        raise failures[0]
-    cost, plan = best
-    if rows is not None:
-        return plan, True
-    grown = fitted(plan.strategy, default_rows)
-    plan = JacobianPlan(plan.strategy, grown.rows, grown.class_chunk, plan.channels_last)
-    if inputs.device.type != "cuda":
-        return plan, True  # on a CPU a few dozen rows per pass are as fast as more
-    # The plan is kept whether or not the rows grow (they may change float rounding, but a kept
-    # plan gives later calls the same rows).
-    seconds = timed(plan)
-    cost = per_row(plan, seconds)
-    while plan.rows < _MAX_JACOBIAN_ROWS:
-        base = fitted(plan.strategy, plan.rows * 2)
-        if base.rows <= plan.rows or not allowance.affords((1 + _TIMED_CALLS) * 2 * seconds):
-            break
-        bigger = JacobianPlan(plan.strategy, base.rows, base.class_chunk, plan.channels_last)
-        seconds = timed(bigger)
-        new_cost = per_row(bigger, seconds)
-        if new_cost > 0.95 * cost:
-            break
-        cost, plan = new_cost, bigger
-    return plan, True
-
-
 def too_many(name: str, rows: int, cap: int, budget: int) -> MemoryBudgetError:
     return MemoryBudgetError(
         Setting(name, rows),
@@ -489,9 +258,7 @@ __all__ = [
     "JacobianPlan",
     "can_use_channels_last",
     "forget",
-    "jacobian_row_bytes",
     "plan_forward",
-    "plan_jacobian",
     "to_format",
     "too_many",
     "weights_in_format",
