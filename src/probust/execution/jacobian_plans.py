@@ -78,9 +78,8 @@ def plan_jacobian(
         classes: C, the number of logits.
         budget: bytes the passes may hold.
         total_rows: rows the caller will differentiate; tiny jobs get a default plan.
-        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.linearisation.pullback.Strategy` value
-            used as given (forward mode where the estimator asks for it or the door's counts
-            take it: :meth:`probust.execution.Execution.jacobian_plan`).
+        strategy: "auto" (loop or vmap, timed), or a :class:`~probust.linearisation.Strategy`
+            used as given (forward mode: :meth:`probust.execution.Execution.jacobian_plan`).
         rows: the user's rows per pass (checked against the budget).
         class_chunk: classes per vmapped pass (vmap); None chooses from the budget.
         channels_last: the user's choice of format; None measures it (off when differentiable).
@@ -93,18 +92,7 @@ def plan_jacobian(
             kept apart.
     """
     cost = row_cost(model, inputs)
-    if differentiable or not can_use_channels_last(model, inputs):
-        channels_last = False
-    if strategy == "auto":
-        # The default (timed first, kept where there is no time to time more) by device: a CPU
-        # runs one backward pass per class fastest on convolutional nets, a GPU the vmapped ones.
-        # Loop and vmap pull the same cotangents: timing them changes speed and rounding only.
-        pair = [Strategy.LOOP, Strategy.VMAP]
-        strategies = pair[::-1] if inputs.device.type == "cuda" else pair
-    else:
-        strategies = [Strategy(strategy)]
-    formats = [False, True] if channels_last is None else [channels_last]
-
+    strategies, formats = _candidates(model, inputs, strategy, channels_last, differentiable)
     d = cost.input // inputs.element_size
     fitted = functools.partial(
         _fitted, cost=cost, d=d, classes=classes, budget=budget, class_chunk=class_chunk, rows=rows
@@ -144,6 +132,22 @@ def plan_jacobian(
     assert isinstance(plan, JacobianPlan)
     base = fitted(plan.strategy, plan.rows)
     return JacobianPlan(base.strategy, base.rows, base.class_chunk, plan.channels_last)
+
+
+def _candidates(
+    model: nn.Module, inputs: Inputs, strategy: str, channels_last: bool | None, differentiable: bool
+) -> tuple[list[Strategy], list[bool]]:
+    """The strategies and memory formats a plan is chosen from, the default first."""
+    if differentiable or not can_use_channels_last(model, inputs):
+        channels_last = False
+    formats = [False, True] if channels_last is None else [channels_last]
+    if strategy != "auto":
+        return [Strategy(strategy)], formats
+    # The default (timed first, kept where there is no time to time more) by device: a CPU runs
+    # one backward pass per class fastest on convolutional nets, a GPU the vmapped ones. Loop and
+    # vmap pull the same cotangents: timing them changes speed and rounding only.
+    pair = [Strategy.LOOP, Strategy.VMAP]
+    return (pair[::-1] if inputs.device.type == "cuda" else pair), formats
 
 
 def _fitted(
@@ -190,11 +194,8 @@ def _measure_jacobian(
     """(plan, whether every candidate was timed): each (strategy, format) timed on a few rows and
     a class subset, the default first; the others only if timing them all fits the planning
     allowance (all or none: a plan measured in one call but not the next would change the float
-    rounding between calls); then, on a GPU, the winner's rows doubled while that pays.
-
-    On a CPU vmap must beat the loop by :data:`VMAP_PAYS` on the trial: its cost per cotangent
-    grows with the width it batches while the loop's falls as its rows grow, so a small trial
-    flatters it (docs/performance.md, "Measured plans").
+    rounding between calls); then, on a GPU, the winner's rows doubled while that pays. On a CPU
+    vmap must beat the loop by :data:`VMAP_PAYS` on the trial.
 
     Args:
         passes: backward passes per row the call will run (C - 1 margins, or fewer where
@@ -206,10 +207,7 @@ def _measure_jacobian(
     candidates = [(strategy, channels_last) for strategy in strategies for channels_last in formats]
     default_rows = rows if rows is not None else min(total_rows, DEFAULT_JACOBIAN_ROWS)
 
-    def planned(strategy: Strategy, channels_last: bool, rows_wanted: int) -> JacobianPlan:
-        base = fitted(strategy, rows_wanted)
-        return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
-
+    planned = functools.partial(_planned, fitted)
     default = planned(*candidates[0], default_rows)
     # Each timing costs about (warm-up + timed calls) x trial rows x (1 + margins) passes: a call
     # smaller than ten times all of them cannot repay the measuring, so it times nothing.
@@ -221,12 +219,7 @@ def _measure_jacobian(
         batch = inputs.rows(plan.rows)
         return tuning._seconds(lambda: run(plan, batch, margins), inputs.device)
 
-    def per_row(plan: JacobianPlan, seconds: float) -> float:
-        # loop and vmap were timed on a few of the margins (cost linear in them); forward mode
-        # computes the whole Jacobian whatever the subset.
-        scale = 1.0 if plan.strategy.whole_jacobian else max(passes, 1) / margins
-        return seconds * scale / plan.rows
-
+    per_row = functools.partial(_per_row, passes=passes, margins=margins)
     failures: list[Exception] = []
     best: tuple[float, JacobianPlan] | None = None
     seconds = 0.0
@@ -265,6 +258,22 @@ def _measure_jacobian(
     if inputs.device.type != "cuda":
         return plan, True  # on a CPU a few dozen rows per pass are as fast as more
     return _grown(plan, planned, timed, per_row, allowance), True
+
+
+def _planned(
+    fitted: Callable[[Strategy, int], JacobianPlan], strategy: Strategy, channels_last: bool, rows_wanted: int
+) -> JacobianPlan:
+    """The plan of ``strategy`` in that memory format for ``rows_wanted`` rows, as the budget fits it."""
+    base = fitted(strategy, rows_wanted)
+    return JacobianPlan(strategy, base.rows, base.class_chunk, channels_last)
+
+
+def _per_row(plan: JacobianPlan, seconds: float, *, passes: int, margins: int) -> float:
+    """Seconds per row of the call's work from a timing on ``margins`` margins: loop and vmap
+    were timed on a few of the margins (cost linear in them); forward mode computes the whole
+    Jacobian whatever the subset."""
+    scale = 1.0 if plan.strategy.whole_jacobian else max(passes, 1) / margins
+    return seconds * scale / plan.rows
 
 
 def _grown(

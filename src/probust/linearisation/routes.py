@@ -302,27 +302,8 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     classes = c.shape[1]
     inputs = copies[0, 0].numel()
 
-    # The exact routes' costs in pullbacks per copy (inf where a route does not apply).
-    forced = ctx.gradients
-    direct_cost = torch.full((points,), float(classes - 1), dtype=torch.float64, device=c.device)
-    head_cost = torch.full_like(direct_cost, math.inf)
-    alive = None
-    if ctx.head is not None and (ctx.head.in_features + 1 < classes - 1 or forced == "head"):
-        alive = rows.features != 0  # [R, d]: features held at exactly 0 have zero Jacobian rows (checked)
-        head_cost = per_point_max(rows, alive.sum(1).double()) + 1
-    forward_cost = torch.full_like(direct_cost, math.inf)
-    jvp = ctx.jvp
-    if (inputs < classes - 1 and math.isfinite(jvp)) or forced == "forward":
-        forward_cost.fill_(inputs * jvp)
-    if forced in ("direct", "head", "forward"):
-        keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
-        if forced == "head" and ctx.head is None:
-            raise OptionError(
-                "'head' needs a model whose logits come from an nn.Linear head; none was found", field="gradients"
-            )
-        for cost in (direct_cost, head_cost, forward_cost):
-            if cost is not keep:
-                cost.fill_(math.inf)
+    forced, jvp = ctx.gradients, ctx.jvp
+    direct_cost, head_cost, forward_cost, alive = _exact_costs(ctx, rows, classes, inputs)
     exact_cost = torch.minimum(torch.minimum(direct_cost, head_cost), forward_cost)
 
     # Screenings: lower bounds on every boundary's z, failing with probability delta per point.
@@ -368,6 +349,32 @@ def _linearise_group(ctx: Context, copies: Tensor, target: Tensor | None, indice
     unknown.scatter_(1, target[:, None], False)
     kept = drop(z, target, budget=budget, delta=delta, forced=unknown, reserved=budget + 2 * share)
     return Routed(target, c, kept, grads.kept_normals(kept.classes), route, copy_logits)
+
+
+def _exact_costs(ctx: Context, rows: Rows, classes: int, inputs: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The exact routes' costs per point in pullbacks per copy, float64 [P] each (inf where a route
+    does not apply, or another is forced): direct, head, forward; and the features each row
+    holds alive (bool [R, d]) where the head route applies, else None."""
+    forced = ctx.gradients
+    direct_cost = torch.full((rows.points,), float(classes - 1), dtype=torch.float64, device=rows.logits.device)
+    head_cost = torch.full_like(direct_cost, math.inf)
+    alive = None
+    if ctx.head is not None and (ctx.head.in_features + 1 < classes - 1 or forced == "head"):
+        alive = rows.features != 0  # [R, d]: features held at exactly 0 have zero Jacobian rows (checked)
+        head_cost = per_point_max(rows, alive.sum(1).double()) + 1
+    forward_cost = torch.full_like(direct_cost, math.inf)
+    if (inputs < classes - 1 and math.isfinite(ctx.jvp)) or forced == "forward":
+        forward_cost.fill_(inputs * ctx.jvp)
+    if forced in ("direct", "head", "forward"):
+        keep = {"direct": direct_cost, "head": head_cost, "forward": forward_cost}[forced]
+        if forced == "head" and ctx.head is None:
+            raise OptionError(
+                "'head' needs a model whose logits come from an nn.Linear head; none was found", field="gradients"
+            )
+        for cost in (direct_cost, head_cost, forward_cost):
+            if cost is not keep:
+                cost.fill_(math.inf)
+    return direct_cost, head_cost, forward_cost, alive
 
 
 def _pad_width(normal: Tensor, width: int) -> Tensor:

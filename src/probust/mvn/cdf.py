@@ -98,6 +98,47 @@ def mvn_cdf(
     return (p, err) if return_error else p
 
 
+def _sampled(
+    z: Tensor, corr: Tensor, keep: Tensor, order: Tensor, kmax: int, target: Tensor, max_samples: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """(p, err) [m] of problems with three or more kept coordinates (``keep`` [m, k], their
+    columns first in ``order``): the orthant bounds' midpoint where they pin p within ``target``
+    (the error left after the dropped tails, which are a deterministic part of it), else QMC
+    between the bounds."""
+    cols = order[:, :kmax]
+    pad = ~keep.gather(1, cols)
+    zs = torch.where(pad, 0.0, z.gather(1, cols))
+    cs = corr.gather(1, cols[:, :, None].expand(-1, -1, z.shape[1]))
+    cs = cs.gather(2, cols[:, None, :].expand(-1, kmax, -1))
+    pad2 = pad[:, :, None] | pad[:, None, :]
+    cs = torch.where(pad2, torch.eye(kmax, dtype=torch.float64, device=z.device), cs)
+    lower, upper = orthant_bounds(zs, cs, pad)
+    # Where the bounds alone pin p to within target (p near 1, few interacting boundaries),
+    # their midpoint is the estimate, with a guaranteed error: no sampling.
+    settled = ((upper - lower) / 2 <= target).detach()
+    val = (lower + upper) / 2
+    e = ((upper - lower) / 2).detach()
+    sample = (~settled).nonzero().flatten()
+    if len(sample):
+        lo, hi = lower[sample], upper[sample]
+        drawn, drawn_e = qmc_cdf(
+            zs[sample],
+            cs[sample],
+            pad[sample],
+            target=target[sample],
+            max_samples=max_samples,
+            seed=seed,
+            bounds=(lo.detach(), hi.detach()),
+        )
+        # The truth lies within the bounds: an estimate outside them moves onto them, and
+        # its error is at most their width.
+        clipped = torch.minimum(torch.maximum(drawn, lo), hi)
+        moved = (clipped - drawn).abs().detach()
+        val = val.index_put((sample,), clipped)
+        e = e.index_put((sample,), torch.minimum(drawn_e + moved, (hi - lo).detach()))
+    return val, e
+
+
 def _mvn_cdf_flat(problem: Problem) -> tuple[Tensor, Tensor]:
     """A prepared problem [n, k] -> (p [n], err [n]), float64."""
     upper, z, corr, frozen, finite = problem.upper, problem.z, problem.corr, problem.frozen, problem.finite
@@ -141,40 +182,8 @@ def _mvn_cdf_flat(problem: Problem) -> tuple[Tensor, Tensor]:
             err = err.index_copy(0, idx, e.detach())
     idx = (k_eff >= 3).nonzero().flatten()
     if len(idx):
-        kmax = int(k_eff[idx].max())
-        cols = order[idx, :kmax]
-        pad = ~keep[idx].gather(1, cols)
-        zs = torch.where(pad, 0.0, z[idx].gather(1, cols))
-        cs = corr[idx].gather(1, cols[:, :, None].expand(-1, -1, k))
-        cs = cs.gather(2, cols[:, None, :].expand(-1, kmax, -1))
-        pad2 = pad[:, :, None] | pad[:, None, :]
-        cs = torch.where(pad2, torch.eye(kmax, dtype=torch.float64, device=device), cs)
-        # The dropped tails are a deterministic part of the error: sampling needs only the rest.
         target = (tol - bias[idx]).clamp_min(0.0)
-        lower, upper = orthant_bounds(zs, cs, pad)
-        # Where the bounds alone pin p to within target (p near 1, few interacting boundaries),
-        # their midpoint is the estimate, with a guaranteed error: no sampling.
-        settled = ((upper - lower) / 2 <= target).detach()
-        val = (lower + upper) / 2
-        e = ((upper - lower) / 2).detach()
-        sample = (~settled).nonzero().flatten()
-        if len(sample):
-            lo, hi = lower[sample], upper[sample]
-            drawn, drawn_e = qmc_cdf(
-                zs[sample],
-                cs[sample],
-                pad[sample],
-                target=target[sample],
-                max_samples=max_samples,
-                seed=seed,
-                bounds=(lo.detach(), hi.detach()),
-            )
-            # The truth lies within the bounds: an estimate outside them moves onto them, and
-            # its error is at most their width.
-            clipped = torch.minimum(torch.maximum(drawn, lo), hi)
-            moved = (clipped - drawn).abs().detach()
-            val = val.index_put((sample,), clipped)
-            e = e.index_put((sample,), torch.minimum(drawn_e + moved, (hi - lo).detach()))
+        val, e = _sampled(z[idx], corr[idx], keep[idx], order[idx], int(k_eff[idx].max()), target, max_samples, seed)
         p = p.index_copy(0, idx, val)
         err = err.index_copy(0, idx, e)
     # The dropped constraints B remove mass P(A) - P(A and B) in [0, bias]: centre the estimate.

@@ -90,10 +90,8 @@ def qmc_cdf(
             coordinates (see :func:`probust.mvn.genz.factorise`), None: none.
         target: [G] absolute error at which a problem stops.
         max_samples: cap on samples per problem; seed: the randomisation.
-        bounds: (lower [G], upper [G]) that each probability is known to lie within
-            (:mod:`probust.mvn.bounds`): a problem whose estimate +- error falls wholly outside
-            them has missed part of its integrand (too few points for a sharp one) and may not
-            stop.
+        bounds: (lower [G], upper [G]) each probability lies within (:mod:`probust.mvn.bounds`):
+            an estimate +- error wholly outside them missed part of its integrand; it may not stop.
 
     Returns:
         (estimate [G], error [G]), float64. The error is about a 99% bound: 3.5 standard errors

@@ -118,35 +118,8 @@ def class_bias(
                     continue
                 assert means is not None
                 m = means[(means["method"] == method) & ((means["sigma"] == s) if not np.isnan(s) else True)]
-                m = m.set_index("class").reindex(classes)
-                a.bar(
-                    pos,
-                    m["mean"].to_numpy(),
-                    width=width * 0.9,
-                    color=style.method_color(method),
-                    alpha=0.8,
-                    label=style.method_label(method),
-                )
-                a.errorbar(
-                    pos,
-                    m["mean"].to_numpy(),
-                    yerr=np.vstack([m["mean"] - m["ci_low"], m["ci_high"] - m["mean"]]),
-                    fmt="none",
-                    ecolor="black",
-                    capsize=2.5,
-                    linewidth=1,
-                )
-            a.set_xticks(range(len(classes)))
-            if row == len(sigmas) - 1:
-                a.set_xticklabels(
-                    names, rotation=25 if len(classes) > 6 else 0, ha="right" if len(classes) > 6 else "center"
-                )
-                a.set_xlabel("class" + ("" if column == "label" else f" ({column})"))
-            else:
-                a.set_xticklabels([])
-            a.set_ylabel("p" if np.isnan(s) else f"p at σ={s:g}")
-            a.set_ylim(-0.03, 1.03)
-            a.grid(False, axis="x")
+                _mean_bars(a, pos, m.set_index("class").reindex(classes), width, method)
+            _class_axis(a, names, row == len(sigmas) - 1, column, s)
             if row == 0:
                 a.legend(loc="lower right", frameon=True, ncol=len(chosen_methods))
                 a.set_title(title or f"p_robust per class ({'true label' if column == 'label' else column})")
@@ -154,3 +127,39 @@ def class_bias(
             fig.tight_layout()
     assert isinstance(fig, Figure)
     return fig
+
+
+def _class_axis(a: Axes, names: Sequence[str], last: bool, column: str, sigma: float) -> None:
+    """The panel's axes: the classes along x (named on the ``last`` panel only), p at ``sigma``
+    along y."""
+    a.set_xticks(range(len(names)))
+    if last:
+        a.set_xticklabels(names, rotation=25 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
+        a.set_xlabel("class" + ("" if column == "label" else f" ({column})"))
+    else:
+        a.set_xticklabels([])
+    a.set_ylabel("p" if np.isnan(sigma) else f"p at σ={sigma:g}")
+    a.set_ylim(-0.03, 1.03)
+    a.grid(False, axis="x")
+
+
+def _mean_bars(a: Axes, pos: np.ndarray, m: Any, width: float, method: str) -> None:
+    """Bars of one method's mean p per class at ``pos``, with its 95% interval (``m``: one row
+    per class, :func:`class_means`' columns)."""
+    a.bar(
+        pos,
+        m["mean"].to_numpy(),
+        width=width * 0.9,
+        color=style.method_color(method),
+        alpha=0.8,
+        label=style.method_label(method),
+    )
+    a.errorbar(
+        pos,
+        m["mean"].to_numpy(),
+        yerr=np.vstack([m["mean"] - m["ci_low"], m["ci_high"] - m["mean"]]),
+        fmt="none",
+        ecolor="black",
+        capsize=2.5,
+        linewidth=1,
+    )

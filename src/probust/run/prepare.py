@@ -168,9 +168,8 @@ def prepare_folder(
             raise :class:`~probust.run.ConfigError`.
         argv: the command line, recorded in the folder's history.
         store: where the rows go instead of the folder ``settings.out``: nothing on disk (no
-            folder claimed, locked or recorded, no data hash), and one process, whatever
-            torchrun's environment says: every rank of a job computes every point itself, so
-            no rank waits for another (the rows are each rank's own).
+            folder claimed, locked or recorded, no data hash), one process whatever torchrun's
+            environment says (every rank computes every point itself, waiting for no other).
 
     Raises:
         ConfigError, ConfigMismatchError: as :func:`prepare`.
@@ -185,17 +184,7 @@ def prepare_folder(
         try:
             dev = resolve_device(s.device, device_type(s.device), world)
             ds = load_data(s.data, s.split, s.data_root, s.download, s.data_options)
-            selected = s.selected
-            if selected is None:
-                selected = np.arange(len(ds) if s.limit is None else min(s.limit, len(ds)), dtype=np.int64)
-            else:
-                if selected[-1] >= len(ds):
-                    raise ConfigError(
-                        f"index {int(selected[-1])} is out of range for {data_name(ds)} "
-                        f"{data_split(ds, s.split)} ({len(ds)} points)",
-                        field="indices",
-                    )
-                selected = selected[: s.limit] if s.limit is not None else selected
+            selected = _selected(ds, s.selected, s.limit, s.split)
             module, model_info, notes = load_model(
                 s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std
             )
@@ -239,6 +228,19 @@ def prepare_folder(
         results.release_lock()
         world.close()
         raise
+
+
+def _selected(ds: Any, selected: np.ndarray | None, limit: int | None, split: str) -> np.ndarray:
+    """The data-set indices a run scores, int64 [P]: the ``selected`` ones (None: all, in order),
+    at most ``limit`` of them; an index past the data set is refused by name."""
+    if selected is None:
+        return np.arange(len(ds) if limit is None else min(limit, len(ds)), dtype=np.int64)
+    if selected[-1] >= len(ds):
+        raise ConfigError(
+            f"index {int(selected[-1])} is out of range for {data_name(ds)} {data_split(ds, split)} ({len(ds)} points)",
+            field="indices",
+        )
+    return selected[:limit] if limit is not None else selected
 
 
 def _memory_config(ds: Any, split: str, model_info: dict[str, Any], work: Grid, layout: Layout) -> dict[str, Any]:
