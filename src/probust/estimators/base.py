@@ -14,7 +14,6 @@ gives identical numbers.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -38,11 +37,8 @@ from probust._user_model import (
 from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
-from probust.execution import Execution, ForwardPlan
+from probust.execution import EXECUTION_SETTINGS, Execution, ForwardPlan
 from probust.noise import STREAM_MC, Noise, noise_words, point_keys
-
-#: The settings an :class:`~probust.execution.Execution` holds (not an estimator's keywords).
-_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Execution))
 
 
 class PointwiseMethod:
@@ -86,7 +82,7 @@ class PointwiseMethod:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # The settings of how the work runs are one argument: name where a keyword went.
-        moved = sorted(set(kwargs) & _EXECUTION_FIELDS)
+        moved = sorted(set(kwargs) & EXECUTION_SETTINGS)
         if moved:
             settings = ", ".join(f"{name}=..." for name in moved)
             raise TypeError(

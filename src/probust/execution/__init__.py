@@ -16,10 +16,11 @@ estimator asks :class:`Execution` for all it needs (plans, C, the declared costs
 """
 
 from probust.execution.budget import check_budget, peak_memory, resolve_budget
-from probust.execution.engine import Execution
+from probust.execution.engine import EXECUTION_SETTINGS, Execution
 from probust.execution.tuning import JACOBIANS, ForwardPlan, sync
 
 __all__ = [
+    "EXECUTION_SETTINGS",
     "JACOBIANS",
     "Execution",
     "ForwardPlan",

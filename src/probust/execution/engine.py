@@ -331,4 +331,7 @@ def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:
     return x[0].numel() * jvp_in_pulls(x.device) < classes - 1 and forward_mode_runs(model, x)
 
 
-__all__ = ["CLEAN_ROWS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]
+#: The names of an :class:`Execution`'s settings: how the work runs, never an estimator's keywords.
+EXECUTION_SETTINGS = frozenset(f.name for f in dataclasses.fields(Execution))
+
+__all__ = ["CLEAN_ROWS", "EXECUTION_SETTINGS", "MAX_POINTS_PER_CHUNK", "Execution", "Inputs"]

@@ -33,16 +33,13 @@ from probust.estimators import (
     RUN_OPTIONS,
     check_settings,
 )
-from probust.execution import JACOBIANS, Execution
+from probust.execution import EXECUTION_SETTINGS, JACOBIANS, Execution
 from probust.mvn import DEFAULT_TOL
 from probust.run import option_checks as checks
 from probust.run.data_options import DataOptions, SourceOptions
 from probust.run.errors import ConfigError
 from probust.run.noise_options import DEFAULT_DESCRIPTION, NOISE_KINDS, NOISE_SCALES, check_noise
 from probust.run.option_checks import TARGETS
-
-#: The estimator settings that go in as one Execution (how the work runs).
-_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(Execution))
 
 __all__ = [
     "GROUPS",
@@ -494,7 +491,7 @@ def estimator_parameters(settings: Any, run_options: Iterable[str]) -> dict[str,
         value = getattr(settings, f.name)
         if value is None or (o.param == "p_fail" and not value):
             continue
-        (how if o.param in _EXECUTION_FIELDS else out)[o.param] = value
+        (how if o.param in EXECUTION_SETTINGS else out)[o.param] = value
     if how:
         out["execution"] = Execution(**how)
     return out
