@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
+# The clock and torch.func's start-up are read through tuning, which owns them for forward and
+# Jacobian plans alike (and where the tests replace them): tuning._seconds, not a copy of it.
 from probust.execution import tuning
 from probust.execution.budget import RowCost, row_cost, rows_within
 from probust.execution.tuning import (

@@ -20,7 +20,6 @@ contract). It sits below :mod:`probust.execution`, which plans how its passes ru
 """
 
 from probust.linearisation.counting import (
-    RHO,
     ROUTE_NAMES,
     SCREENING_SHARE,
     SPECTRAL_PROBES,
@@ -31,7 +30,6 @@ from probust.linearisation.counting import (
     forward_may_decide,
     jvp_in_pulls,
     route_counts,
-    static_exact,
 )
 from probust.linearisation.exact import timed_pulls
 from probust.linearisation.head import find_linear_head
@@ -63,7 +61,6 @@ __all__ = [
     "GRADIENTS",
     "PROBES",
     "PRUNE_CHOICES",
-    "RHO",
     "ROUTE_NAMES",
     "SCREENINGS",
     "SCREENING_SHARE",
@@ -93,7 +90,6 @@ __all__ = [
     "margins",
     "other_classes",
     "pull_back",
-    "static_exact",
     "route_counts",
     "forward_may_decide",
     "RouteCounts",
