@@ -34,7 +34,7 @@ import contextlib
 import math
 import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +43,7 @@ from probust.errors import OptionError, ProbustError, first_line
 
 __all__ = [
     "CONTRACT",
+    "InputProblem",
     "LogitsOf",
     "ModelCallError",
     "ModelOutputError",
@@ -56,6 +57,7 @@ __all__ = [
     "logits_reading",
     "output_problem",
     "parameter_dtype",
+    "points_problem",
     "read_logits",
     "structure_token",
     "to_format",
@@ -87,6 +89,29 @@ _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+class InputProblem(NamedTuple):
+    """What about inputs of a shape the model's first layer does not take (:func:`input_problem`).
+
+    Attributes:
+        text: in words, naming the inputs, both counts where they differ and the layer.
+        fewer_dims: the inputs have one dimension fewer than the first layer takes.
+        missing: the dimension the shape says is missing, where it says which: ``"batch"`` (a
+            single input; the fix is ``x.unsqueeze(0)``), ``"channel"`` (a batch of inputs with
+            one channel, e.g. grey images [B, H, W]; ``x.unsqueeze(1)``); else None.
+    """
+
+    text: str
+    fewer_dims: bool
+    missing: Literal["batch", "channel"] | None
+
+
+#: What ``call_error`` advises for each missing dimension.
+_ADVICE = {
+    "batch": "if x is a single input, pass x.unsqueeze(0)",
+    "channel": "if x is a batch of inputs with one channel, pass x.unsqueeze(1)",
+}
+
+
 def first_layer(model: object) -> tuple[str, nn.Module] | None:
     """The model's first layer that says what inputs it takes, with its name in the model: the
     first convolution (``in_channels``), linear layer (``in_features``) or module declaring
@@ -98,90 +123,186 @@ def first_layer(model: object) -> tuple[str, nn.Module] | None:
     if not isinstance(model, nn.Module):
         return None
     for name, module in model.named_modules():
-        if isinstance(module, _CONVOLUTIONS) and module.in_channels > 0:  # 0: a lazy one, not yet built
-            return name, module
-        if isinstance(module, nn.Linear) and module.in_features > 0:
-            return name, module
-        if isinstance(getattr(module, "input_channels", None), int):
+        if _declares_input(module):
             return name, module
     return None
 
 
-def input_problem(model: object, shape: Sequence[int], inputs: str = "x", has: str = "has") -> tuple[str, bool] | None:
+def _declares_input(module: nn.Module) -> bool:
+    if isinstance(module, _CONVOLUTIONS):
+        return module.in_channels > 0  # 0: a lazy one, not yet built
+    if isinstance(module, nn.Linear):
+        return module.in_features > 0
+    return isinstance(getattr(module, "input_channels", None), int)
+
+
+def _after(model: nn.Module, first: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first convolution or linear layer after ``first`` in ``model.modules()`` order."""
+    seen = False
+    for name, module in model.named_modules():
+        if module is first:
+            seen = True
+        elif seen and isinstance(module, (*_CONVOLUTIONS, nn.Linear)) and _declares_input(module):
+            return name, module
+    return None
+
+
+def _runs_first(model: nn.Module, layer: nn.Module) -> bool:
+    """Whether ``layer`` is the first module ``model`` runs, through nested ``nn.Sequential``s."""
+    while isinstance(model, nn.Sequential) and len(model) > 0:
+        model = model[0]
+    return model is layer
+
+
+def _called(name: str, layer: nn.Module) -> str:
+    return f"{type(layer).__name__} {name!r}" if name else type(layer).__name__
+
+
+def input_problem(model: object, shape: Sequence[int], inputs: str = "x", has: str = "has") -> InputProblem | None:
     """What about inputs of ``shape`` ([B, *S]) the model's first layer (:func:`first_layer`)
-    does not take, in words naming the inputs ``inputs`` (with the verb ``has``), and whether the
-    shape says a batch dimension is missing; None where the first layer takes them, or is not known.
+    does not take, in words naming the inputs ``inputs`` (with the verb ``has``); None where the
+    first layer takes them, or is not known. A missing dimension is named only where the inputs
+    have one dimension fewer than the first layer takes; a count that differs is named with both
+    counts and the layer.
 
     The rules, by the first layer:
 
-    - a convolution over k spatial dimensions takes [B, C_in, *k]: x with k + 1 dimensions lacks
-      the batch dimension (and may have other channels too); with k + 2 dimensions and another
-      size than C_in in dimension 1, the channels differ;
-    - a module declaring ``input_channels`` C takes [B, C, ...]: another size in dimension 1 is
-      other channels, or, where dimension 0 is C, a single input without its batch dimension;
+    - a convolution over k spatial dimensions takes [B, C_in, *k]. Inputs with k + 1 dimensions
+      lack one: the batch dimension where dimension 0 is C_in (a single input), the channel
+      dimension where C_in is 1 (a batch of single-channel inputs), else it is not known which.
+      With k + 2 dimensions and another size than C_in in dimension 1, the channels differ;
+    - a module declaring ``input_channels`` C (a :class:`probust.Normalize`) takes [B, C, ...]
+      in front of the model's first convolution or linear layer: followed by a convolution over
+      k dimensions, it takes what that convolution takes, with C channels, and inputs of k + 1
+      dimensions read as above; followed by a linear layer of F features, inputs of F numbers in
+      all with C in dimension 0 are a single input. Any other size than C in dimension 1 is other
+      channels; where the convolution after it takes that size, it is named too (the statistics
+      are of other channels than the model's);
     - a linear layer takes F features per input: rows of another count than F (neither a row's
-      numbers nor its last dimension) are other inputs, and, where x holds F numbers in all, maybe
-      a single input without its batch dimension.
+      numbers nor its last dimension) are other inputs, and, where x holds F numbers in all and
+      the model does not run the linear layer first (so it takes more than [B, F], e.g. after
+      an ``nn.Flatten``), maybe a single input without its batch dimension.
     """
     found = first_layer(model)
-    if found is None or len(shape) < 2:
+    if found is None or len(shape) < 2 or not isinstance(model, nn.Module):
         return None
     name, layer = found
     shape = [int(n) for n in shape]
-    called = f"{type(layer).__name__} {name!r}" if name else type(layer).__name__
+    called = _called(name, layer)
     if isinstance(layer, _CONVOLUTIONS):
         k, channels = len(layer.kernel_size), layer.in_channels
+        return _conv_problem(shape, k, channels, f"{called}, inputs [B, {channels}, {_SPATIAL[k]}]", inputs, has)
+    if isinstance(layer, nn.Linear):
+        return _linear_problem(shape, layer.in_features, called, _runs_first(model, layer), inputs, has)
+    channels = int(getattr(layer, "input_channels", 1))  # an int: first_layer checked it
+    after = _after(model, layer)
+    if after is not None and isinstance(after[1], _CONVOLUTIONS):
+        conv = after[1]
+        k = len(conv.kernel_size)
         takes = f"{called}, inputs [B, {channels}, {_SPATIAL[k]}]"
         if len(shape) == k + 1:
-            other = "" if shape[0] == channels else f", and {_count(shape[0], 'channel')} where it expects {channels}"
-            return (
-                f"{inputs} {has} the dimensions of one input of the model's first layer ({takes}), without "
-                f"the batch dimension{other}",
+            return _conv_problem(shape, k, channels, takes, inputs, has, declared=True)
+    else:
+        takes = f"{called}, inputs [B, {channels}, ...]"
+    if shape[1] == channels:
+        return None
+    if after is not None and isinstance(after[1], nn.Linear):
+        if shape[0] == channels and math.prod(shape) == after[1].in_features:
+            return _single(channels, takes, inputs, has)
+    text = _other_channels(channels, shape[1], takes, inputs, has)
+    if after is not None and isinstance(after[1], _CONVOLUTIONS) and after[1].in_channels == shape[1]:
+        text += f", the {shape[1]} that {_called(*after)} after it takes"
+    return InputProblem(text, False, None)
+
+
+def _single(channels: int, takes: str, inputs: str, has: str) -> InputProblem:
+    return InputProblem(
+        f"{inputs} {has} the {channels} channels of one input of the model's first layer ({takes}) in dimension 0, "
+        "without the batch dimension",
+        True,
+        "batch",
+    )
+
+
+def _other_channels(channels: int, found: int, takes: str, inputs: str, has: str) -> str:
+    return f"the model's first layer expects {channels} channels in dimension 1, {inputs} {has} {found} ({takes})"
+
+
+def _conv_problem(
+    shape: list[int], k: int, channels: int, takes: str, inputs: str, has: str, declared: bool = False
+) -> InputProblem | None:
+    """A first layer taking [B, channels, *k] (``takes``: it and its inputs, in words; ``declared``:
+    a module declaring its channels, in front of a convolution)."""
+    if len(shape) == k + 1:
+        if shape[0] == channels and declared:
+            return _single(channels, takes, inputs, has)
+        if shape[0] == channels:
+            return InputProblem(
+                f"{inputs} {has} the dimensions of one input of the model's first layer ({takes}), without the "
+                "batch dimension",
                 True,
+                "batch",
             )
-        if len(shape) == k + 2 and shape[1] != channels:
-            return f"the model's first layer expects {channels} channels, {inputs} {has} {shape[1]} ({takes})", False
-        return None
-    if isinstance(layer, nn.Linear):
-        features, row = layer.in_features, math.prod(shape[1:])
-        if row == features or shape[-1] == features:
-            return None
-        cause = (
-            f"the model's first layer expects {features} features per input, {inputs} {has} {row} per input ({called})"
-        )
-        if math.prod(shape) == features:  # the features of one input, read as rows
-            return f"{cause}, and {features} numbers in all, one input's worth", True
-        return cause, False
-    channels = int(getattr(layer, "input_channels", 1))  # an int: first_layer checked it
-    if channels == 1 or shape[1] == channels:
-        return None
-    takes = f"{called}, inputs [B, {channels}, ...]"
-    if shape[0] == channels:
-        return (
-            f"{inputs} {has} the {channels} channels of one input of the model's first layer ({takes}) in dimension 0, "
-            "without the batch dimension",
+        if channels == 1:
+            return InputProblem(
+                f"{inputs} {has} one dimension fewer than the model's first layer takes ({takes}): a batch of "
+                f"{_count(shape[0], 'input')} of shape {shape[1:]} without the channel dimension",
+                True,
+                "channel",
+            )
+        return InputProblem(
+            f"{inputs} {has} one dimension fewer than the model's first layer takes ({takes}), and {shape[0]} in "
+            f"dimension 0, where one input would have its {channels} channels",
             True,
+            None,
         )
-    return f"the model's first layer expects {channels} channels, {inputs} {has} {shape[1]} ({takes})", False
+    if len(shape) == k + 2 and shape[1] != channels:
+        return InputProblem(_other_channels(channels, shape[1], takes, inputs, has), False, None)
+    return None
+
+
+def _linear_problem(
+    shape: list[int], features: int, called: str, runs_first: bool, inputs: str, has: str
+) -> InputProblem | None:
+    """A first layer taking ``features`` numbers per input (``runs_first``: the model runs it
+    first, so its inputs are [B, features])."""
+    row = math.prod(shape[1:])
+    if row == features or shape[-1] == features:
+        return None
+    cause = f"the model's first layer expects {features} features per input, {inputs} {has} {row} per input ({called})"
+    if not runs_first and math.prod(shape) == features:  # the features of one input, read as rows
+        return InputProblem(f"{cause}, and {features} numbers in all, one input's worth", True, "batch")
+    return InputProblem(cause, False, None)
+
+
+def points_problem(model: object, shape: Sequence[int]) -> str | None:
+    """What about a batch of a data set's points (``shape``: [B, *S], the batch made by the
+    caller) the model's first layer does not take, named as in :func:`input_problem` ("the points
+    have ..."); None where it takes them, where it is not known, or where the points have one
+    dimension fewer than it takes (the batch dimension is the caller's, so the points' own shape,
+    which the message gives, says more than advice on x). The command line's model checks (a model
+    file's probe and the runner's) name a model that fails on the data by it."""
+    problem = input_problem(model, shape, "the points", "have")
+    return None if problem is None or problem.fewer_dims else problem.text
 
 
 def call_error(model: object, x: Tensor, rows: int, error: BaseException) -> ModelCallError:
     """The error for a model that raised ``error`` on the first ``rows`` rows of ``x`` (a probe):
     x's shape as it was read, what its first layer does not take (:func:`input_problem`), the
-    advice to add a batch dimension only where x's shape says one is missing, and the model's
+    advice to add a dimension only where x's shape says which one is missing, and the model's
     own error, with the shape it was given where that is not x's."""
     shape = list(x.shape)
     text = f"the model fails on x of shape {shape}, read as a batch of {_count(shape[0], 'input')} of shape {shape[1:]}"
     problem = input_problem(model, shape)
     if problem is not None:
-        text += f": {problem[0]}"
+        text += f": {problem.text}"
     own = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
     if rows < shape[0]:
         text += f" (the model's error on x's first {rows} rows, shape {[rows, *shape[1:]]}: {own})"
     else:
         text += f" (the model's error: {own})"
-    if problem is not None and problem[1]:
-        text += "; if x is a single input, pass x.unsqueeze(0)"
+    if problem is not None and problem.missing is not None:
+        text += f"; {_ADVICE[problem.missing]}"
     return ModelCallError(text, field="x")
 
 

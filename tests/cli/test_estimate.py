@@ -204,6 +204,35 @@ def test_bad_input_is_one_line_and_exit_status_2(checkpoints, tmp_path, capsys, 
     assert not list(tmp_path.glob("r/parts/*.parquet"))
 
 
+def test_a_normalizer_of_other_channels_is_named_as_from_python_not_as_a_missing_batch_dimension(tmp_path, capsys):
+    # Issue 59: a 2-channel normaliser in front of a 3-channel network, on 3-channel points; the
+    # command line's batch of 2 points equals the normaliser's channels, and nothing is missing.
+    import numpy as np
+    from torch import nn
+
+    import probust
+
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        probust.Normalize([0.5, 0.5], [0.5, 0.5]), nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(256, 3)
+    )
+    torch.save(net, tmp_path / "m.pt")
+    points = np.random.default_rng(0).random((4, 3, 8, 8)).astype("float32")
+    np.savez(tmp_path / "d.npz", x=points, y=np.arange(4) % 3)
+    args = ["--data", str(tmp_path / "d.npz"), "--model", str(tmp_path / "m.pt"), "--allow-pickle"]
+    assert estimate(*args, "--sigma", "0.1", "--methods", "softmax", "--out", str(tmp_path / "r"), "--quiet") == 2
+    cause = (
+        "the model's first layer expects 2 channels in dimension 1, {} 3 (Normalize '0', inputs [B, 2, H, W]), the 3 "
+        "that Conv2d '1' after it takes ("
+    )
+    err = _one_line_error(capsys, f"--model: {tmp_path / 'm.pt'}: does not accept inputs of shape [3, 8, 8]: ")
+    assert cause.format("the points have") + "ValueError: Normalize: statistics for 2 channels" in err
+    assert "batch dimension" not in err and "unsqueeze" not in err
+    with pytest.raises(ValueError) as python:  # the same diagnosis from Python, where the inputs are x
+        probust.Taylor(net, 0.1)(torch.from_numpy(points[:2]))
+    assert cause.format("x has") in str(python.value) and "unsqueeze" not in str(python.value)
+
+
 def test_a_data_set_that_is_not_on_the_machine(checkpoints, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PROBUST_DATA_DIR", str(tmp_path / "nowhere"))
     args = base(

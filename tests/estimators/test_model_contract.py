@@ -258,7 +258,7 @@ def test_other_channels_are_named_without_the_batch_dimension_advice():
     message = _message(LogitsAndFeatures(), torch.rand(4, 1, 8, 8))
     assert message.startswith(
         "x: the model fails on x of shape [4, 1, 8, 8], read as a batch of 4 inputs of shape [1, 8, 8]: the model's "
-        "first layer expects 3 channels, x has 1 (Conv2d 'features.0', inputs [B, 3, H, W])"
+        "first layer expects 3 channels in dimension 1, x has 1 (Conv2d 'features.0', inputs [B, 3, H, W])"
     )
     assert "unsqueeze" not in message
 
@@ -267,13 +267,80 @@ def test_a_normalize_in_front_names_its_channels_and_a_missing_batch_dimension()
     model = nn.Sequential(probust.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]), LogitsAndFeatures())
     single = _message(model, torch.rand(3, 8, 8))
     assert (
-        "x has the 3 channels of one input of the model's first layer (Normalize '0', inputs [B, 3, ...]) "
+        "x has the 3 channels of one input of the model's first layer (Normalize '0', inputs [B, 3, H, W]) "
         "in dimension 0, without the batch dimension" in single
     )
     assert single.endswith("pass x.unsqueeze(0)")
     grey = _message(model, torch.rand(2, 1, 8, 8))
-    assert "the model's first layer expects 3 channels, x has 1 (Normalize '0', inputs [B, 3, ...])" in grey
+    assert (
+        "the model's first layer expects 3 channels in dimension 1, x has 1 (Normalize '0', inputs [B, 3, H, W])"
+        in grey
+    )
     assert "unsqueeze" not in grey
+
+
+def test_a_batch_as_large_as_a_normalizes_channels_is_named_as_other_channels_not_a_missing_batch_dimension():
+    # Issue 59: a 2-channel normaliser in front of a 3-channel resnet, called on a batch of 2 RGB images.
+    # x is 4-d, as the first layer takes: nothing is missing, the normaliser has other channels than x.
+    model = nn.Sequential(probust.Normalize([0.5, 0.5], [0.5, 0.5]), _torchvision_resnet18())
+    x = torch.rand(2, 3, 32, 32)
+    cause = (
+        "x: the model fails on x of shape [2, 3, 32, 32], read as a batch of 2 inputs of shape [3, 32, 32]: the "
+        "model's first layer expects 2 channels in dimension 1, x has 3 (Normalize '0', inputs [B, 2, H, W]), the 3 "
+        "that Conv2d '1.conv1' after it takes (the model's error: ValueError: Normalize: statistics for 2 channels"
+    )
+    assert _message(model, x).startswith(cause)
+    with pytest.raises(ModelCallError) as failed:
+        probust.estimate(model, x, 0.1, "taylor")
+    assert str(failed.value).startswith(cause)
+    for message in (_message(model, x), str(failed.value)):
+        assert "batch dimension" not in message and "unsqueeze" not in message
+    from probust.run import ConfigError
+
+    with pytest.raises(ConfigError) as refused:  # the runner names the same, for its points
+        probust.score(model, (x, torch.zeros(2, dtype=torch.int64)), 0.1, ["softmax"], show_progress=False)
+    assert str(refused.value).startswith(
+        "model: does not accept inputs of shape [3, 32, 32] from tensors: the model's first layer expects 2 channels "
+        "in dimension 1, the points have 3 (Normalize '0', inputs [B, 2, H, W]), the 3 that Conv2d '1.conv1' after "
+        "it takes (ValueError: "
+    )
+    # One such image without its batch dimension has one dimension fewer than the layer takes: still advised.
+    normalized = nn.Sequential(probust.Normalize([0.5] * 3, [0.5] * 3), _torchvision_resnet18())
+    single = _message(normalized, x[0])
+    assert (
+        "x has the 3 channels of one input of the model's first layer (Normalize '0', inputs [B, 3, H, W]) in "
+        "dimension 0, without the batch dimension" in single
+    )
+    assert single.endswith("; if x is a single input, pass x.unsqueeze(0)")
+
+
+def test_a_dimension_fewer_is_named_but_advised_only_where_the_shape_says_which_dimension_is_missing():
+    # [4, 8, 8] to a 3-channel convolution: one dimension fewer, but neither one 4-channel image nor
+    # 4 images without their channel dimension fit: no unsqueeze advice.
+    neither = _message(LogitsAndFeatures(), torch.rand(4, 8, 8))
+    assert neither.startswith(
+        "x: the model fails on x of shape [4, 8, 8], read as a batch of 4 inputs of shape [8, 8]: x has one "
+        "dimension fewer than the model's first layer takes (Conv2d 'features.0', inputs [B, 3, H, W]), and 4 in "
+        "dimension 0, where one input would have its 3 channels (the model's error on x's first 2 rows"
+    )
+    assert "unsqueeze" not in neither and "without the batch dimension" not in neither
+    # Grey images [B, H, W] to a 1-channel convolution lack their channel dimension, not a batch one.
+    grey = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Flatten(), nn.Linear(2 * 8 * 8, 3))
+    message = _message(grey, torch.rand(5, 8, 8))
+    assert message.startswith(
+        "x: the model fails on x of shape [5, 8, 8], read as a batch of 5 inputs of shape [8, 8]: x has one "
+        "dimension fewer than the model's first layer takes (Conv2d '0', inputs [B, 1, H, W]): a batch of 5 inputs "
+        "of shape [8, 8] without the channel dimension"
+    )
+    assert message.endswith("; if x is a batch of inputs with one channel, pass x.unsqueeze(1)")
+    assert "unsqueeze(0)" not in message
+
+
+def test_a_model_running_a_linear_layer_first_is_not_advised_a_batch_dimension():
+    # It takes [B, 64]: x [4, 16] has as many dimensions, and x.unsqueeze(0) would fail as well.
+    message = _message(nn.Sequential(nn.Linear(64, 3)), torch.rand(4, 16))
+    assert "the model's first layer expects 64 features per input, x has 16 per input (Linear '0') (" in message
+    assert "unsqueeze" not in message and "one input's worth" not in message
 
 
 def test_a_flat_model_names_the_features_it_expects():
@@ -317,8 +384,8 @@ def test_the_runner_names_the_channels_the_model_expects():
         )
     assert refused.value.field == "model"
     assert str(refused.value).startswith(
-        "model: does not accept inputs of shape [1, 8, 8] from tensors: the model's first layer expects 3 channels, "
-        "the points have 1 (Conv2d 'features.0', inputs [B, 3, H, W]) (RuntimeError: "
+        "model: does not accept inputs of shape [1, 8, 8] from tensors: the model's first layer expects 3 channels "
+        "in dimension 1, the points have 1 (Conv2d 'features.0', inputs [B, 3, H, W]) (RuntimeError: "
     )
 
 

@@ -62,8 +62,10 @@ class PointwiseMethod:
             float32, and the CDF arithmetic stays in float64. A model that raises on the first
             rows of ``x`` gives a :class:`~probust._user_model.ModelCallError` (``field="x"``)
             naming how x's shape was read and what the model's first layer does not take in it
-            (other channels; a single image without its batch dimension, with the advice to pass
-            ``x.unsqueeze(0)`` only then).
+            (other channels, with both counts and the layer; where x has one dimension fewer than
+            that layer takes, the one missing, with the advice ``x.unsqueeze(0)`` for a single
+            image without its batch dimension, ``x.unsqueeze(1)`` for single-channel images
+            without their channel dimension, and no advice where the shape does not say which).
         seed: seed of every random stream the estimator uses.
         execution: how the work runs, as one :class:`~probust.execution.Execution` (which may be
             shared by several estimators): rows per pass, memory budget, memory format, the
@@ -171,8 +173,9 @@ class PointwiseMethod:
 
         Raises:
             ModelCallError: the model raised on those rows: the message names x's shape, what its
-                first layer does not take (the channels; a batch dimension missing, with the advice
-                to add one only then) and the model's own error on those rows.
+                first layer does not take (the channels, both counts and the layer; a dimension
+                missing, with the advice to add it only where x has one dimension fewer than that
+                layer takes and its shape says which) and the model's own error on those rows.
             ModelOutputError: its output is not one the contract reads as logits.
         """
         model = self.model

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust import _user_model
 from probust._untrusted import check_export_archive, torch_load
 from probust.errors import first_line
 from probust.models._checkpoint import (
@@ -249,8 +250,10 @@ def _probe(
         with torch.no_grad():
             out = model(x)
     except Exception as exc:
+        problem = _user_model.points_problem(model, x.shape)  # what its first layer does not take
+        cause = f": {problem}" if problem is not None else ""
         raise CheckpointMismatchError(
-            f"{path}: does not accept inputs of shape {list(shape)} ({type(exc).__name__}: {first_line(exc)})"
+            f"{path}: does not accept inputs of shape {list(shape)}{cause} ({type(exc).__name__}: {first_line(exc)})"
         ) from None
     if not isinstance(out, Tensor) or out.ndim != 2:
         desc = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
