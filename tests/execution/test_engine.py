@@ -16,6 +16,7 @@ from probust.execution import tuning as _tuning
 from probust.models import build
 from probust.smoothing import Certify, Predict
 from tests._helpers import linear_model, points_near_boundaries
+from tests.execution._clock import freeze_planning_clock
 
 # A fixed plan (no timing).
 FIXED = dict(batch_size=8, memory_budget="256MB", channels_last=False)
@@ -115,10 +116,12 @@ def test_assigning_a_setting_on_one_estimator_leaves_a_shared_execution_alone():
 
 
 def test_estimators_sharing_an_execution_share_the_models_plans(monkeypatch):
-    # Every timing reads 0.1 ms (nothing runs): a real clock on a loaded machine (another test
-    # worker) could leave the first call's plan unfinished, and the second call would time the rest.
+    # Every timing reads 0.1 ms (nothing runs) and the planning allowance's clock stands still: a
+    # real clock on a loaded machine (another test worker) could leave the first call's plan
+    # unfinished, and the second call would time the rest.
     calls = []
     monkeypatch.setattr(_tuning, "_seconds", lambda run, device: calls.append(1) or 1e-4)
+    freeze_planning_clock(monkeypatch)
     torch.manual_seed(0)
     model = build("cnn", 10, (1, 12, 12)).eval()
     x = torch.rand(300, 1, 12, 12)  # enough work to be worth measuring

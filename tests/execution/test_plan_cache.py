@@ -16,6 +16,7 @@ from probust.execution.tuning import ForwardPlan
 from probust.linearisation import JacobianPlan
 from probust.linearisation.pullback import Strategy
 from probust.models import build
+from tests.execution._clock import freeze_planning_clock
 
 GOOD_FORWARD = {"rows": 64, "channels_last": False}
 GOOD_JACOBIAN = {"strategy": "loop", "rows": 32, "class_chunk": None, "channels_last": True}
@@ -91,6 +92,7 @@ def test_a_bad_entry_under_a_models_key_is_measured_again_and_replaced(cache, mo
         return 1e-4
 
     monkeypatch.setattr(tuning, "_seconds", fake_seconds)
+    freeze_planning_clock(monkeypatch)  # and the allowance's clock stands still
     torch.manual_seed(0)
     model = build("cnn", 10, (1, 12, 12)).eval()
     x = torch.rand(300, 1, 12, 12)

@@ -14,6 +14,7 @@ from probust.execution.engine import Inputs
 from probust.linearisation import JacobianPlan
 from probust.linearisation.margins import logit_jacobian
 from probust.models import build
+from tests.execution._clock import freeze_planning_clock
 
 #: How far two execution plans (Jacobian strategy, rows per pass, memory format) move a float32
 #: model's analytic p: float rounding of its passes. Measured at most 4.2e-7 on the CNN below on a
@@ -167,7 +168,8 @@ def test_channels_last_can_be_fixed_either_way():
 
 
 def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:
-    """Every timed call takes ``seconds`` (no pass runs); returns the log of what was timed."""
+    """Every timed call takes ``seconds`` (no pass runs) and the planning allowance's clock
+    stands still (the machine's load changes nothing); returns the log of what was timed."""
     timed: list[tuple] = []
 
     def fake(run, device):
@@ -175,6 +177,7 @@ def _fake_timings(monkeypatch, seconds: float) -> list[tuple]:
         return seconds
 
     monkeypatch.setattr(_tuning, "_seconds", fake)
+    freeze_planning_clock(monkeypatch)
     return timed
 
 
