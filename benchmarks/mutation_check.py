@@ -43,6 +43,9 @@ class Mutant:
 
 
 SCREENING = "tests/linearisation/test_screening_guarantees.py"
+LEVEL = "tests/smoothing/test_level.py"
+TRUST = "tests/estimators/test_trust_statistics.py"
+CENTRING = "tests/mvn/test_centring.py"
 MUTANTS = (
     Mutant(
         "screening-failure-left-out-of-cdf-error",
@@ -207,6 +210,209 @@ MUTANTS = (
         "_unit(scratch, radius).log_().mul_(-2.0).sqrt_()",
         "_unit(scratch, radius).log_().mul_(-1.0).sqrt_()",
         ("tests/test_random_streams.py::test_normal_and_uniform_have_their_laws",),
+    ),
+    # Issue 60: the bugs that passed the fast suite (a test of level 2 alpha, the trust level at
+    # 10%, a later trust stage drawing from draw 0, the dropped tails' bias subtracted whole, the
+    # lock opened following a link), then an audit of the constants and formulas the docstrings
+    # and docs/ state, each held by a test that only the stated value passes.
+    Mutant(
+        "sequential-certify-at-twice-its-level",
+        "smoothing/smoothed.py",
+        "certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / self.futility)",
+        "certify_at, give_up_at = math.log(1 / (2 * self.alpha)), math.log(1 / self.futility)",
+        (f"{LEVEL}::test_sequential_certify_certifies_a_radius_the_point_just_misses_at_the_rate_of_its_level",),
+    ),
+    Mutant(
+        "trust-level-at-ten-percent",
+        "estimators/trust.py",
+        "TRUST_LEVEL = 0.05",
+        "TRUST_LEVEL = 0.1",
+        (f"{TRUST}::test_three_of_sixteen_disagreeing_flag_a_point_at_five_percent_and_would_not_at_ten",),
+    ),
+    Mutant(
+        "trust-later-stages-sample-from-draw-0",
+        "estimators/linearised.py",
+        "eps = self._check_eps(x[open_], indices[open_], start, upto - start)",
+        "eps = self._check_eps(x[open_], indices[open_], 0, upto - start)",
+        (f"{TRUST}::test_each_stage_draws_the_streams_next_draws_from_where_the_last_stopped",),
+    ),
+    Mutant(
+        "mvn-dropped-tails-bias-subtracted-whole",
+        "mvn/cdf.py",
+        "p = torch.where(dead, 0.0, (p - 0.5 * bias).clamp(0.0, 1.0))",
+        "p = torch.where(dead, 0.0, (p - bias).clamp(0.0, 1.0))",
+        (f"{CENTRING}::test_the_closed_forms_estimate_is_centred_in_what_the_dropped_tails_may_cost",),
+    ),
+    Mutant(
+        "mvn-dropped-tails-bias-subtracted-whole-where-sampled",
+        "mvn/cdf.py",
+        "p = torch.where(dead, 0.0, (p - 0.5 * bias).clamp(0.0, 1.0))",
+        "p = torch.where(dead, 0.0, (p - torch.where(k_eff >= 3, 1.0, 0.5) * bias).clamp(0.0, 1.0))",
+        (f"{CENTRING}::test_the_sampled_estimate_is_centred_in_what_the_dropped_tails_may_cost_on_average",),
+    ),
+    Mutant(
+        "results-lock-opened-following-a-link",
+        "run/store.py",
+        "fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)",
+        "fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)",
+        ("tests/run/test_lock_link_race.py::test_a_lock_linked_after_the_folders_checks_is_refused_by_its_open",),
+    ),
+    # The audit: smoothing's levels and radius.
+    Mutant(
+        "sequential-thresholds-at-half-the-radius",
+        "smoothing/smoothed.py",
+        "batch, device = x.shape[0], x.device\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma)",
+        "batch, device = x.shape[0], x.device\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / (2 * self.sigma))",
+        (f"{LEVEL}::test_sequential_certify_certifies_a_radius_the_point_just_misses_at_the_rate_of_its_level",),
+    ),
+    Mutant(
+        "sequential-looks-doubling",
+        "smoothing/smoothed.py",
+        "stop = min(n, max(start + FIRST_CHECK, math.ceil(start * GROWTH)))",
+        "stop = min(n, max(start + FIRST_CHECK, math.ceil(start * 2)))",
+        (f"{LEVEL}::test_the_looks_are_the_documented_schedule",),
+    ),
+    Mutant(
+        "sequential-first-look-at-64",
+        "smoothing/smoothed.py",
+        "FIRST_CHECK = 128",
+        "FIRST_CHECK = 64",
+        (f"{LEVEL}::test_the_looks_are_the_documented_schedule",),
+    ),
+    Mutant(
+        "sequential-futility-at-twice-its-level",
+        "smoothing/smoothed.py",
+        "certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / self.futility)",
+        "certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / (2 * self.futility))",
+        (f"{LEVEL}::test_sequential_certify_gives_a_radius_up_when_its_futility_test_says_so",),
+    ),
+    Mutant(
+        "analytic-radius-with-half-sigma",
+        "smoothing/analytic.py",
+        "return torch.where(p > 0.5, scale * z, 0.0)",
+        "return torch.where(p > 0.5, scale / 2 * z, 0.0)",
+        ("tests/smoothing/test_analytic.py::test_the_estimate_is_the_distance_to_the_boundary_for_a_linear_model",),
+    ),
+    Mutant(
+        "certify-clopper-pearson-at-twice-alpha",
+        "smoothing/stats.py",
+        "bound = special.betaincinv(np.maximum(k, 1.0), n - k + 1.0, alpha)",
+        "bound = special.betaincinv(np.maximum(k, 1.0), n - k + 1.0, 2 * alpha)",
+        (f"{LEVEL}::test_certify_overstates_the_radius_at_the_rate_of_its_level",),
+    ),
+    Mutant(
+        "certify-radius-with-half-sigma",
+        "smoothing/smoothed.py",
+        "radius = torch.where(abstain, 0.0, self.sigma * torch.special.ndtri(p_lower))",
+        "radius = torch.where(abstain, 0.0, self.sigma / 2 * torch.special.ndtri(p_lower))",
+        (f"{LEVEL}::test_certify_overstates_the_radius_at_the_rate_of_its_level",),
+    ),
+    Mutant(
+        "certify-abstains-below-0.4-not-one-half",
+        "smoothing/smoothed.py",
+        "abstain = p_lower < 0.5",
+        "abstain = p_lower < 0.4",
+        ("tests/smoothing/test_certify.py::test_certify_abstains_where_the_bound_is_below_one_half",),
+    ),
+    Mutant(
+        "predict-at-twice-its-level",
+        "smoothing/smoothed.py",
+        "prediction=torch.where(p_value <= self.alpha, top, ABSTAIN),",
+        "prediction=torch.where(p_value <= 2 * self.alpha, top, ABSTAIN),",
+        (f"{LEVEL}::test_predict_returns_a_class_at_a_tie_at_the_rate_of_its_level",),
+    ),
+    Mutant(
+        "predict-binomial-test-one-sided",
+        "smoothing/stats.py",
+        "np.minimum(1.0, 2.0 * tail)",
+        "np.minimum(1.0, tail)",
+        (f"{LEVEL}::test_predict_returns_a_class_at_a_tie_at_the_rate_of_its_level",),
+    ),
+    # Monte Carlo's intervals.
+    Mutant(
+        "mc-wilson-interval-with-a-one-sided-quantile",
+        "estimators/monte_carlo.py",
+        "zq = float(special.ndtri(1.0 - alpha / 2))",
+        "zq = float(special.ndtri(1.0 - alpha))",
+        (f"{LEVEL}::test_monte_carlos_interval_misses_p_at_the_rate_its_confidence_implies[wilson]",),
+    ),
+    Mutant(
+        "mc-clopper-pearson-lower-end-at-alpha",
+        "estimators/monte_carlo.py",
+        "low = torch.from_numpy(stats.beta.ppf(alpha / 2, kn, tn - kn + 1))",
+        "low = torch.from_numpy(stats.beta.ppf(alpha, kn, tn - kn + 1))",
+        (f"{LEVEL}::test_monte_carlos_interval_misses_p_at_the_rate_its_confidence_implies[clopper-pearson]",),
+    ),
+    # The trust check's statistics.
+    Mutant(
+        "trust-level-at-six-percent",
+        "estimators/trust.py",
+        "TRUST_LEVEL = 0.05",
+        "TRUST_LEVEL = 0.06",
+        (f"{TRUST}::test_the_fewest_disagreements_that_flag_are_the_five_percent_tests_at_every_number_of_draws",),
+    ),
+    Mutant(
+        "trust-level-at-ten-percent-seen-by-its-rate",
+        "estimators/trust.py",
+        "TRUST_LEVEL = 0.05",
+        "TRUST_LEVEL = 0.1",
+        (f"{TRUST}::test_a_point_at_the_trust_level_is_flagged_at_the_rate_its_staged_test_implies",),
+    ),
+    Mutant(
+        "trust-confidence-at-90-percent",
+        "estimators/trust.py",
+        "TRUST_CONFIDENCE = 0.95",
+        "TRUST_CONFIDENCE = 0.9",
+        (f"{TRUST}::test_the_fewest_disagreements_that_flag_are_the_five_percent_tests_at_every_number_of_draws",),
+    ),
+    Mutant(
+        "trust-clear-rate-at-1.5-percent",
+        "estimators/trust.py",
+        "CLEAR_RATE = 0.01",
+        "CLEAR_RATE = 0.015",
+        (f"{TRUST}::test_a_point_whose_first_draws_agree_stops_at_a_flip_rate_of_one_percent_and_not_above",),
+    ),
+    Mutant(
+        "trust-clear-rate-strict",
+        "estimators/trust.py",
+        "        cleared &= rate <= CLEAR_RATE",
+        "        cleared &= rate < CLEAR_RATE",
+        (f"{TRUST}::test_a_point_whose_first_draws_agree_stops_at_a_flip_rate_of_one_percent_and_not_above",),
+    ),
+    Mutant(
+        "trust-residuals-widened-by-their-range-once",
+        "estimators/trust.py",
+        "RESIDUAL_SPREAD = 2.0",
+        "RESIDUAL_SPREAD = 1.0",
+        ("tests/estimators/test_trust.py::test_flip_rate_is_the_union_of_the_flipping_bands",),
+    ),
+    Mutant(
+        "trust-residuals-widened-by-a-quarter-of-their-size",
+        "estimators/trust.py",
+        "RESIDUAL_SLACK = 0.5",
+        "RESIDUAL_SLACK = 0.25",
+        ("tests/estimators/test_trust.py::test_flip_rate_is_the_union_of_the_flipping_bands",),
+    ),
+    Mutant(
+        "trust-second-stage-ends-at-10",
+        "estimators/trust.py",
+        "STAGE_DRAWS = (2, 8)",
+        "STAGE_DRAWS = (2, 10)",
+        (f"{TRUST}::test_each_stage_draws_the_streams_next_draws_from_where_the_last_stopped",),
+    ),
+    Mutant(
+        "trust-first-stage-of-3",
+        "estimators/trust.py",
+        "STAGE_DRAWS = (2, 8)",
+        "STAGE_DRAWS = (3, 8)",
+        ("tests/estimators/test_trust.py::test_check_stages_are_the_cumulative_draw_counts",),
+    ),
+    Mutant(
+        "trust-taylor-checks-40-draws",
+        "estimators/trust.py",
+        "TAYLOR_CHECK_DRAWS = 32",
+        "TAYLOR_CHECK_DRAWS = 40",
+        ("tests/estimators/test_trust.py::test_check_stages_are_the_cumulative_draw_counts",),
     ),
 )
 
