@@ -251,6 +251,13 @@ MUTANTS = (
         (f"{CENTRING}::test_the_sampled_estimate_is_centred_in_what_the_dropped_tails_may_cost_on_average",),
     ),
     Mutant(
+        "mvn-dropped-tails-may-cost-ten-percent-of-tol",
+        "mvn/cdf.py",
+        "_DROP_FRACTION = 0.05",
+        "_DROP_FRACTION = 0.1",
+        (f"{CENTRING}::test_a_coordinate_is_dropped_only_where_the_dropped_tails_cost_at_most_five_percent_of_tol",),
+    ),
+    Mutant(
         "results-lock-opened-following-a-link",
         "run/store.py",
         "fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)",

@@ -25,6 +25,7 @@ import torch
 from scipy import integrate, optimize, special, stats
 
 from probust.mvn import mvn_cdf
+from probust.mvn.bivariate import BVN_ERROR
 
 TOL = 0.01  # large, so that the dropped tails (up to 5% of it) are large against rounding
 DROP_SHARE = 0.05  # mvn/cdf.py: the share of tol the dropped coordinates may cost
@@ -131,3 +132,22 @@ def test_the_sampled_estimate_is_centred_in_what_the_dropped_tails_may_cost_on_a
     spread = error.std() / math.sqrt(len(error))
     assert 5 * spread < 0.5 * bias.mean(), (spread, bias.mean())  # the average can see -bias / 2
     assert abs(error.mean()) < 4 * spread, (error.mean(), spread, bias.mean())
+
+
+def test_a_coordinate_is_dropped_only_where_the_dropped_tails_cost_at_most_five_percent_of_tol():
+    # Two kept coordinates and four more, each with the tail c tol / 6 (6 constrained): the four
+    # are dropped exactly where their share c is below 5%, and then the problem is the closed
+    # form's, whose error is its rounding bound (BVN_ERROR, 1e-14) plus the dropped tails, at most
+    # 5% of tol. Kept, they make the problem sampled, with an error of another size.
+    gen = np.random.default_rng(2)
+    for c in (0.02, 0.04, 0.049, 0.051, 0.06, 0.08, 0.12):
+        z, corr = _kept_at_one_half(2, gen)
+        tail = c * TOL / 6
+        upper = torch.from_numpy(np.concatenate([z, np.full(4, stats.norm.isf(tail))]))
+        cov = torch.eye(6, dtype=torch.float64)
+        cov[:2, :2] = torch.from_numpy(corr)
+        _, err = mvn_cdf(upper, cov, tol=TOL, return_error=True)
+        closed_form = math.isclose(float(err), BVN_ERROR + 4 * tail, rel_tol=1e-9)
+        assert closed_form == (c < DROP_SHARE), (c, float(err), 4 * tail)
+        if closed_form:
+            assert float(err) <= DROP_SHARE * TOL + BVN_ERROR
