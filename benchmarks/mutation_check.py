@@ -46,6 +46,7 @@ SCREENING = "tests/linearisation/test_screening_guarantees.py"
 LEVEL = "tests/smoothing/test_level.py"
 TRUST = "tests/estimators/test_trust_statistics.py"
 CENTRING = "tests/mvn/test_centring.py"
+DEFAULTS = "tests/estimators/test_stated_defaults.py"
 MUTANTS = (
     Mutant(
         "screening-failure-left-out-of-cdf-error",
@@ -349,6 +350,27 @@ MUTANTS = (
         "low = torch.from_numpy(stats.beta.ppf(alpha / 2, kn, tn - kn + 1))",
         "low = torch.from_numpy(stats.beta.ppf(alpha, kn, tn - kn + 1))",
         (f"{LEVEL}::test_monte_carlos_interval_misses_p_at_the_rate_its_confidence_implies[clopper-pearson]",),
+    ),
+    Mutant(
+        "mc-default-confidence-90-percent",
+        "estimators/monte_carlo.py",
+        "DEFAULT_CONFIDENCE = 0.95",
+        "DEFAULT_CONFIDENCE = 0.9",
+        (f"{DEFAULTS}::test_monte_carlo_draws_the_papers_ten_thousand_copies_with_a_95_percent_wilson_interval",),
+    ),
+    Mutant(
+        "mc-default-draws-1000",
+        "estimators/monte_carlo.py",
+        "DEFAULT_DRAWS = 10_000",
+        "DEFAULT_DRAWS = 1_000",
+        (f"{DEFAULTS}::test_the_monte_carlo_variants_draw_ten_thousand_copies_at_95_percent_by_default",),
+    ),
+    Mutant(
+        "mc-is-count-bound-below-5-failures-not-10",
+        "estimators/importance.py",
+        "MIN_FAILURES = 10",
+        "MIN_FAILURES = 5",
+        (f"{DEFAULTS}::test_mc_is_switches_to_its_count_bound_below_ten_failures_and_not_at_ten",),
     ),
     # The trust check's statistics.
     Mutant(
