@@ -336,6 +336,27 @@ MUTANTS = (
         "np.minimum(1.0, tail)",
         (f"{LEVEL}::test_predict_returns_a_class_at_a_tie_at_the_rate_of_its_level",),
     ),
+    Mutant(
+        "predict-default-alpha-0.01",
+        "smoothing/smoothed.py",
+        "*, alpha: float = 0.001, **kwargs) -> None:",
+        "*, alpha: float = 0.01, **kwargs) -> None:",
+        ("tests/smoothing/test_defaults.py::test_predict_defaults_to_cohens_settings",),
+    ),
+    Mutant(
+        "certify-default-futility-0.01",
+        "smoothing/smoothed.py",
+        "futility: float = 0.001,",
+        "futility: float = 0.01,",
+        ("tests/smoothing/test_defaults.py::test_certify_defaults_to_cohens_settings",),
+    ),
+    Mutant(
+        "certify-function-default-n0-10",
+        "smoothing/smoothed.py",
+        "\n    n0: int = 100,\n",
+        "\n    n0: int = 10,\n",
+        ("tests/smoothing/test_defaults.py::test_certify_defaults_to_cohens_settings",),
+    ),
     # Monte Carlo's intervals.
     Mutant(
         "mc-wilson-interval-with-a-one-sided-quantile",
