@@ -234,7 +234,7 @@ def test_certify_overstates_the_radius_at_the_rate_of_its_level():
     exceeds the true radius sigma Phi^-1(p) exactly where the one-sided Clopper-Pearson bound
     (scipy's beta quantile) exceeds p: over R = 3,000 points the count passes the two-sided
     binomial test against that rate (~0.058); at level 2 alpha the rate is ~0.117, which the test
-    rejects with probability > 0.999 (1 - 1e-6 here). The radius is sigma Phi^-1(p_lower), by scipy's normal quantile."""
+    rejects with probability > 0.999 (above 1 - 1e-9 here). The radius is sigma Phi^-1(p_lower), by scipy's normal quantile."""
     alpha, n, repeats = 0.1, 100, 3000
     model = _two_class_linear(seed=2)
     target_p = 0.9 - 1e-6
@@ -271,7 +271,7 @@ def test_predict_returns_a_class_at_a_tie_at_the_rate_of_its_level():
     smoothed classifier's, and it returns one exactly where scipy's two-sided binomial test
     rejects p = 1/2 at level alpha (rate ~0.089 here). Over R = 3,000 points the count passes the
     binomial test against it; at level 2 alpha the rate is ~0.19 (and a one-sided p-value doubles
-    it too), which the test rejects with probability > 0.999 (1 - 1e-6 here)."""
+    it too), which the test rejects with probability > 0.999 (above 1 - 1e-9 here)."""
     alpha, n, repeats = 0.1, 100, 3000
     model = nn.Linear(4, 2, bias=False)
     with torch.no_grad():
@@ -299,7 +299,7 @@ def test_monte_carlos_interval_misses_p_at_the_rate_its_confidence_implies(inter
     against the exact miss rate (the interval scipy's ``binomtest(k, M).proportion_ci`` gives at
     each count, summed over the binomial law: ~0.124 for Wilson, which is not exact, ~0.076 for
     Clopper-Pearson); an interval at 80% (or a one-sided quantile at 90%) misses ~0.19 and ~0.16,
-    which the test rejects with probability > 0.999 (1 - 1e-6 here)."""
+    which the test rejects with probability > 0.999 (above 1 - 1e-9 here)."""
     confidence, m, repeats = 0.9, 200, 3000
     model = _two_class_linear(seed=4)
     x = _points_at(model, SIGMA * stats.norm.ppf(0.9), repeats, seed=6)
