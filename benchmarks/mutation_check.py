@@ -259,6 +259,13 @@ MUTANTS = (
         (f"{CENTRING}::test_a_coordinate_is_dropped_only_where_the_dropped_tails_cost_at_most_five_percent_of_tol",),
     ),
     Mutant(
+        "mvn-error-holds-half-the-dropped-tails",
+        "mvn/cdf.py",
+        "err = torch.where(dead, 0.0, err + bias)",
+        "err = torch.where(dead, 0.0, err + 0.5 * bias)",
+        (f"{CENTRING}::test_the_closed_forms_estimate_is_centred_in_what_the_dropped_tails_may_cost",),
+    ),
+    Mutant(
         "results-lock-opened-following-a-link",
         "run/store.py",
         "fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)",
