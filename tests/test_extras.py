@@ -154,5 +154,5 @@ def test_the_extras_in_pyproject_match_the_modules_that_need_them():
     for module, extra in MODULE_EXTRAS.items():
         assert distribution.get(module, module).lower() in names(optional[extra]), (module, extra)
     assert optional["report"][0] == "probust[run]" and optional["all"] == [
-        "probust[run,report,data,hf,metrics,lightning]"
+        "probust[run,report,data,hf,metrics,lightning,cleanlab]"
     ]

@@ -45,6 +45,7 @@ __version__ = "0.4.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "run_estimate": ("probust.run", "run_estimate"),
     "score": ("probust.run.score", "score"),
+    "find_issues": ("probust.issues", "find_issues"),
     "run": ("probust.run", None),
     "metrics": ("probust.metrics", None),
     "plots": ("probust.plots", None),
@@ -95,6 +96,7 @@ __all__ = [
     "__version__",
     "certify",
     "estimate",
+    "find_issues",
     "make_estimator",
     "mvn_cdf",
     "mvn_sf",

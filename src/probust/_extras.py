@@ -23,6 +23,7 @@ EXTRAS: dict[str, str] = {
     "hf": "Hugging Face image classifiers (--model hf:NAME, the vit architecture)",
     "metrics": "the torchmetrics metric for validation loops (probust.metrics.AverageCaseRobustness)",
     "lightning": "the Lightning callback that logs it (probust.metrics.RobustnessCallback)",
+    "cleanlab": "the label-issue benchmark's comparison (benchmarks/bench_label_issues.py)",
     "all": "every extra",
 }
 
@@ -38,6 +39,7 @@ MODULE_EXTRAS: dict[str, str] = {
     "transformers": "hf",
     "torchmetrics": "metrics",
     "lightning": "lightning",
+    "cleanlab": "cleanlab",
 }
 
 

@@ -23,7 +23,7 @@ from probust.errors import ProbustError
 STRICT_PRODUCTS = "AUTO,STRICT"
 
 # Sub-command modules, in the order `probust --help` lists them.
-_COMMANDS = ("estimate", "certify", "train", "report", "demo")
+_COMMANDS = ("estimate", "certify", "issues", "train", "report", "demo")
 
 
 class UsageError(ProbustError):

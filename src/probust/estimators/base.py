@@ -278,7 +278,9 @@ class Estimator(PointwiseMethod, ABC):
             :class:`PointwiseMethod`.
     """
 
-    def __call__(self, x: Tensor, target: Tensor | None = None, *, index_offset: int = 0) -> Estimate:
+    def __call__(
+        self, x: Tensor, target: Tensor | None = None, *, index_offset: int = 0, indices: Tensor | None = None
+    ) -> Estimate:
         """Estimate p_robust for each row of ``x``.
 
         Args:
@@ -287,13 +289,35 @@ class Estimator(PointwiseMethod, ABC):
                 prediction on the clean x (a tie there is an error).
             index_offset: the index of row 0 in the whole data set, so that a point's random
                 stream is the same however the data set is batched.
+            indices: int64 [B], each row's index in the data set, for rows that are not
+                consecutive points (a fold, a selection); instead of ``index_offset``.
         """
-        x, indices = self._prepare(x, index_offset)
+        x, consecutive = self._prepare(x, index_offset)
+        if indices is not None:
+            if index_offset:
+                raise OptionError("give index_offset or indices, not both", field="indices")
+            consecutive = _row_indices(indices, x)
+        indices = consecutive
         with self._evaluating():
             return self._estimate(x, target, indices)
 
     @abstractmethod
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...
+
+
+def _row_indices(indices: Tensor, x: Tensor) -> Tensor:
+    """``indices`` checked: int64 [B] of distinct indices >= 0, on x's device."""
+    indices = torch.as_tensor(indices)
+    if indices.shape != (x.shape[0],) or indices.is_floating_point() or indices.dtype == torch.bool:
+        raise OptionError(
+            f"expected integer indices [{x.shape[0]}], one per row of x, got {indices.dtype} {list(indices.shape)}",
+            field="indices",
+        )
+    if len(indices) and (int(indices.min()) < 0 or len(torch.unique(indices)) != len(indices)):
+        raise OptionError(
+            "must be distinct indices >= 0 (each point's random stream derives from its own)", field="indices"
+        )
+    return indices.to(device=x.device, dtype=torch.int64)
 
 
 def noisy_logits(

@@ -1,0 +1,138 @@
+"""``probust issues``: suspect labels, atypical and memorised points of a data set
+(:func:`probust.find_issues`) into a resumable folder, with an HTML page of the most suspect
+images per class."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_EPILOG = """\
+examples:
+  probust issues --data fashion-mnist --split train --model cnn.pt --out issues/
+  probust issues --data points.npz --fold m0.pt held0.txt --fold m1.pt held1.txt --out issues/
+
+--model scores every point no --fold holds out (in sample); each --fold MODEL INDICES scores the
+points listed in INDICES (.npy, or a text file of integers) with MODEL, which did not train on
+them (out of sample). Writes OUT/issues.csv (one row per point, probust.find_issues' columns),
+OUT/issues.html (the most suspect images per class, cleanlab's picks beside them where cleanlab
+is installed) and the chunks it is computed from: run the same command again to resume.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``issues`` sub-command."""
+    p = subparsers.add_parser(
+        "issues",
+        help="rank suspect labels, atypical and memorised points by p_robust (probust.find_issues)",
+        description="Find what is wrong with a labelled data set: per point, the probability that its given\n"
+        "label survives Gaussian noise (low: a suspect label), the flags of the estimated label errors,\n"
+        "an outlier and a memorisation score (docs/issues.md).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--data", required=True, help="a built-in data set name, or a file or folder of points")
+    p.add_argument("--split", default="test", choices=("train", "test"), help="of a built-in data set (default test)")
+    p.add_argument("--data-root", help="where to look for a built-in data set")
+    p.add_argument("--model", help="a model file (or package.module:function): scores the points no --fold holds out")
+    p.add_argument(
+        "--fold",
+        nargs=2,
+        action="append",
+        metavar=("MODEL", "INDICES"),
+        default=[],
+        help="a model and the indices it did not train on (repeatable)",
+    )
+    p.add_argument(
+        "--sigma", type=float, help="noise standard deviation per input coordinate (default: the inputs' RMS spread)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-pickle", action="store_true", help="accept model files that run code when loaded")
+    p.add_argument("--top", type=int, default=8, help="suspect images per class on the page (default 8)")
+    p.add_argument("--out", required=True, help="the folder to write (resumable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _indices(path: str):
+    import numpy as np
+
+    from probust.cli import UsageError
+
+    file = Path(path)
+    try:
+        values = (
+            np.load(file, allow_pickle=False) if file.suffix == ".npy" else np.loadtxt(file, dtype=np.int64, ndmin=1)
+        )
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--fold: {path}: not a .npy file or a text file of integer indices ({exc})") from None
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``probust issues``; returns the exit status."""
+    import torch
+
+    from probust.cli import UsageError
+    from probust.issues import find_issues
+    from probust.run import ConfigError
+    from probust.run.model_source import load_model
+    from probust.run.sources import load_data
+
+    if args.model is None and not args.fold:
+        raise UsageError("give --model, or --fold MODEL INDICES for every fold")
+    flags = {"data": "--data", "model": "--model", "folds": "--fold", "sigma": "--sigma", "out": "--out"}
+    try:
+        ds = load_data(args.data, args.split, args.data_root, False)
+        cpu = torch.device("cpu")
+        model = None if args.model is None else load_model(args.model, cpu, ds, args.allow_pickle)[0]
+        folds = [(load_model(m, cpu, ds, args.allow_pickle)[0], _indices(i)) for m, i in args.fold]
+        frame = find_issues(
+            model,
+            ds,
+            folds=folds or None,
+            sigma=args.sigma,
+            seed=args.seed,
+            out=args.out,
+            show_progress=not args.no_progress,
+        )
+    except ConfigError as exc:
+        flag = flags.get(exc.field or "", exc.field)
+        raise UsageError(f"{flag}: {exc.reason}" if flag else str(exc)) from None
+    out = Path(args.out)
+    frame.to_csv(out / "issues.csv", index=False)
+    page = _write_page(frame, ds, out / "issues.html", args.top)
+    flagged = int(frame["is_label_issue"].sum())
+    print(
+        f"{len(frame)} points, sigma {frame['sigma'].iloc[0]:.4g}: {flagged} flagged as label issues", file=sys.stderr
+    )
+    print(frame.sort_values("label_score").head(10).to_string(index=False))
+    print(f"wrote {out / 'issues.csv'} and {page}", file=sys.stderr)
+    return 0
+
+
+def _write_page(frame, ds, path: Path, top: int) -> Path:
+    """One HTML page: the suspects' figure (embedded PNG) and the table of the flagged points."""
+    import base64
+    import html
+    import io
+
+    from probust.plots.issues import suspects
+
+    buffer = io.BytesIO()
+    suspects(frame, ds, top=top).savefig(buffer, format="png", dpi=110)
+    image = base64.b64encode(buffer.getvalue()).decode()
+    flagged = frame[frame["is_label_issue"]].sort_values("label_score")
+    sigma = float(frame["sigma"].iloc[0])
+    body = (
+        f"<h1>Label issues</h1><p>{len(frame)} points scored at sigma {sigma:.4g}; {len(flagged)} flagged as label "
+        "issues (per given class, the estimated number of label errors, lowest label_score first). label_score is "
+        "the probability that the model's prediction under the noise is the given label; cleanlab's picks rank by "
+        "self_confidence, the clean softmax of the given label.</p>"
+        f'<img alt="most suspect points per class" src="data:image/png;base64,{image}">'
+        f"<h2>Flagged points</h2>{flagged.to_html(index=False, float_format=lambda v: f'{v:.4f}')}"
+    )
+    page = f"<!doctype html><meta charset='utf-8'><title>{html.escape('probust issues')}</title><body>{body}</body>"
+    path.write_text(page, encoding="utf-8")
+    return path
