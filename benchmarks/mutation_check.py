@@ -47,6 +47,7 @@ LEVEL = "tests/smoothing/test_level.py"
 TRUST = "tests/estimators/test_trust_statistics.py"
 CENTRING = "tests/mvn/test_centring.py"
 DEFAULTS = "tests/estimators/test_stated_defaults.py"
+ISSUES = "tests/issues/test_find_issues.py"
 MUTANTS = (
     Mutant(
         "screening-failure-left-out-of-cdf-error",
@@ -470,6 +471,34 @@ MUTANTS = (
         "TAYLOR_CHECK_DRAWS = 32",
         "TAYLOR_CHECK_DRAWS = 40",
         ("tests/estimators/test_trust.py::test_check_stages_are_the_cumulative_draw_counts",),
+    ),
+    Mutant(
+        "find-issues-flags-the-highest-label-scores",
+        "issues/counting.py",
+        'order = members[np.argsort(scores[members], kind="stable")]',
+        'order = members[np.argsort(-scores[members], kind="stable")]',
+        (f"{ISSUES}::test_planted_label_errors_are_flagged_and_ranked_first_and_clean_points_are_not",),
+    ),
+    Mutant(
+        "find-issues-folds-may-overlap",
+        "issues/folds.py",
+        "        if taken.any():",
+        "        if False:",
+        (f"{ISSUES}::test_bad_folds_are_refused_with_the_reason",),
+    ),
+    Mutant(
+        "find-issues-prediction-scored-at-the-label",
+        "issues/find.py",
+        "estimator(x[other], target=prediction[other], indices=index[other])",
+        "estimator(x[other], target=labels[other], indices=index[other])",
+        (f"{ISSUES}::test_p_label_and_p_robust_are_the_exact_probabilities_of_a_linear_model",),
+    ),
+    Mutant(
+        "estimator-indices-ignored",
+        "estimators/base.py",
+        "            rows = _row_indices(indices, x)",
+        "            _row_indices(indices, x)",
+        (f"{ISSUES}::test_an_estimator_given_indices_matches_each_row_at_its_own_offset",),
     ),
 )
 

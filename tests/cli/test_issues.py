@@ -51,7 +51,14 @@ def test_folds_from_the_command_line_and_bad_arguments(tmp_path, capsys):
     np.savetxt(tmp_path / "a.txt", np.arange(0, 90, 2), fmt="%d")
     np.save(tmp_path / "b.npy", np.arange(1, 90, 2))
     base = ["issues", "--data", str(tmp_path / "d.npz"), "--allow-pickle", "--sigma", "0.2", "--no-progress"]
-    folds = ["--fold", str(tmp_path / "m.pt"), str(tmp_path / "a.txt"), "--fold", str(tmp_path / "m.pt"), str(tmp_path / "b.npy")]
+    folds = [
+        "--fold",
+        str(tmp_path / "m.pt"),
+        str(tmp_path / "a.txt"),
+        "--fold",
+        str(tmp_path / "m.pt"),
+        str(tmp_path / "b.npy"),
+    ]
     assert main([*base, *folds, "--out", str(tmp_path / "o1")]) == 0
     written = pd.read_csv(tmp_path / "o1" / "issues.csv")
     assert list(written["fold"][:4]) == [0, 1, 0, 1]
@@ -61,6 +68,9 @@ def test_folds_from_the_command_line_and_bad_arguments(tmp_path, capsys):
     assert "--fold: folds[1] and folds[0] both hold out point 0" in capsys.readouterr().err
     assert main([*base, "--out", str(tmp_path / "o3")]) == 2
     assert "give --model, or --fold" in capsys.readouterr().err
+    torch.save(nn.Sequential(nn.Flatten(), nn.Linear(16, 3), nn.Softmax(dim=1)), tmp_path / "probs.pt")
+    assert main([*base, "--model", str(tmp_path / "probs.pt"), "--out", str(tmp_path / "o4")]) == 2
+    assert "probabilit" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("top", [1, 4])

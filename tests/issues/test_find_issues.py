@@ -179,6 +179,16 @@ def test_an_interrupted_call_resumes_from_its_folder_and_another_call_is_refused
     np.testing.assert_array_equal(again["label_score"], first["label_score"])
     with pytest.raises(ConfigMismatchError, match="sigma"):
         find_issues(model, (x, y), sigma=0.4, out=tmp_path, show_progress=False)
+    monkeypatch.undo()
+    moved = x.clone()
+    moved[2100] += 10.0  # a point of the second chunk: that chunk is computed again, the first is not
+    calls = []
+    real = find_module._chunk
+    monkeypatch.setattr(find_module, "_chunk", lambda *args: calls.append(len(args[1])) or real(*args))
+    changed = find_issues(model, (moved, y), sigma=0.5, out=tmp_path, show_progress=False)
+    assert calls == [352]  # 2,400 points: chunks of 2,048 and 352
+    expected = find_issues(model, (moved, y), sigma=0.5, show_progress=False)
+    np.testing.assert_array_equal(changed["label_score"], expected["label_score"])
 
 
 def test_the_default_sigma_is_the_inputs_rms_spread():
@@ -223,7 +233,9 @@ def test_an_estimator_given_indices_matches_each_row_at_its_own_offset(method):
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 6)).eval()
     x = 0.1 * torch.randn(15, 8)
     samples = 64 if method == "mc" else 5
-    estimator = probust.make_estimator(method, model, 1.0, n_samples=samples, execution=probust.Execution(show_progress=False))
+    estimator = probust.make_estimator(
+        method, model, 1.0, n_samples=samples, execution=probust.Execution(show_progress=False)
+    )
     index = torch.tensor([40, 3, 17, 8, 99, 0, 12, 5, 60, 61, 62, 63, 64, 65, 66])
     together = estimator(x, indices=index).p
     alone = torch.cat([estimator(x[i : i + 1], index_offset=int(index[i])).p for i in range(len(x))])

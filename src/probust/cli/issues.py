@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from probust.cli import UsageError
+    from probust.errors import ProbustError
     from probust.issues import find_issues
     from probust.run import ConfigError
     from probust.run.model_source import load_model
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         flag = flags.get(exc.field or "", exc.field)
         raise UsageError(f"{flag}: {exc.reason}" if flag else str(exc)) from None
+    except ProbustError as exc:  # a model that breaks the contract (its output, its inputs)
+        raise UsageError(f"--model: {exc}") from None
     out = Path(args.out)
     frame.to_csv(out / "issues.csv", index=False)
     page = _write_page(frame, ds, out / "issues.html", args.top)

@@ -292,14 +292,13 @@ class Estimator(PointwiseMethod, ABC):
             indices: int64 [B], each row's index in the data set, for rows that are not
                 consecutive points (a fold, a selection); instead of ``index_offset``.
         """
-        x, consecutive = self._prepare(x, index_offset)
+        x, rows = self._prepare(x, index_offset)
         if indices is not None:
             if index_offset:
                 raise OptionError("give index_offset or indices, not both", field="indices")
-            consecutive = _row_indices(indices, x)
-        indices = consecutive
+            rows = _row_indices(indices, x)
         with self._evaluating():
-            return self._estimate(x, target, indices)
+            return self._estimate(x, target, rows)
 
     @abstractmethod
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate: ...

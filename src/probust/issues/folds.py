@@ -133,6 +133,7 @@ def train_folds(
     batch_size: int = 128,
     weight_decay: float = 0.0,
     seed: int = 0,
+    device: str | torch.device = "cpu",
     show_progress: bool = True,
 ) -> list[tuple[nn.Module, np.ndarray]]:
     """K models of ``factory``, each trained on all points but one fold's: the ``folds`` argument of
@@ -140,7 +141,8 @@ def train_folds(
 
     Each model trains with Adam on the cross-entropy of the given labels (the points of its
     training part reshuffled every epoch from ``seed``); the folds are a seeded permutation cut into
-    ``k`` parts of sizes that differ by at most one. Deterministic on the CPU for a given seed.
+    ``k`` parts of sizes that differ by at most one. Deterministic on the CPU for a given seed. The
+    inputs stay where they are; each batch moves to ``device``.
 
     Args:
         factory: returns a fresh, untrained model mapping [B, *S] to logits [B, C].
@@ -148,6 +150,7 @@ def train_folds(
         k: the number of folds (>= 2).
         epochs, lr, batch_size, weight_decay: Adam's settings, the same for every fold.
         seed: of the fold split, the initialisations (``torch.manual_seed(seed + fold)``) and the shuffling.
+        device: where the models train (and are returned).
         show_progress: one bar over the k trainings' epochs.
 
     Returns:
@@ -167,21 +170,22 @@ def train_folds(
     with progress(k * epochs, f"training {k} folds", show_progress) as bar:
         for fold, held in enumerate(parts):
             keep = np.setdiff1d(np.arange(len(x)), held)
-            trained.append(
-                (_fit(factory, x[keep], labels[keep], epochs, lr, batch_size, weight_decay, seed + fold, bar), held)
+            fitted = _fit(
+                factory, x[keep], labels[keep], epochs, lr, batch_size, weight_decay, seed + fold, device, bar
             )
+            trained.append((fitted, held))
     return trained
 
 
-def _fit(factory, x, y, epochs, lr, batch_size, weight_decay, seed, bar) -> nn.Module:
+def _fit(factory, x, y, epochs, lr, batch_size, weight_decay, seed, device, bar) -> nn.Module:
     torch.manual_seed(seed)
-    model = factory()
+    model = factory().to(device)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     shuffle = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(epochs):
         for batch in torch.randperm(len(x), generator=shuffle).split(batch_size):
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            loss = nn.functional.cross_entropy(model(x[batch].to(device)), y[batch].to(device))
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
