@@ -8,15 +8,7 @@ from torch import nn
 
 import probust
 from probust.smoothing import radius_estimate
-
-
-def _two_class(d: int = 6, seed: int = 0) -> nn.Linear:
-    gen = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, 2)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(2, d, generator=gen))
-        model.bias.copy_(torch.randn(2, generator=gen))
-    return model
+from tests._helpers import linear_model
 
 
 def _distance(model: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -29,7 +21,7 @@ def _distance(model: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def test_the_estimate_is_the_distance_to_the_boundary_for_a_linear_model(method):
     # For a linear two-class model Taylor and MMSE are exact, and the smoothed classifier's
     # radius is the distance to the boundary: sigma * Phi^-1(p) recovers it.
-    model, sigma = _two_class(), 0.4
+    model, sigma = linear_model(6, 2), 0.4
     x = torch.randn(20, 6, generator=torch.Generator().manual_seed(1)) * 0.5
     est = probust.make_estimator(method, model, sigma)(x)
     distance = _distance(model, x) * torch.where(est.target == 0, 1.0, -1.0).double()
@@ -38,7 +30,7 @@ def test_the_estimate_is_the_distance_to_the_boundary_for_a_linear_model(method)
 
 
 def test_no_radius_where_the_class_is_kept_with_p_below_one_half():
-    model, sigma = _two_class(), 0.4
+    model, sigma = linear_model(6, 2), 0.4
     x = torch.randn(10, 6, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         other = 1 - model(x).argmax(1)
@@ -49,7 +41,7 @@ def test_no_radius_where_the_class_is_kept_with_p_below_one_half():
 
 def test_far_points_keep_their_digits_through_p_fail():
     # 12 sigma from the boundary p rounds to 1 (Phi^-1(1) = inf); the failure probability keeps it.
-    model, sigma = _two_class(), 0.1
+    model, sigma = linear_model(6, 2), 0.1
     w = (model.weight[0] - model.weight[1]).detach()
     b = float((model.bias[0] - model.bias[1]).detach())
     x = ((12 * sigma * w.norm() - b) / w.norm() ** 2 * w)[None, :]
@@ -60,7 +52,7 @@ def test_far_points_keep_their_digits_through_p_fail():
 
 
 def test_softmax_and_other_noise_are_refused():
-    model, x = _two_class(), torch.randn(3, 6)
+    model, x = linear_model(6, 2), torch.randn(3, 6)
     with pytest.raises(ValueError, match="softmax"):
         radius_estimate(probust.Softmax(model)(x), 0.3)
     est = probust.Taylor(model, 0.3)(x)

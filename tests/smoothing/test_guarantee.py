@@ -19,19 +19,11 @@ from torch import Tensor, nn
 
 import probust
 from probust.execution import Execution
+from tests._helpers import linear_model
 
 SIGMA = 0.5
 RADII = (0.0, 0.25, 0.5)
 SETTINGS = dict(execution=Execution(memory_budget="512MB", channels_last=False, batch_size=4096))
-
-
-def _two_class_linear(d: int = 5, seed: int = 0) -> nn.Linear:
-    gen = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, 2)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(2, d, generator=gen))
-        model.bias.copy_(torch.randn(2, generator=gen))
-    return model
 
 
 def _points_at(model: nn.Linear, distances: Tensor, seed: int = 1) -> Tensor:
@@ -80,7 +72,7 @@ def _wrong_sequential(model: nn.Linear, x: Tensor, r: probust.CertifyResult) -> 
 
 def test_the_closed_form_is_the_models_probability():
     # The oracle itself, against Monte Carlo with a 99.9% interval.
-    model = _two_class_linear()
+    model = linear_model(5, 2)
     x = _hard_points(model, 1)
     _, _, p0 = _truth(model, x)
     mc = probust.MonteCarlo(model, SIGMA, n_samples=20_000, confidence=0.999, **SETTINGS)(x, torch.zeros(len(x)).long())
@@ -89,7 +81,7 @@ def test_the_closed_form_is_the_models_probability():
 
 def test_certify_is_wrong_for_at_most_alpha_of_points():
     alpha, repeats = 0.05, 800
-    model = _two_class_linear()
+    model = linear_model(5, 2)
     x = _hard_points(model, repeats)
     r = probust.certify(model, x, SIGMA, n0=100, n=500, alpha=alpha, seed=3, **SETTINGS)
     wrong = _wrong_fixed(model, x, r)
@@ -103,7 +95,7 @@ def test_sequential_certify_is_wrong_for_at_most_alpha_of_points_whenever_it_sto
     # futility = 0.5 gives radii up early and so stops points at other times: the guarantee
     # does not depend on when a point stops.
     alpha, repeats = 0.05, 500
-    model = _two_class_linear()
+    model = linear_model(5, 2)
     x = _hard_points(model, repeats)
     r = probust.certify(
         model, x, SIGMA, n0=100, n=1500, alpha=alpha, radii=RADII, futility=futility, seed=4, **SETTINGS
@@ -127,7 +119,7 @@ def test_sequential_certify_is_wrong_for_at_most_alpha_of_points_whenever_it_sto
 )
 def test_the_guarantee_at_alpha_001_over_many_points(radii, n, repeats):
     alpha = 0.01
-    model = _two_class_linear(d=8, seed=5)
+    model = linear_model(8, 2, seed=5)
     x = _hard_points(model, repeats)
     r = probust.certify(model, x, SIGMA, n0=100, n=n, alpha=alpha, radii=radii, seed=9, **SETTINGS)
     wrong = _wrong_fixed(model, x, r) if radii is None else _wrong_sequential(model, x, r).any(dim=1)

@@ -30,21 +30,13 @@ from torch import Tensor, nn
 import probust
 from probust.execution import Execution
 from probust.smoothing.smoothed import FIRST_CHECK, GROWTH, checkpoints
+from tests._helpers import linear_model
 
 SIGMA = 0.5
 SETTINGS = dict(execution=Execution(memory_budget="512MB", channels_last=False, batch_size=4096))
 #: The two-sided binomial test each simulation passes: a correct implementation fails it with
 #: probability at most this (per test; the seeds are fixed, so each run is the same).
 TEST_LEVEL = 1e-3
-
-
-def _two_class_linear(d: int = 5, seed: int = 0) -> nn.Linear:
-    gen = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, 2)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(2, d, generator=gen))
-        model.bias.copy_(torch.randn(2, generator=gen))
-    return model
 
 
 def _points_at(model: nn.Linear, distance: float, count: int, seed: int = 1) -> Tensor:
@@ -148,7 +140,7 @@ def test_sequential_certify_certifies_a_radius_the_point_just_misses_at_the_rate
     inequality: the exact rate is at most alpha."""
     alpha, futility, n, repeats = 0.1, 0.1, 1000, 3000
     radius = SIGMA * stats.norm.ppf(0.9)
-    model = _two_class_linear()
+    model = linear_model(5, 2)
     x = _points_at(model, radius * (1 - 1e-4), repeats)  # p just below the threshold Phi(r / sigma)
     p = _p_class_0(model, x)
     assert p.max() - p.min() < 1e-6 and p.max() < stats.norm.cdf(radius / SIGMA)
@@ -188,7 +180,7 @@ def test_sequential_certify_gives_a_radius_up_when_its_futility_test_says_so():
     chi-square test's power against that is > 0.999 (noncentral chi-square, lambda ~108)."""
     alpha, futility, n, repeats = 0.1, 0.1, 1000, 1500
     radius = SIGMA * stats.norm.ppf(0.9)
-    model = _two_class_linear(seed=7)
+    model = linear_model(5, 2, seed=7)
     x = _points_at(model, SIGMA * stats.norm.ppf(0.85), repeats, seed=8)
     p = float(_p_class_0(model, x).mean())
     r = probust.certify(
@@ -236,7 +228,7 @@ def test_certify_overstates_the_radius_at_the_rate_of_its_level():
     binomial test against that rate (~0.058); at level 2 alpha the rate is ~0.117, which the test
     rejects with probability > 0.999 (above 1 - 1e-9 here). The radius is sigma Phi^-1(p_lower), by scipy's normal quantile."""
     alpha, n, repeats = 0.1, 100, 3000
-    model = _two_class_linear(seed=2)
+    model = linear_model(5, 2, seed=2)
     target_p = 0.9 - 1e-6
     x = _points_at(model, SIGMA * stats.norm.ppf(target_p), repeats, seed=3)
     p = float(_p_class_0(model, x).mean())
@@ -301,7 +293,7 @@ def test_monte_carlos_interval_misses_p_at_the_rate_its_confidence_implies(inter
     Clopper-Pearson); an interval at 80% (or a one-sided quantile at 90%) misses ~0.19 and ~0.16,
     which the test rejects with probability > 0.999 (above 1 - 1e-9 here)."""
     confidence, m, repeats = 0.9, 200, 3000
-    model = _two_class_linear(seed=4)
+    model = linear_model(5, 2, seed=4)
     x = _points_at(model, SIGMA * stats.norm.ppf(0.9), repeats, seed=6)
     p = float(_p_class_0(model, x).mean())
     r = probust.MonteCarlo(model, SIGMA, n_samples=m, confidence=confidence, interval=interval, seed=14, **SETTINGS)(
