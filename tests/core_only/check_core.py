@@ -102,6 +102,7 @@ def main() -> None:
     # What needs an extra names it.
     for attempt, extra in (
         (lambda: probust.run_estimate, "run"),
+        (lambda: probust.find_issues, "run"),
         (lambda: probust.Taylor(net, sigma, execution=Execution(show_progress=True))(x), "run"),
         (lambda: __import__("probust.experiments"), "report"),
     ):
