@@ -273,7 +273,7 @@ def summary(runs):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=3000, help="training images (the first n)")
+    parser.add_argument("--n", type=int, default=2000, help="training images (the first n)")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.1, 0.2])
