@@ -51,7 +51,7 @@ test-cuda: $(STAMP)
 # model and the errors that name a missing extra (tests/core_only/check_core.py).
 test-core: $(CORE_STAMP)
 	$(CORE_VENV)/bin/pip install -qq -c constraints.txt .
-	cd tests/core_only && PROBUST_CACHE_DIR=off ../../$(CORE_VENV)/bin/python check_core.py
+	cd tests/core_only && ../../$(CORE_VENV)/bin/python check_core.py
 	rm -rf $(CORE_VENV)
 
 # The core's fresh venv with pyproject's [project] dependencies and nothing else: it reads no file

@@ -256,7 +256,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from _plan_cache import plans_of_this_run  # a sibling module of this script
-
-    with plans_of_this_run():
-        sys.exit(main())
+    sys.exit(main())

@@ -14,11 +14,8 @@ measured in the call), then the floor, then find_issues again (warm); its progre
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import time
-
-os.environ.setdefault("PROBUST_CACHE_DIR", "off")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -86,11 +84,7 @@ def _work(side: str, arch: str, method: str) -> tuple[float, float, list[float]]
 
 
 def _fresh(side: str, arch: str, method: str) -> tuple[float, float, torch.Tensor]:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PROBUST_CACHE_DIR": cache}
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", side, arch, method], env=env, capture_output=True, text=True
-        )
+    out = subprocess.run([sys.executable, __file__, "--child", side, arch, method], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{side} {arch} {method} failed:\n{out.stderr[-2000:]}")
     first, second, p = json.loads(out.stdout.strip().splitlines()[-1])

@@ -33,11 +33,8 @@ sigma: per model, head and method, set by bisection so that the K-class model's 
   p, so it is exact on every point; without ``direct`` in ``--alone`` it is the only one);
 - the peak memory each call adds (resident-set high-water mark, MB), the routes the points took and
   the boundaries they kept;
-- with ``--first-use``: the 1,000-class auto call in a fresh process with an empty plan cache (what
-  a user sees first), against its steady state.
-
-Plans are measured within the run (a temporary plan cache, unless ``PROBUST_CACHE_DIR`` is set), so
-a row does not depend on the plans earlier runs stored.
+- with ``--first-use``: the 1,000-class auto call in a fresh process (what a user sees first),
+  against its steady state.
 
 Run (minutes to hours on 2 cores: the references compute every boundary's gradient):
 
@@ -53,10 +50,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -191,18 +186,15 @@ def _describe(r: probust.Estimate) -> str:
 
 
 def _first_use(args: argparse.Namespace, name: str, head: str, method: str, sigma: float, points: int) -> float:
-    """Seconds of the 1,000-class auto call in a fresh process with an empty plan cache."""
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PROBUST_CACHE_DIR": cache}
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", name, head, method, str(sigma), str(points), str(args.seed)]
-            + ["--vit-layers", str(args.vit_layers), "--device", str(args.device), "--competing", str(args.competing)]
-            + ([] if args.check_draws is None else ["--check-draws", str(args.check_draws)]),
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+    """Seconds of the 1,000-class auto call in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, head, method, str(sigma), str(points), str(args.seed)]
+        + ["--vit-layers", str(args.vit_layers), "--device", str(args.device), "--competing", str(args.competing)]
+        + ([] if args.check_draws is None else ["--check-draws", str(args.check_draws)]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -370,7 +362,4 @@ def _cpu() -> str:
 
 
 if __name__ == "__main__":
-    from _plan_cache import plans_of_this_run  # a sibling module of this script
-
-    with plans_of_this_run():
-        main()
+    main()

@@ -188,7 +188,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from _plan_cache import plans_of_this_run  # a sibling module of this script
-
-    with plans_of_this_run():
-        main()
+    main()

@@ -15,7 +15,7 @@ Monte Carlo loop with ``torch.randn``, Cohen et al.'s CERTIFY) and probust with 
 the same inputs, alternating (reference, probust, reference, probust, ...), and takes the ratio of
 each side's least time (noise on a shared machine only adds time). probust runs at first use on
 each pair: a fresh copy of the
-model (its plans measured again; ``PROBUST_CACHE_DIR=off``), a fresh estimator. The models are
+model (its row cost measured again), a fresh estimator. The models are
 the paper's at random weights (the ResNet18 with its CIFAR stem at 3 x 32 x 32, the paper's
 Fashion-MNIST CNN and linear model) and torchvision's resnet18 at 3 x 224 x 224: speed does not
 depend on training.
@@ -67,8 +67,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-os.environ.setdefault("PROBUST_CACHE_DIR", "off")  # every pair measures its plans: first use
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

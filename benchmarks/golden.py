@@ -16,10 +16,9 @@ Exit status: 0 identical, 1 differences, 2 error (missing folder, failed command
 (make, check) runs the probust of another src/ folder, e.g. a `git worktree` of the old commit.
 
 Everything that could pick a different arithmetic path is pinned: CPU device, one torch thread
-(OMP/MKL_NUM_THREADS=1), --batch-size, --jacobian, --channels-last and --memory-budget,
-and the measured-plan cache is off (PROBUST_CACHE_DIR=off). Left to measurement, the execution
-plan (rows per pass, Jacobian strategy, channels_last) agrees across plans only to float
-rounding (at most 5e-7 in the analytic estimates, benchmarks/plan_agreement.py), and a golden comparison is exact. A golden folder
+(OMP/MKL_NUM_THREADS=1), --batch-size, --jacobian, --channels-last and --memory-budget. The
+declared execution plan (rows per pass, Jacobian strategy, channels_last) would also be the same
+from run to run; other plans agree only to float rounding (at most 5e-7 in the analytic estimates, benchmarks/plan_agreement.py), and a golden comparison is exact. A golden folder
 is only comparable on the same kind of machine and the same torch build (see manifest.json).
 """
 
@@ -49,7 +48,6 @@ ENV = {
     "MKL_NUM_THREADS": "1",
     "PYTHONHASHSEED": "0",
     "CUDA_VISIBLE_DEVICES": "",
-    "PROBUST_CACHE_DIR": "off",
 }
 MODELS: dict[str, list[str]] = {  # name -> probust train flags (about 6 s each on 2 CPU cores)
     "linear": ["--arch", "linear", "--epochs", "10"],

@@ -43,13 +43,6 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(autouse=True)
-def no_plan_cache_on_disk(monkeypatch):
-    # Measured execution plans persist in ~/.cache by default: tests neither read nor write it
-    # (a test that needs the disk cache points PROBUST_CACHE_DIR at its own folder).
-    monkeypatch.setenv("PROBUST_CACHE_DIR", "off")
-
-
 @pytest.fixture
 def make_linear():
     return linear_model

@@ -86,7 +86,7 @@ def test_the_page_has_a_block_for_each_part():
 @pytest.mark.slow(seconds=36)
 def test_every_block_runs_and_prints_what_the_page_shows(tmp_path):
     pairs = blocks()
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PROBUST_CACHE_DIR": "off", "MPLBACKEND": "Agg"}
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MPLBACKEND": "Agg"}
     env.pop("PYTHONWARNINGS", None)
     run = subprocess.run(
         [sys.executable, "-c", _RUNNER],

@@ -3,7 +3,13 @@ nothing is drawn or counted twice."""
 
 from __future__ import annotations
 
-from probust._progress import Share, counted_as, counting, progress, uncounted
+import pytest
+import torch
+
+import probust
+from probust._progress import Share, counted_as, counting, progress
+from probust.models import build
+from probust.smoothing import Certify
 
 
 class Recorder:
@@ -65,32 +71,42 @@ def test_a_bar_that_is_off_draws_nothing_in_or_out_of_a_run(monkeypatch):
         bar.update(3)
 
 
-class NotedBar(Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.notes: list[str] = []
-        self.resumed = 0
-
-    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
-        self.notes.append(text)
-
-    def unpause(self) -> None:
-        self.resumed += 1
+_BAR = probust.Execution(show_progress=True)
+#: Each method with its bar on, and the units its bar counts on 300 points (points; Monte Carlo
+#: methods count draws).
+_BARS = {
+    "taylor": (lambda model: probust.Taylor(model, 0.05, execution=_BAR), 300),
+    "mmse": (lambda model: probust.MMSE(model, 0.05, n_samples=4, execution=_BAR), 300),
+    "mc": (lambda model: probust.MonteCarlo(model, 0.05, n_samples=2000, execution=_BAR), 300 * 2000),
+    "certify": (lambda model: Certify(model, 0.05, n0=20, n=2000, execution=_BAR), 300 * 2020),
+}
 
 
-def test_uncounted_work_is_named_beside_the_bar_and_left_out_of_its_clock_when_long(monkeypatch):
-    import probust._progress as progress_module
+@pytest.mark.parametrize("method", list(_BARS))
+def test_the_bar_moves_once_the_first_pass_of_work_is_done(method, monkeypatch):
+    # The first update comes after a pass's work, not after a chunk of up to 1,024 points (or the
+    # whole call): the linearised methods' first chunks are small where a bar shows.
+    import tqdm.auto
 
-    bar = NotedBar()
-    with counting(Share(bar, 10)):
-        with uncounted("measuring rows per pass"):
-            assert bar.notes == ["measuring rows per pass"]
-        assert bar.notes == ["measuring rows per pass", ""] and bar.resumed == 0  # short: the clock runs on
-        monkeypatch.setattr(progress_module, "_PAUSE", 0.0)
-        with uncounted("measuring rows per pass"):
-            pass
-        assert bar.resumed == 1
-    assert bar.updates == []  # nothing counted
-    with uncounted("outside a run"):  # no bar: nothing happens
-        pass
-    assert len(bar.notes) == 4
+    bars: list[Recorder] = []
+
+    class Bar(Recorder):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__()
+            bars.append(self)
+
+        def __enter__(self) -> Bar:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    torch.manual_seed(0)
+    model = build("cnn", 10, (1, 12, 12)).eval()
+    x = torch.rand(300, 1, 12, 12)
+    make, total = _BARS[method]
+    make(model)(x)
+    (bar,) = bars
+    assert bar.n == total and len(bar.updates) >= 3, bar.updates
+    assert bar.updates[0] <= total / 8, bar.updates  # a first pass's points, not the call's

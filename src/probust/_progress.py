@@ -9,24 +9,21 @@ whole call instead (:func:`run_bar`, counting model evaluations) and hands each 
 :class:`Share` of it with :func:`counting`: inside, the :func:`progress` an estimator opens draws
 nothing and forwards its updates to that share, times a scale (:func:`counted_as`: an MMSE point
 is its noisy copies), never past the share's size; :meth:`Share.finish` fills what the work did
-not report (adaptive draws that were not needed, a method without a bar of its own). Work that
-is not counted but may take a while (measuring the rows per pass at a model's first call) is
-named beside the bar while it runs (:func:`uncounted`). Outside :func:`counting`, and with no
-bar asked for, :func:`progress` yields a no-op.
+not report (adaptive draws that were not needed, a method without a bar of its own). Outside
+:func:`counting`, and with no bar asked for, :func:`progress` yields a no-op.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol
 
 from probust._extras import import_extra
 
-__all__ = ["Progress", "Share", "counted_as", "counting", "progress", "run_bar", "uncounted"]
+__all__ = ["Progress", "Share", "counted_as", "counting", "progress", "run_bar", "shown"]
 
 
 class Progress(Protocol):
@@ -41,6 +38,12 @@ class _Silent:
 
 
 _SILENT = _Silent()
+
+
+def shown(bar: Progress) -> bool:
+    """Whether ``bar`` (what :func:`progress` yielded) reaches a bar someone sees: its own tqdm
+    bar, or a run's share."""
+    return bar is not _SILENT
 
 
 class Share:
@@ -66,19 +69,6 @@ class Share:
     def finish(self) -> None:
         """Move the bar by what this share has not yet added (the work is done)."""
         self.add(self.left)
-
-    def note(self, text: str) -> None:
-        """Show ``text`` beside the bar ("" clears it), at once (a bar without notes ignores it)."""
-        show = getattr(self.bar, "set_postfix_str", None)
-        if show is not None:
-            show(text, refresh=True)
-
-    def resume_clock(self) -> None:
-        """Leave the time since the bar last moved out of its rate and time left (tqdm's
-        ``unpause``): work it does not count took it."""
-        resume = getattr(self.bar, "unpause", None)
-        if resume is not None:
-            resume()
 
 
 class _Forward:
@@ -119,30 +109,6 @@ def counted_as(scale: int) -> Iterator[None]:
     target = _TARGET.get()
     with counting(target.share if target is not None else None, scale):
         yield
-
-
-#: Uncounted work shorter than this (in seconds) leaves the bar's clock alone.
-_PAUSE = 0.5
-
-
-@contextlib.contextmanager
-def uncounted(text: str) -> Iterator[None]:
-    """Inside :func:`counting`: work the bar does not count (an estimator measuring its rows per
-    pass), named by ``text`` beside the run's bar while it lasts; where it took a while, its time
-    is left out of the bar's rate and time left, so these estimate the counted work. Outside:
-    nothing."""
-    target = _TARGET.get()
-    if target is None:
-        yield
-        return
-    started = time.perf_counter()
-    target.share.note(text)
-    try:
-        yield
-    finally:
-        target.share.note("")
-        if time.perf_counter() - started >= _PAUSE:
-            target.share.resume_clock()
 
 
 @contextlib.contextmanager

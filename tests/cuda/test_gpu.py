@@ -30,14 +30,11 @@ import torch
 from torch import nn
 
 import probust
-from probust._user_model import to_format, weights_in_format
-from probust.execution import Execution, tuning
+from probust.execution import Execution
 from probust.execution.budget import DEFAULT_FRACTION, peak_memory, resolve_budget, row_cost, rows_within
 from probust.execution.engine import FORWARD_MODE_ROWS, Inputs
-from probust.execution.jacobian_plans import jacobian_row_bytes, plan_jacobian
-from probust.execution.tuning import plan_forward
+from probust.execution.plans import jacobian_row_bytes, plan_forward, plan_jacobian
 from probust.linearisation import counting as cost_model
-from probust.linearisation.margins import margin_jacobian
 from tests._helpers import TinyCNN, linear_model, points_near_boundaries
 
 DEVICE = torch.device(os.environ.get("PROBUST_TEST_DEVICE", "cuda"))
@@ -198,50 +195,22 @@ def test_mmse_on_resnet18_inputs_stays_under_a_cuda_memory_budget():
     assert peak.bytes is not None and 0 < peak.bytes <= budget, peak.bytes
 
 
-def _jacobian_runner(model: nn.Module):
-    """What the linearised estimators time: margin gradients of ``k`` margins of ``rows``."""
-
-    def run(plan, rows, k):
-        with weights_in_format(model, plan.channels_last):
-            return margin_jacobian(
-                model,
-                to_format(rows, plan.channels_last),
-                class_chunk_size=plan.class_chunk,
-                strategy=plan.strategy,
-                limit=None if plan.strategy == "forward" else k,
-                fallback=False,
-            )
-
-    return run
-
-
-def test_plans_chosen_on_the_gpu_fit_the_budget_and_are_kept(monkeypatch):
-    # Measured plans (rows per pass, Jacobian strategy, memory format) on the device: within the
-    # budget, the same on a second call (kept), and timed with the device synchronised.
-    syncs = []
-    real_sync = tuning.sync
-    monkeypatch.setattr(tuning, "sync", lambda device: (syncs.append(device.type), real_sync(device)))
+def test_plans_declared_on_the_gpu_fit_the_budget_and_take_vmap():
+    # Declared plans (rows per pass, Jacobian strategy, memory format) on the device: within the
+    # budget, the same on a second call, vmap by default on a GPU (one vectorised pass).
     model = TinyCNN(classes=5, seed=1).eval().to(DEVICE)
     x = torch.rand(16, 1, 8, 8, device=DEVICE)
     budget = 64 * 2**20
-    inputs = Inputs.of(x, len(x))
+    inputs = Inputs.of(x)
     cost = row_cost(model, inputs)
-    forward = plan_forward(model, inputs, budget=budget, total_rows=50_000)
+    forward = plan_forward(model, inputs, budget=budget)
     assert 1 <= forward.rows <= rows_within(budget, cost.inference, what="one forward pass")
-    assert plan_forward(model, inputs, budget=budget, total_rows=50_000) == forward
-    run = _jacobian_runner(model)
-    jac = plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000, run=run)
-    assert jac.strategy in ("loop", "vmap", "forward")
+    assert plan_forward(model, inputs, budget=budget) == forward
+    jac = plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000)
+    assert jac.strategy == ("vmap" if ON_CUDA else "loop")
     assert jac.rows * jacobian_row_bytes(cost, jac.strategy, 5, jac.class_chunk) <= budget
-    assert plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000, run=run) == jac
-    assert syncs and set(syncs) == {DEVICE.type}  # every timing waited for the device's queue
-    if ON_CUDA:
-        # Work too small to measure gets the default: vmap on a GPU (one vectorised pass).
-        # (another architecture: plans are kept per model structure, and TinyCNN's is measured)
-        other = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 5)).to(DEVICE)
-        tiny = plan_jacobian(other, Inputs.of(x, 2), 5, budget=budget, total_rows=2, run=_jacobian_runner(other))
-        assert tiny.strategy == "vmap"
-    # The estimates under the measured plans agree with a pinned plan to rounding.
+    assert plan_jacobian(model, inputs, 5, budget=budget, total_rows=5000) == jac
+    # The estimates under the declared plans agree with a pinned plan to rounding.
     target = torch.zeros(16, dtype=torch.long, device=DEVICE)
     measured = probust.Taylor(model, SIGMA, execution=Execution(memory_budget=budget))(x, target).p
     pinned = probust.Taylor(model, SIGMA, execution=Execution(memory_budget=budget, jacobian="loop", batch_size=16))(

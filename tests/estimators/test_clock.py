@@ -22,7 +22,7 @@ CHILD = Path(__file__).with_name("clock_child.py")
 
 def _children(mode: str, seeds: tuple[int, ...]) -> list[dict]:
     """Each seed's output, the children run side by side (one thread each), the plan cache off."""
-    env = {**os.environ, "PROBUST_CACHE_DIR": "off", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # The children import the probust this process imported (the working tree, or the copy a
     # mutation check planted a bug in).
     env["PYTHONPATH"] = os.pathsep.join([str(Path(probust.__file__).parents[1]), env.get("PYTHONPATH", "")])

@@ -59,7 +59,7 @@ def test_default_budget_follows_the_free_memory_it_is_given(monkeypatch):
 
 def test_row_cost_counts_a_linear_layers_saved_input():
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
-    cost = row_cost(model, Inputs.of(torch.rand(4, 1, 28, 28), 1))
+    cost = row_cost(model, Inputs.of(torch.rand(4, 1, 28, 28)))
     # The linear layer saves its input (784 floats); the weight is not a per-row cost.
     assert cost.saved >= 784 * 4 and cost.saved < 4 * 784 * 4
     assert cost.input == 784 * 4 and cost.classes == 10

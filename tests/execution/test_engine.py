@@ -12,13 +12,11 @@ from torch import nn
 import probust
 from probust.errors import OptionError
 from probust.execution import Execution
-from probust.execution import tuning as _tuning
 from probust.models import build
 from probust.smoothing import Certify, Predict
 from tests._helpers import linear_model, points_near_boundaries
-from tests.execution._clock import freeze_planning_clock
 
-# A fixed plan (no timing).
+# A fixed plan (the user's rows and format).
 FIXED = dict(batch_size=8, memory_budget="256MB", channels_last=False)
 
 #: One of every estimator and smoothing procedure, built with the given keyword arguments.
@@ -115,27 +113,7 @@ def test_assigning_a_setting_on_one_estimator_leaves_a_shared_execution_alone():
     assert second.execution is shared and shared.batch_size == 4
 
 
-def test_estimators_sharing_an_execution_share_the_models_plans(monkeypatch):
-    # Every timing reads 0.1 ms (nothing runs) and the planning allowance's clock stands still: a
-    # real clock on a loaded machine (another test worker) could leave the first call's plan
-    # unfinished, and the second call would time the rest.
-    calls = []
-    monkeypatch.setattr(_tuning, "_seconds", lambda run, device: calls.append(1) or 1e-4)
-    freeze_planning_clock(monkeypatch)
-    torch.manual_seed(0)
-    model = build("cnn", 10, (1, 12, 12)).eval()
-    x = torch.rand(300, 1, 12, 12)  # enough work to be worth measuring
-    shared = Execution(memory_budget="1GB")
-    first = probust.Taylor(model, 0.2, execution=shared)(x)
-    assert calls  # measured on the first call
-    measured = len(calls)
-    second = probust.Taylor(model, 0.2, execution=shared)(x)
-    assert len(calls) == measured  # the plan is the model's: found, not measured again
-    assert torch.equal(first.p, second.p)
-
-
-def test_no_state_is_carried_from_one_model_to_another(monkeypatch, tmp_path):
-    monkeypatch.setenv("PROBUST_CACHE_DIR", str(tmp_path))
+def test_no_state_is_carried_from_one_model_to_another():
     x = points_near_boundaries(linear_model(6, 5, seed=1), 6, 0.3)
     shared = Execution(batch_size=4, channels_last=False)
     estimator = probust.Taylor(linear_model(6, 5, seed=1), 0.3, execution=shared)
@@ -157,7 +135,7 @@ def test_the_linearisation_of_monte_carlo_variants_runs_by_the_outer_execution()
     given = Execution(batch_size=7, memory_budget="1GB", jacobian="loop", class_chunk_size=2)
     outer = probust.MonteCarloCV(model, 0.2, execution=given)
     assert outer.execution is given  # its noisy copies: 7 rows per pass
-    assert outer.linear.execution == given.replace(batch_size=None)  # the Jacobian's rows: measured
+    assert outer.linear.execution == given.replace(batch_size=None)  # the Jacobian's rows: declared
 
 
 def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
@@ -172,7 +150,7 @@ def test_forward_mode_passes_run_at_least_a_few_rows_within_the_budget():
     wide = JacobianPlan("loop", 64, None, False)
     assert Execution().forward_mode_rows(model, x, wide) == 64  # never fewer than the reverse-mode plan's
     assert Execution(batch_size=3).forward_mode_rows(model, x, one_row) == 3  # the user's bound holds
-    three_rows = 3 * 2 * row_cost(model, engine.Inputs.of(x, 1)).inference
+    three_rows = 3 * 2 * row_cost(model, engine.Inputs.of(x)).inference
     assert Execution(memory_budget=three_rows).forward_mode_rows(model, x, one_row) == 3  # as many as fit
 
 
@@ -203,7 +181,7 @@ def test_a_pass_of_pullbacks_keeps_the_graph_of_the_rows_that_fit():
 
     model = linear_model(784, 1000, seed=0)
     x = torch.rand(4, 784)
-    per_row = row_cost(model, Inputs.of(x, 1)).backward
+    per_row = row_cost(model, Inputs.of(x)).backward
     plan = JacobianPlan("loop", 2, None, False)  # sized for every class's gradient: 2 rows
     assert Execution(memory_budget=2 * 7 * per_row).graph_rows(model, x, plan) == 7
     assert Execution(memory_budget=2 * per_row).graph_rows(model, x, plan) == 2  # never below the plan's
@@ -222,25 +200,3 @@ def test_the_estimators_door_gives_the_model_s_classes_and_each_device_kind_s_de
         assert costs.spectral_stages == cost_model.SPECTRAL_STAGES[kind]
     # The two kinds differ, so the test tells them apart.
     assert Execution.declared_costs(torch.device("cuda")) != Execution.declared_costs(torch.device("cpu"))
-
-
-@pytest.mark.parametrize("method", ["taylor", "mmse"])
-def test_a_warm_call_finds_its_plans_by_the_batch_s_description_and_draws_none_of_its_rows(monkeypatch, method):
-    # Below the door the row cost and the plans see the batch as Inputs: a known plan is found by
-    # its description; rows are drawn (the real inputs, which the timings run on) only to measure.
-    from probust.execution import engine
-
-    drawn: list[int] = []
-    cycled = engine._cycled
-    monkeypatch.setattr(engine, "_cycled", lambda x, count: (drawn.append(count), cycled(x, count))[1])
-    torch.manual_seed(0)
-    model = build("cnn", 200, (1, 12, 12)).eval()
-    x = torch.rand(24, 1, 12, 12)
-    kind = probust.Taylor if method == "taylor" else probust.MMSE
-    estimator = kind(model, 0.3)
-    first = estimator(x).p
-    assert drawn  # the first call measured on the batch's own rows (its row cost at least)
-    drawn.clear()
-    again = estimator(x).p
-    assert drawn == []
-    assert torch.equal(first, again)

@@ -16,7 +16,7 @@ from probust.linearisation import exact, routes
 from probust.linearisation import pullback as gradients
 from probust.linearisation import screening as pruning
 from probust.linearisation.routes import FORCING, ROUTE_NAMES
-from tests._helpers import OldStyleSquare, Tempered, intel_cpu, linear_model
+from tests._helpers import Tempered, intel_cpu, linear_model
 
 
 def _grams(spectrum: torch.Tensor, probes: int, trials: int, seed: int) -> torch.Tensor:
@@ -379,8 +379,10 @@ def test_a_model_forward_mode_cannot_run_through_takes_the_reverse_routes(monkey
 
 
 def test_the_routes_are_decided_before_any_timing(monkeypatch):
-    """Which gradients are taken comes from counts: with every clock in probust raising, a
-    fixed plan (jacobian, batch_size) still gives each point its route, the same as before."""
+    """Which gradients are taken comes from counts and the plans are declared: with the clock
+    raising, the default plan gives each point the route and the numbers of a fixed plan."""
+    import time
+
     model, _ = _trained_like(400, near=10)
     x = torch.randn(6, 30, generator=torch.Generator().manual_seed(3))
     before = probust.Taylor(model, 0.5, execution=Execution(jacobian="loop", batch_size=8))(x)
@@ -388,129 +390,71 @@ def test_the_routes_are_decided_before_any_timing(monkeypatch):
     def no_clock():
         raise AssertionError("a clock was read while deciding what to compute")
 
-    from probust.execution import tuning
-
     fresh, _ = _trained_like(400, near=10)
-    monkeypatch.setattr(tuning.time, "perf_counter", no_clock)
-    after = probust.Taylor(fresh, 0.5, execution=Execution(jacobian="loop", batch_size=8, channels_last=False))(x)
-    assert torch.equal(after.route, before.route) and torch.equal(after.p, before.p)
+    monkeypatch.setattr(time, "perf_counter", no_clock)
+    after = probust.Taylor(fresh, 0.5)(x)
+    assert torch.equal(after.route, before.route)
+    torch.testing.assert_close(after.p, before.p, rtol=0, atol=1e-6)
 
 
-def _record_pulls(monkeypatch) -> tuple[list, list]:
-    """(timed, pulled): (strategy, cotangents, chunk_size, pad) of every Pullback pull the routes
-    make while planning (timed: no fallback) and while computing; every plan candidate is timed,
-    and timing margin_jacobian, a path the routes do not run, fails."""
-    from probust.execution import tuning
+def _record_pulls(monkeypatch) -> list:
+    """(strategy, cotangents, chunk_size, pad) of every Pullback pull the routes make; a
+    margin_jacobian call, a path the routes do not run, fails."""
     from probust.linearisation.pullback import VMAP_STEP, Pullback
 
-    monkeypatch.setattr(tuning, "PLANNING_SHARE", 1e9)
-    timed: list = []
     pulled: list = []
 
     class Recording(Pullback):
         def __init__(self, model, rows, head, *, strategy="loop", fallback=True, differentiable=False):
             super().__init__(model, rows, head, strategy=strategy, fallback=fallback, differentiable=differentiable)
-            self.timing, self.strategy = not fallback, str(strategy)
+            self.strategy = str(strategy)
 
         def pull(self, cotangents, *, chunk_size=VMAP_STEP, pad=True):
-            (timed if self.timing else pulled).append((self.strategy, cotangents.shape[0], chunk_size, pad))
+            pulled.append((self.strategy, cotangents.shape[0], chunk_size, pad))
             return super().pull(cotangents, chunk_size=chunk_size, pad=pad)
 
     def imitation(*args, **kwargs):
-        raise AssertionError("the plan timed a Jacobian path the routes do not run")
+        raise AssertionError("the routes ran a Jacobian path they do not run")
 
     monkeypatch.setattr(exact, "Pullback", Recording)
     monkeypatch.setattr(exact, "margin_jacobian", imitation)
-    return timed, pulled
+    return pulled
 
 
-def test_the_routes_plan_is_timed_on_their_own_pulls_and_they_pull_by_it(monkeypatch):
-    """Planning runs the real work: the routes' loop or vmap is timed on Pullback's pulls of
-    boundary cotangents (vmap padding them to a step, as every narrow pull does), never on the
-    Jacobian paths they do not run, and the routes then pull by the plan it chose."""
-    from probust.execution import jacobian_plans
-
-    timed, pulled = _record_pulls(monkeypatch)
+@pytest.mark.parametrize("jacobian", ["auto", "vmap"])
+def test_the_routes_pull_by_the_declared_plan_padded_to_a_step(monkeypatch, jacobian):
+    """Planning runs nothing: the routes' plan is the loop on a CPU (or the user's vmap), and the
+    routes pull boundary cotangents on the head's features by it, padded to a step as every
+    narrow pull is."""
+    pulled = _record_pulls(monkeypatch)
     torch.manual_seed(0)
     # The head route (33 pulls) beats the direct one (399), and 450 inputs keep the plan off forward mode.
     model = nn.Sequential(nn.Linear(450, 32), nn.ReLU(), nn.Linear(32, 400)).eval()
     x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
-    est = probust.Taylor(model, 0.05, check_draws=0)
-    ctx = est.route_context(x)  # the plan of a call on 80 points: worth timing every candidate
-    assert not ctx.every_boundary and not pulled
-    assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
-    assert {(width, pad) for _, width, _, pad in timed} == {(jacobian_plans._CALIBRATION_CLASSES, True)}
-    measured = len(timed)
-    assert est.route_context(x).plan == ctx.plan and len(timed) == measured  # kept: not timed again
-    r = est(x[:2])  # the plan is kept: a smaller call pulls by it
+    est = probust.Taylor(model, 0.05, check_draws=0, execution=Execution(jacobian=jacobian))
+    ctx = est.route_context(x)
+    assert not ctx.every_boundary and not pulled  # planned without a pass
+    assert ctx.plan.strategy == ("loop" if jacobian == "auto" else "vmap")
+    r = est(x[:2])
     assert set(ROUTE_NAMES[i] for i in r.route.tolist()) == {"head"}
-    assert ctx.plan.strategy in ("loop", "vmap") and pulled
-    assert {(strategy, pad) for strategy, _, _, pad in pulled} == {(str(ctx.plan.strategy), True)}
+    assert pulled and {(strategy, pad) for strategy, _, _, pad in pulled} == {(jacobian.replace("auto", "loop"), True)}
 
 
-def test_every_gradients_plan_is_timed_on_the_pulls_it_runs(monkeypatch):
-    """Where the routes take every boundary's gradient (C = 10), the plan is timed on the same
-    Pullback pulls they run (in the plan's class chunks, unpadded), never on another path."""
-    from probust.execution import jacobian_plans
-
-    timed, pulled = _record_pulls(monkeypatch)
+def test_every_gradients_plan_pulls_every_boundary_in_its_class_chunks_unpadded(monkeypatch):
+    """Where the routes take every boundary's gradient (C = 10), they pull the C - 1 boundaries
+    in the plan's class chunks, unpadded, never by another path."""
+    pulled = _record_pulls(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(450, 32), nn.Tanh(), nn.Linear(32, 10)).eval()
     x = torch.randn(80, 450, generator=torch.Generator().manual_seed(1))
     est = probust.Taylor(model, 0.05, check_draws=0)
     ctx = est.route_context(x)
     assert ctx.every_boundary and ctx.head is None and not pulled
-    assert {strategy for strategy, *_ in timed} == {"loop", "vmap"}  # both timed
-    assert {(width, pad) for _, width, _, pad in timed} == {(jacobian_plans._CALIBRATION_CLASSES, False)}
     r = est(x[:2])
     assert (r.route == ROUTE_NAMES.index("direct")).all()
     assert {(strategy, width, chunk, pad) for strategy, width, chunk, pad in pulled} == {
         (str(ctx.plan.strategy), 9, ctx.plan.class_chunk, False)
     }
-
-
-@pytest.mark.parametrize("strategy", ["loop", "vmap", "forward"])
-@pytest.mark.parametrize("with_head", [True, False])
-def test_what_the_routes_plan_times_is_their_work(strategy, with_head):
-    """timed_pulls computes what the routes compute: the first margins' gradients (a boundary
-    cotangent on the features, through the head where there is one), or forward mode's every
-    margin, the same gradients as the Jacobian paths up to rounding."""
-    from probust.linearisation import JacobianPlan
-    from probust.linearisation.head import find_linear_head
-    from probust.linearisation.margins import margin_jacobian
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)).eval()
-    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
-    head = find_linear_head(model, x[:1]) if with_head else None
-    assert (head is not None) == with_head
-    got = exact.timed_pulls(model, head, JacobianPlan(strategy, 4, None, False), x, 3)
-    if strategy == "forward":
-        _, _, every = margin_jacobian(model, x, strategy="loop")
-        torch.testing.assert_close(got, every, rtol=1e-5, atol=1e-6)
-    else:
-        _, _, first = margin_jacobian(model, x, strategy="loop", limit=3)
-        assert got.shape == (4, 3, 6)
-        torch.testing.assert_close(got, first, rtol=1e-5, atol=1e-6)
-
-
-def test_the_routes_plan_skips_a_strategy_torch_func_cannot_run_instead_of_timing_its_fallback():
-    """Timed with ``fallback=False``: a model torch.func cannot trace raises torch's own error in
-    the vmap timing (which the plan's measuring reads as "no candidate"), rather than timing the
-    loop under vmap's name with a fallback warning."""
-    from probust.linearisation import JacobianPlan
-    from probust.linearisation.pullback import cannot_trace
-
-    class Squared(nn.Module):
-        def forward(self, x):
-            return OldStyleSquare.apply(x)
-
-    model = nn.Sequential(nn.Linear(6, 16), Squared(), nn.Linear(16, 12)).eval()
-    x = torch.randn(4, 6)
-    with pytest.raises(RuntimeError) as refused:
-        exact.timed_pulls(model, None, JacobianPlan("vmap", 4, None, False), x, 3)
-    assert cannot_trace(refused.value)
-    assert exact.timed_pulls(model, None, JacobianPlan("loop", 4, None, False), x, 3).shape == (4, 3, 6)
 
 
 def test_a_routed_plan_takes_forward_mode_only_where_the_forward_route_is_the_cheapest():

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
-from probust._progress import uncounted
 from probust._user_model import (
     CONTRACT,
     LogitsOf,
@@ -38,13 +37,13 @@ from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import EXECUTION_SETTINGS, Execution, ForwardPlan
-from probust.noise import STREAM_MC, Noise, noise_words, point_keys
+from probust.noise import Noise, noise_words
 
 
 class PointwiseMethod:
     """What every method that runs a model over a batch of points shares: the arguments, the
     input checks, eval mode and its :class:`~probust.execution.Execution` (how the work runs:
-    rows per pass, memory budget, memory format, measured plans). Each point has its own random
+    rows per pass, memory budget, memory format, declared plans). Each point has its own random
     streams, derived from ``seed`` and its index in the data set. Subclasses: :class:`Estimator`
     (returns an :class:`Estimate`) and the randomized-smoothing procedures of :mod:`probust.smoothing`.
 
@@ -70,7 +69,7 @@ class PointwiseMethod:
         execution: how the work runs, as one :class:`~probust.execution.Execution` (which may be
             shared by several estimators): rows per pass, memory budget, memory format, the
             Jacobian strategy and class chunks of a linearisation, the progress bar. None: the
-            defaults (measured plans, half the free memory, no progress bar). The numbers depend
+            defaults (declared plans, half the free memory, no progress bar). The numbers depend
             on what an estimator computes, not on its execution, except for float rounding.
 
     Attributes:
@@ -109,7 +108,7 @@ class PointwiseMethod:
 
     @property
     def batch_size(self) -> int | None:
-        """Rows per pass (:attr:`Execution.batch_size`); None: measured."""
+        """Rows per pass (:attr:`Execution.batch_size`); None: declared."""
         return self.execution.batch_size
 
     @batch_size.setter
@@ -127,7 +126,7 @@ class PointwiseMethod:
 
     @property
     def channels_last(self) -> bool | None:
-        """The memory format as given (:attr:`Execution.channels_last`); None: measured."""
+        """The memory format as given (:attr:`Execution.channels_last`); None: declared."""
         return self.execution.channels_last
 
     @channels_last.setter
@@ -231,40 +230,22 @@ class PointwiseMethod:
             parts = [self.model(x[i : i + step]) for i in range(0, x.shape[0], step)]
         return check_logits(torch.cat(parts), x.shape[0])
 
-    def _forward_plan(self, x: Tensor, total_rows: int, noise: Noise | None = None) -> ForwardPlan:
-        """Rows per forward pass without autograd (noisy copies) and the memory format
-        (:meth:`probust.execution.Execution.forward_plan`).
-
-        With ``noise``, the pass timed is the real one (:func:`noisy_logits`), drawing and adding the noise.
-        A run's progress bar names the measuring while it lasts (:func:`probust._progress.uncounted`)."""
-        with uncounted("measuring rows per pass (once per model and input shape)"):
-            return self._measured_forward_plan(x, total_rows, noise)
-
-    def _measured_forward_plan(self, x: Tensor, total_rows: int, noise: Noise | None) -> ForwardPlan:
-        if noise is None or not isinstance(self.model, nn.Module):
-            return self.execution.forward_plan(self.model, x, total_rows)
-        drawn: Noise = noise
-        keys = point_keys(self.seed, torch.zeros(1, dtype=torch.int64, device=x.device), STREAM_MC)
-        model = self.model
-
-        def one_pass(rows: Tensor) -> object:
-            # The real pass (noisy_logits) over as many copies of one point as the plan's rows.
-            channels_last = rows.ndim == 4 and rows.is_contiguous(memory_format=torch.channels_last)
-            return noisy_logits(model, drawn, rows[:1], keys, 0, rows.shape[0], channels_last)
-
-        return self.execution.forward_plan(self.model, x, total_rows, step=one_pass)
+    def _forward_plan(self, x: Tensor) -> ForwardPlan:
+        """Rows per forward pass without autograd (noisy copies) and the memory format, declared
+        (:meth:`probust.execution.Execution.forward_plan`)."""
+        return self.execution.forward_plan(self.model, x)
 
     def _noisy_plan(
-        self, x: Tensor, total_rows: int, noise: Noise, clean: Tensor | None = None
+        self, x: Tensor, noise: Noise, clean: Tensor | None = None
     ) -> tuple[ForwardPlan, AffineLogits | None]:
         """How the noisy copies of ``x`` run: where the model is affine and the noise Gaussian,
         their logits are drawn in the logits' space (:mod:`probust.estimators.affine`: no forward
-        pass, a fixed number of rows per pass); elsewhere through the model by the measured
+        pass, a fixed number of rows per pass); elsewhere through the model by the declared
         forward plan (:meth:`_forward_plan`). ``clean``: the logits at ``x``, where known."""
         affine = affine_logits(self.model, noise, x, lambda: self._clean_logits(x) if clean is None else clean)
         if affine is not None:
             return self.execution.drawn_plan(x, affine.row_bytes, affine.rows), affine
-        return self._forward_plan(x, total_rows, noise), None
+        return self._forward_plan(x), None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, seed={self.seed})"

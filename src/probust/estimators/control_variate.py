@@ -193,7 +193,7 @@ class MonteCarloCV(LinearisedMonteCarlo):
         shape = x.shape[1:]
         out = torch.zeros(4, x.shape[0], dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-        plan = self._forward_plan(x, x.shape[0] * n, self.noise)
+        plan = self._forward_plan(x)
         with weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(x.shape[0], n, plan.rows):
                 eps = self.noise.sample(keys[points], start + first, count, shape)

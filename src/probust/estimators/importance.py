@@ -119,7 +119,7 @@ class MonteCarloIS(LinearisedMonteCarlo):
         failures = torch.zeros(batch, dtype=torch.int64, device=x.device)
         nonfinite = torch.zeros_like(failures)
         cumulative = log_mix.exp().cumsum(1)
-        plan = self._forward_plan(x, batch * self.n_samples, self.noise)
+        plan = self._forward_plan(x)
         with torch.no_grad(), weights_in_format(self.model, plan.channels_last):
             for points, first, count in plan_blocks(batch, self.n_samples, plan.rows):
                 pick = uniform_draws(component_keys[points], first, count, 1, torch.float64)[..., 0]

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from probust import linearisation
 from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
-from probust._progress import progress
+from probust._progress import progress, shown
 from probust._user_model import structure_token, to_format, weights_in_format
 from probust.errors import OptionError
 from probust.estimators import maps, route_plan, trust
@@ -182,8 +182,9 @@ class Linearised(Estimator):
         target = check_target_shape(target, x.shape[0], x.device)
         plan = self._plan(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
-            for first in range(0, x.shape[0], plan.chunk):
-                rows = slice(first, min(first + plan.chunk, x.shape[0]))
+            # Where a bar shows, the first chunks are small, so that it moves after a pass's work.
+            first = max(1, plan.routes.pull_rows // (2 * self.copies)) if shown(bar) else plan.chunk
+            for rows in _ramp(x.shape[0], plan.chunk, first):
                 chunk_target = None if target is None else target[rows]
                 routed = self._routed(plan.routes, x[rows], chunk_target, indices[rows], plan.clean_rows)
                 parts.append(self._from_routed(routed, x[rows], indices[rows], plan.check))
@@ -229,7 +230,7 @@ class Linearised(Estimator):
         stages = trust.check_stages(self.check_draws)
         check = None
         if stages and not self._checks_own_copies:
-            check = self.execution.forward_plan(self.model, x, min(chunk, x.shape[0]) * stages[-1])
+            check = self.execution.forward_plan(self.model, x)
         return _CallPlan(chunk, ctx, check, self.execution.clean_rows)
 
     @property
@@ -492,3 +493,17 @@ class Linearised(Estimator):
             p_fail_error=fail_error,
             boundaries_kept=torch.full_like(target, c.shape[1] - 1) if kept is None else kept.kept,
         )
+
+
+def _ramp(points: int, chunk: int, first: int) -> list[slice]:
+    """The chunks of ``points`` points: ``first`` points, then 4 times as many each time, up to
+    ``chunk``. With ``first`` half a pass of pullbacks, a progress bar's first update comes after
+    one pass's work, not a whole chunk's (up to
+    :data:`probust.execution.engine.MAX_POINTS_PER_CHUNK` points); a chunk's points share its
+    screening and its passes, so the later, larger chunks keep their throughput. A point's numbers
+    do not depend on its chunk (``test_a_points_sketch_stages_and_numbers_do_not_depend_on_the_batch_split``)."""
+    cuts, start, size = [], 0, min(first, chunk)
+    while start < points:
+        cuts.append(slice(start, min(start + size, points)))
+        start, size = start + size, min(chunk, size * 4)
+    return cuts

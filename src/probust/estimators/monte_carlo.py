@@ -188,7 +188,7 @@ class MonteCarlo(Estimator):
         target = check_target(target, clean)
         keys = point_keys(self.seed, indices, STREAM_MC)
         batch = x.shape[0]
-        plan, affine = self._noisy_plan(x, batch * self.n_samples, self.noise, clean)
+        plan, affine = self._noisy_plan(x, self.noise, clean)
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),

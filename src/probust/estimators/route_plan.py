@@ -3,13 +3,12 @@ routes' context, planned once per call plan before the maths.
 
 :func:`route_context` counts (the declared cost model, :func:`probust.linearisation.route_counts`:
 C, the head's width, the input size, forward mode's declared cost once one untimed probe shows it
-runs), then asks execution for the Jacobian plan the routes run by (timed on their own pulls);
+runs), then asks execution for the Jacobian plan the routes run by (declared);
 :func:`every_gradient` is the context that takes every margin's gradient from the logits.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ def route_context(est: Linearised, x: Tensor) -> linearisation.Context:
     (:func:`every_gradient`).
 
     Decided from counts and the declared cost model (:mod:`probust.linearisation.counting`)
-    before anything is timed: C, the head's width, the input size and the probes'
+    before any pass runs: C, the head's width, the input size and the probes'
     declared cost. Forward mode counts only where one untimed probe shows it runs."""
     # The autograd graph is kept through every gradient only; a model that is not a module has
     # no head to find and no forward mode to probe.
@@ -71,19 +70,13 @@ def route_context(est: Linearised, x: Tensor) -> linearisation.Context:
     )
     if not counts.pays:
         return every_gradient(est, x)  # nothing pays but every gradient, one pass each
-    # Loop or vmap and the format are timed on the routes' own pulls (vmap pays its padding
-    # to a full step, as their narrow pulls do), bounded by the work they serve: at least the
-    # screening's probes per row.
     plan = est.execution.jacobian_plan(
         est.model,
         x,
         x.shape[0] * est.copies,
-        run=functools.partial(linearisation.timed_pulls, est.model, head),
-        passes=linearisation.SPECTRAL_PROBES if counts.spectral else counts.exact,
-        work="pulls",
         # A forward-mode plan serves only the forward route; where another exact route is
         # cheaper no point takes it (per point the head's cost only falls), and the pulls
-        # would run by the loop, untimed.
+        # would run by the loop.
         forward=est.gradients == "forward",
         offer_forward=counts.offer_forward,
     )
@@ -123,11 +116,8 @@ def every_gradient(est: Linearised, x: Tensor) -> linearisation.Context:
     backward pass per boundary from the logits, or forward mode where the plan takes it (asked
     for, or paying by counts: :meth:`probust.execution.Execution.jacobian_plan`, where neither
     ``gradients`` nor ``jacobian`` is fixed), keeping the autograd graph with ``differentiable``."""
-    # Timed on the pulls this context runs, unpadded: padding vmap's 2 trial cotangents to 8,
-    # as the narrow routes do, would time work this context never runs and add to a first
-    # call's planning.
     plan = _jacobian_plan(est, x, x.shape[0] * est.copies)
-    # No screening shares a pass here, so the passes keep the plan's rows, as timed.
+    # No screening shares a pass here, so the passes keep the plan's rows.
     costs = est.execution.declared_costs(x.device)
     return _context(
         est,
@@ -147,13 +137,11 @@ def every_gradient(est: Linearised, x: Tensor) -> linearisation.Context:
 
 def _jacobian_plan(est: Linearised, x: Tensor, rows: int) -> JacobianPlan:
     """How :func:`every_gradient` differentiates ``rows`` rows like ``x``
-    (:meth:`probust.execution.Execution.jacobian_plan`, timed on the routes' own pulls of every
-    boundary, :func:`probust.linearisation.exact.timed_pulls`)."""
+    (:meth:`probust.execution.Execution.jacobian_plan`)."""
     return est.execution.jacobian_plan(
         est.model,
         x,
         rows,
-        run=functools.partial(linearisation.timed_pulls, est.model, None, every_boundary=True),
         differentiable=est.differentiable,
         forward=est.gradients == "forward",
         offer_forward=est.gradients == "auto",

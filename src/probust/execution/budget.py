@@ -155,7 +155,7 @@ def row_cost(model: nn.Module, inputs: Inputs) -> RowCost:
     known = _COSTS.get(model, key)
     if known is not None:
         return known
-    rows = inputs.rows(1).expand(2, *inputs.shape).clone().requires_grad_(True)
+    rows = inputs.first.expand(2, *inputs.shape).clone().requires_grad_(True)
     storages: dict[int, int] = {}
     largest = [0]
 

@@ -9,10 +9,9 @@ per pass, the memory budget, the memory format, the Jacobian strategy, the class
 pass and the progress bar. An estimator's own arguments say what it computes; its
 ``execution=`` says how that runs. It turns them into plans for a given model and batch: rows per forward pass of
 noisy copies (:meth:`Execution.forward_plan`), how to differentiate (:meth:`Execution.jacobian_plan`),
-points linearised together (:meth:`Execution.points_per_chunk`). What is measured for a model
-(its row cost, its plans) is kept per model object, weakly, and on disk by structure (:mod:`probust.execution.plan_cache`),
-never on the estimator or the Execution: estimators that share a model share its plans, and a
-new model starts from its own.
+points linearised together (:meth:`Execution.points_per_chunk`). Plans are declared by rules
+from the model's row cost and the budget (:mod:`probust.execution.plans`), never timed: the
+first call runs the plan of every later one, and estimators that share a model share its plans.
 
 The estimators keep the maths (linearise, map to a probability, the error); everything here
 changes speed and memory only, except the memory format and the Jacobian strategy, which
@@ -22,8 +21,6 @@ change float rounding (every plan computes the same quantity).
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,8 +29,15 @@ from torch import Tensor, nn
 from probust._checks import check_choice, check_positive_int
 from probust.errors import OptionError
 from probust.execution.budget import RowCost, check_budget, resolve_budget, row_cost, rows_within
-from probust.execution.jacobian_plans import DEFAULT_JACOBIAN_ROWS, jacobian_row_bytes, plan_jacobian
-from probust.execution.tuning import JACOBIANS, ForwardPlan, plan_forward, too_many
+from probust.execution.plans import (
+    DEFAULT_JACOBIAN_ROWS,
+    JACOBIANS,
+    ForwardPlan,
+    jacobian_row_bytes,
+    plan_forward,
+    plan_jacobian,
+    too_many,
+)
 from probust.linearisation import DeclaredCosts, JacobianPlan, Strategy, declared, forward_mode_runs, jvp_in_pulls
 
 #: Rows per clean forward pass when ``batch_size`` is not given: a handful of passes, far from
@@ -48,32 +52,26 @@ MAX_POINTS_PER_CHUNK = 1024
 #: per layer, more than its kernels' time, so the sketch's probes of every row go in as few passes
 #: as the budget holds.
 FORWARD_MODE_ROWS: dict[str, int] = {"cpu": 8, "cuda": 512}
-#: Rows of the batch a forward plan is timed on, and a Jacobian plan.
-_FORWARD_SAMPLE_ROWS = 8
-_JACOBIAN_SAMPLE_ROWS = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """A batch ``x`` [B, *S] as the planners below the door see it: its description (S, dtype,
-    device), and rows of it drawn only where a plan is measured.
+    device) and its first row, which the row cost runs (:func:`probust.execution.budget.row_cost`).
 
-    The door (:class:`Execution`) makes one from ``x`` (:meth:`of`); the row cost and the plans
-    (:mod:`~probust.execution.budget`, :mod:`~probust.execution.tuning`) are keyed by the
-    description. A plan already known (a warm call) is found from it alone and reads none of the
-    batch's values; a plan being measured times the real work on :meth:`rows`, real inputs, so
-    the timings match the call.
+    The door (:class:`Execution`) makes one from ``x`` (:meth:`of`); the row cost is keyed by the
+    description and the plans are declared from it (:mod:`~probust.execution.plans`).
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
-    _draw: Callable[[int], Tensor] = dataclasses.field(repr=False, compare=False)
+    first: Tensor = dataclasses.field(repr=False, compare=False)
 
     @classmethod
-    def of(cls, x: Tensor, sample: int) -> Inputs:
-        """``x`` [B, *S] described; :meth:`rows` cycle through its first ``sample`` rows."""
-        return cls(tuple(x.shape[1:]), x.dtype, x.device, functools.partial(_cycled, x[:sample]))
+    def of(cls, x: Tensor) -> Inputs:
+        """``x`` [B, *S] described, with its first row [1, *S] (detached, contiguous)."""
+        return cls(tuple(x.shape[1:]), x.dtype, x.device, x[:1].detach().contiguous())
 
     @property
     def ndim(self) -> int:
@@ -85,16 +83,6 @@ class Inputs:
         """Bytes per input coordinate."""
         return self.dtype.itemsize
 
-    def rows(self, count: int) -> Tensor:
-        """``count`` inputs [count, *S], detached and contiguous, cycled from the batch's first rows
-        (realistic values, so that timings match the real work)."""
-        return self._draw(count)
-
-
-def _cycled(x: Tensor, count: int) -> Tensor:
-    reps = -(-count // x.shape[0])
-    return x.detach().repeat(reps, *([1] * (x.ndim - 1)))[:count].contiguous()
-
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
@@ -102,17 +90,18 @@ class Execution:
 
     Args:
         batch_size: the most rows (clean or noisy copies, or Jacobian rows) in one pass through
-            the model. None (default): measured on the first call, the fastest that fits
-            ``memory_budget`` (see :mod:`probust.execution.tuning`), and kept for later calls.
+            the model. None (default): declared from the model's largest activation and cut to
+            what ``memory_budget`` holds (:mod:`probust.execution.plans`).
         memory_budget: bytes (or a size such as ``"2GB"``) the work may hold at once; None: half
             the memory free on the device at each call. Work that cannot fit raises an error
             naming this argument.
         channels_last: run convolutional models with weights and inputs in channels_last memory
-            format (True), or not (False); None: measured with the rest of the plan. The model's
+            format (True), or not (False); None: forward passes in channels_last, Jacobian
+            passes in the model's own format (:mod:`probust.execution.plans`). The model's
             weights are given back in their own format after each call.
-        jacobian: how the backward passes run, one of :data:`~probust.execution.tuning.JACOBIANS`:
+        jacobian: how the backward passes run, one of :data:`~probust.execution.plans.JACOBIANS`:
             "loop" (one backward pass per class), "vmap" (torch.func, vectorised over classes);
-            "auto" (default) measures. Speed and rounding only: where the gradients come from
+            "auto" (default): the loop on a CPU, vmap on a GPU. Speed and rounding only: where the gradients come from
             (forward mode among them) is the estimators' ``gradients``.
         class_chunk_size: classes per vmapped backward pass (bounds memory for large C); None:
             chosen from the budget.
@@ -135,7 +124,7 @@ class Execution:
         check_budget(self.memory_budget)
         if self.channels_last is not None and not isinstance(self.channels_last, bool):
             raise OptionError(
-                f"must be True, False or None (measured), got {self.channels_last!r}", field="channels_last"
+                f"must be True, False or None (declared), got {self.channels_last!r}", field="channels_last"
             )
         check_choice(self.jacobian, JACOBIANS, "jacobian")
         if self.class_chunk_size is not None:
@@ -169,30 +158,19 @@ class Execution:
         """Rows per clean forward pass (no noise, no autograd)."""
         return self.batch_size or CLEAN_ROWS
 
-    def forward_plan(
-        self, model: Any, x: Tensor, total_rows: int, step: Callable[[Tensor], object] | None = None
-    ) -> ForwardPlan:
-        """Rows per forward pass without autograd and the memory format, for ``total_rows`` rows
-        like ``x`` through ``model`` (in eval mode).
+    def forward_plan(self, model: Any, x: Tensor) -> ForwardPlan:
+        """Rows per forward pass without autograd and the memory format for rows like ``x`` [B, *S]
+        through ``model`` (in eval mode), declared (:func:`probust.execution.plans.plan_forward`).
+        A plain callable (not an ``nn.Module``) gets :attr:`clean_rows` rows per pass in its own
+        format.
 
-        Args:
-            model: the classifier; a plain callable (not an ``nn.Module``) gets
-                :attr:`clean_rows` rows per pass in its own format, measuring nothing.
-            x: the batch [B, *S] (a few of its rows are timed where the plan is measured).
-            total_rows: the rows the call will run (bounds the measuring).
-            step: what one pass really does, timed instead of ``model(rows)`` (it gets rows
-                already in the plan's memory format).
+        Raises:
+            MemoryBudgetError: ``batch_size`` rows do not fit the budget, or not one row does.
         """
         if not isinstance(model, nn.Module):
             return ForwardPlan(self.clean_rows, False)
         return plan_forward(
-            model,
-            Inputs.of(x, _FORWARD_SAMPLE_ROWS),
-            budget=self.budget(x),
-            total_rows=total_rows,
-            rows=self.batch_size,
-            channels_last=self.channels_last,
-            step=step,
+            model, Inputs.of(x), budget=self.budget(x), rows=self.batch_size, channels_last=self.channels_last
         )
 
     def drawn_plan(self, x: Tensor, per_row: int, most: int) -> ForwardPlan:
@@ -218,15 +196,12 @@ class Execution:
         x: Tensor,
         total_rows: int,
         *,
-        run: Callable[[JacobianPlan, Tensor, int], object],
         differentiable: bool = False,
-        passes: float | None = None,
-        work: str = "margins",
         forward: bool = False,
         offer_forward: bool = True,
     ) -> JacobianPlan:
-        """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget
-        (measured once per model; :func:`probust.execution.jacobian_plans.plan_jacobian`).
+        """How to differentiate ``total_rows`` rows like ``x`` within half the memory budget,
+        declared (:func:`probust.execution.plans.plan_jacobian`).
 
         With ``jacobian="auto"``, forward mode is taken by counts, never timed: where one probe
         per input coordinate at its declared cost (:mod:`probust.linearisation.counting`) is cheaper
@@ -234,17 +209,13 @@ class Execution:
 
         Args:
             model: in eval mode.
-            x: the batch [B, *S] (a few of its rows are timed where the plan is measured).
+            x: the batch [B, *S].
             total_rows: rows the call will differentiate.
-            run: ``run(plan, rows, k)``: the call's own work on ``rows`` for k margins (or
-                cotangents), which is what is timed.
             differentiable: the Jacobian must keep its graph (no forward mode, no channels_last).
-            passes: backward passes per row the call runs (default C - 1), which bounds the measuring.
-            work: names what ``run`` does (plans of different work are timed and kept apart).
             forward: forward mode, asked for by the estimator (its ``gradients="forward"``).
             offer_forward: whether ``jacobian="auto"`` may take forward mode by counts.
         """
-        inputs = Inputs.of(x, _JACOBIAN_SAMPLE_ROWS)
+        inputs = Inputs.of(x)
         classes = row_cost(model, inputs).classes
         strategy = self.jacobian
         if forward or (
@@ -262,9 +233,6 @@ class Execution:
             class_chunk=self.class_chunk_size,
             channels_last=self.channels_last,
             differentiable=differentiable,
-            run=run,
-            passes=None if passes is None else max(1, int(passes)),
-            work=work,
         )
 
     def forward_mode_rows(self, model: nn.Module, x: Tensor, plan: JacobianPlan) -> int:
@@ -321,7 +289,7 @@ class Execution:
 
 def _row_cost(model: nn.Module, x: Tensor) -> RowCost:
     """The row cost of ``model`` on rows like ``x`` [B, *S] (measured on its first row, once)."""
-    return row_cost(model, Inputs.of(x, 1))
+    return row_cost(model, Inputs.of(x))
 
 
 def _forward_mode_pays(model: nn.Module, x: Tensor, classes: int) -> bool:

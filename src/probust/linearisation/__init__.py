@@ -31,7 +31,6 @@ from probust.linearisation.counting import (
     jvp_in_pulls,
     route_counts,
 )
-from probust.linearisation.exact import timed_pulls
 from probust.linearisation.head import find_linear_head
 from probust.linearisation.margins import logit_jacobian, margin_gradients, margin_jacobian, margin_sketch
 from probust.linearisation.pullback import (
@@ -93,5 +92,4 @@ __all__ = [
     "route_counts",
     "forward_may_decide",
     "RouteCounts",
-    "timed_pulls",
 ]

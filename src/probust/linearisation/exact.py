@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from probust._user_model import to_format, weights_in_format
+from probust._user_model import to_format
 from probust.linearisation.counting import CANDIDATES, DIRECT, FORWARD, HEAD
 from probust.linearisation.margins import margin_jacobian
 from probust.linearisation.pullback import JacobianPlan, Pullback, Strategy, features_and_logits, other_classes
@@ -347,37 +347,6 @@ def _forward_block(
         fallback=fallback,
         differentiable=differentiable,
     )[2]
-
-
-def timed_pulls(
-    model: nn.Module,
-    head: nn.Linear | None,
-    plan: JacobianPlan,
-    rows: Tensor,
-    count: int,
-    *,
-    every_boundary: bool = False,
-) -> Tensor:
-    """What the routes' plan is timed on (:meth:`probust.execution.Execution.jacobian_plan`): their own
-    work on ``rows`` [R, *S] under ``plan``, the weights and rows in its memory format.
-
-    A loop or vmap plan: one :class:`probust.Pullback` pass (as :class:`Rows` runs it) and
-    a pull of ``count`` boundary cotangents on its features, as :class:`Rows` pulls them: padded to
-    :data:`probust.VMAP_STEP` as the routes' narrow pulls are, or, for a context that
-    takes ``every_boundary``, in the plan's class chunks unpadded. A forward-mode plan: the forward
-    route's pass (every margin's gradient). Where torch.func cannot run the plan's strategy through
-    the model, torch's error propagates (the plan's measuring skips that strategy).
-    """
-    with weights_in_format(model, plan.channels_last):
-        if plan.strategy.whole_jacobian:
-            return _forward_block(model, plan, rows, None, fallback=False)
-        pullback = Pullback(model, to_format(rows, plan.channels_last), head, strategy=plan.strategy, fallback=False)
-        target = pullback.logits.argmax(1)
-        classes = other_classes(target, pullback.logits.shape[1])[:, :count]
-        cotangents = _boundary_cotangents(target, classes, head, pullback.logits.shape[1]).transpose(0, 1)
-        if every_boundary:
-            return pullback.pull(cotangents, chunk_size=plan.class_chunk, pad=False)
-        return pullback.pull(cotangents)
 
 
 def boundary_weights(head: nn.Linear, target: Tensor, classes: Tensor | None = None) -> Tensor:

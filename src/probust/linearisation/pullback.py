@@ -115,7 +115,7 @@ class Strategy(str, enum.Enum):
 @dataclass(frozen=True)
 class JacobianPlan:
     """How to compute input Jacobians: strategy, rows per pass, classes per vmapped pass, and
-    whether rows and weights run in channels_last (measured by :mod:`probust.execution`)."""
+    whether rows and weights run in channels_last (declared by :mod:`probust.execution`)."""
 
     strategy: Strategy
     rows: int

@@ -177,7 +177,7 @@ class Context:
             (:func:`probust.linearisation.counting.spectral_stages` of the device kind).
         every_boundary: every pull is every boundary's (C - 1 cotangents, no head, no
             screening), so its width never depends on the other rows: vmap takes them in the
-            plan's class chunks, unpadded, as the plan was timed (:func:`timed_pulls`).
+            plan's class chunks, unpadded.
             Otherwise pulls are padded to :data:`probust.linearisation.pullback.VMAP_STEP` cotangents, so
             that a pull's shape, and its rounding, does not depend on what the other points of
             its pass need.
@@ -206,8 +206,8 @@ class Context:
 
     @property
     def pull(self) -> Strategy:
-        """How the pulls run: by the plan's loop or vmap, whichever was timed faster on them
-        (:func:`timed_pulls`; speed and rounding only); a forward-mode plan pulls by the loop."""
+        """How the pulls run: by the plan's loop or vmap (speed and rounding only); a
+        forward-mode plan pulls by the loop."""
         return Strategy.LOOP if self.plan.strategy.whole_jacobian else self.plan.strategy
 
 

@@ -16,7 +16,7 @@ The draws of a point are a pure function of (seed, its index ``index_offset + ro
 the selection draws, the estimation draws and PREDICT's draws come from three independent
 streams (:mod:`probust.noise`), so results do not depend on how points are batched, split or
 resumed. The forward passes are Monte Carlo's (:func:`probust.estimators.monte_carlo.noisy_predictions`,
-with its measured plan and memory budget).
+with its declared plan and memory budget).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class Certify(_Smoothing):
     def _certify(self, x: Tensor, indices: Tensor) -> CertifyResult:
         batch = x.shape[0]
         classes = self._classes(x)
-        plan, affine = self._noisy_plan(x, batch * (self.n0 + self.n), self.noise)
+        plan, affine = self._noisy_plan(x, self.noise)
         seconds = torch.zeros(batch, dtype=torch.float64)
         with (
             torch.no_grad(),
@@ -378,7 +378,7 @@ class Predict(_Smoothing):
     def _predict(self, x: Tensor, indices: Tensor) -> PredictResult:
         batch = x.shape[0]
         classes = self._classes(x)
-        plan, affine = self._noisy_plan(x, batch * self.n, self.noise)
+        plan, affine = self._noisy_plan(x, self.noise)
         keys = point_keys(self.seed, indices, STREAM_PREDICT)
         with (
             torch.no_grad(),
