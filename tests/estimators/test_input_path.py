@@ -55,13 +55,13 @@ def test_a_call_past_a_package_door_is_seen(walk):
     edges = [
         ("probust.estimators.linearised", "probust.execution.engine", "Execution.points_per_chunk"),
         ("probust.estimators.linearised", "probust.execution.budget", "row_cost"),
-        ("probust.estimators.linearised", "probust.execution.jacobian_plans", "plan_jacobian"),
+        ("probust.estimators.linearised", "probust.execution.plans", "plan_jacobian"),
         ("probust.estimators.maps", "probust.mvn.cdf", "mvn_cdf"),
     ]
     summary = walk.summarise(edges)
     assert summary["bypasses"]["probust.execution"] == {
         "probust.execution.budget.row_cost",
-        "probust.execution.jacobian_plans.plan_jacobian",
+        "probust.execution.plans.plan_jacobian",
     }
     assert summary["bypasses"]["probust.mvn"] == set()
     modules = [callee for _, callee, _ in edges]
