@@ -93,6 +93,27 @@ def plain_monte_carlo(model: nn.Module, x: Tensor, sigma: float, n: int, seed: i
     return torch.tensor(ps, dtype=torch.float64)
 
 
+def planned_passes(
+    model: nn.Module, x: Tensor, sigma: float, n: int, rows: int, channels_last: bool, seed: int = 0
+) -> Tensor:
+    """probust's Monte Carlo passes written plainly: the B x n noisy copies (``torch.randn``
+    noise) in passes of ``rows`` rows across points, in channels_last where asked, each kept where
+    its prediction is the clean one; the fraction kept per point, float64 [B]. The same model
+    work as probust's plan (its rows and format), without probust's code: the ratio against it is
+    probust's own overhead, which changes little from one CPU to another."""
+    torch.manual_seed(seed)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    kept = torch.zeros(len(x), dtype=torch.float64)
+    with torch.no_grad():
+        clean = model(x.contiguous(memory_format=fmt)).argmax(1)
+        for start in range(0, len(x) * n, rows):
+            point = torch.arange(start, min(start + rows, len(x) * n)) // n
+            noisy = (x[point] + sigma * torch.randn(len(point), *x.shape[1:])).contiguous(memory_format=fmt)
+            kept += torch.bincount(point, (model(noisy).argmax(1) == clean[point]).double(), minlength=len(x))
+    return kept / n
+
+
 def _sample_noise(model: nn.Module, x: Tensor, num: int, batch_size: int, sigma: float, classes: int) -> np.ndarray:
     """``Smooth._sample_noise`` of the authors' core.py: class counts of ``num`` noisy copies of one input."""
     with torch.no_grad():

@@ -223,3 +223,37 @@ def test_forward_mode_is_chosen_by_counts(inputs, forward):
     execution = probust.execution.Execution(memory_budget=2**30)
     plan = execution.jacobian_plan(model, x, 10_000)
     assert plan.strategy == ("forward" if forward else "loop")
+
+
+def test_channels_last_is_declared_where_every_feature_map_stays_at_least_7_wide():
+    # Measured (docs/performance.md, "Declared plans"): the paper's CNN at 28 x 28 (last maps
+    # 7 x 7) and a ResNet at 224 x 224 run faster in channels_last; a ResNet whose last maps are
+    # 4 x 4 (the CIFAR stem at 32 x 32) or 2 x 2 (torchvision's at 64 x 64) as fast or faster without.
+    import torchvision
+
+    torch.manual_seed(0)
+    cases = [
+        (build("cnn", 10, (1, 28, 28)), (1, 28, 28), True),
+        (build("resnet18", 10, (3, 32, 32)), (3, 32, 32), False),
+        (torchvision.models.resnet18(num_classes=10), (3, 64, 64), False),
+        (torchvision.models.resnet18(num_classes=10), (3, 224, 224), True),
+    ]
+    for model, shape, expected in cases:
+        x = torch.rand(2, *shape)
+        cost = row_cost(model.eval(), Inputs.of(x))
+        assert (cost.smallest_map >= _plans.CHANNELS_LAST_MAP) == expected, (shape, cost.smallest_map)
+        assert Execution().forward_plan(model, x).channels_last == expected, shape
+        assert Execution(channels_last=True).forward_plan(model, x).channels_last  # the user decides
+        assert not Execution(channels_last=False).forward_plan(model, x).channels_last
+
+
+def test_the_row_cost_counts_activations_not_the_weights_saved_for_backward():
+    # A convolution saves its weight for backward; a 512 x 512 x 3 x 3 weight (9.4 MB) is no
+    # per-row cost, and counted as one it would cut torchvision's resnet18 to 8 rows per pass.
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    cost = row_cost(model, Inputs.of(torch.rand(2, 3, 64, 64)))
+    assert cost.largest == 64 * 32 * 32 * 4  # the stem's output, per row
+    assert Execution().forward_plan(model, torch.rand(2, 3, 64, 64)).rows == 64

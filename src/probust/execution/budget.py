@@ -119,12 +119,14 @@ class RowCost:
             forward pass without autograd holds about two such tensors at once.
         input: bytes of the input row itself.
         classes: C, the number of logits the model returns.
+        smallest_map: the least height or width of any 2-D convolution's output (0: none).
     """
 
     saved: int
     largest: int
     input: int
     classes: int
+    smallest_map: int = 0
 
     @property
     def inference(self) -> int:
@@ -149,37 +151,47 @@ def row_cost(model: nn.Module, inputs: Inputs) -> RowCost:
     description while the model's structure stays: :mod:`probust._user_model`).
 
     Runs one forward pass with autograd on two copies of the batch's first row and counts the
-    bytes of every tensor it saves for backward (each storage once) and of every tensor it produces.
+    bytes of every tensor it saves for backward (each storage once, parameters left out) and of
+    every tensor it produces, and the least feature map of its 2-D convolutions.
     """
     key = (inputs.shape, inputs.dtype, inputs.device)
     known = _COSTS.get(model, key)
     if known is not None:
         return known
     rows = inputs.first.expand(2, *inputs.shape).clone().requires_grad_(True)
+    # Parameters are saved too (e.g. a linear layer's weight): they are not per-row costs.
+    parameter_ptrs = (
+        {p.untyped_storage().data_ptr() for p in model.parameters()} if isinstance(model, nn.Module) else set()
+    )
     storages: dict[int, int] = {}
     largest = [0]
 
     def pack(tensor: Tensor) -> Tensor:
         if tensor.device.type != "meta":
             storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-            largest[0] = max(largest[0], tensor.numel() * tensor.element_size())
+            if storage.data_ptr() not in parameter_ptrs:
+                storages[storage.data_ptr()] = storage.nbytes()
+                largest[0] = max(largest[0], tensor.numel() * tensor.element_size())
         return tensor
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = model(rows)
+    maps: list[int] = []
+    convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)] if isinstance(model, nn.Module) else []
+    hooks = [m.register_forward_hook(lambda m, a, out: maps.append(min(out.shape[-2:]))) for m in convolutions]
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = model(rows)
+    finally:
+        for hook in hooks:
+            hook.remove()
     output_bytes = out.numel() * out.element_size() if isinstance(out, Tensor) else 0
     per_row_input = rows[0].numel() * rows.element_size()
-    # Parameters are saved too (e.g. a linear layer's weight): they are not per-row costs.
-    parameter_ptrs = (
-        {p.untyped_storage().data_ptr() for p in model.parameters()} if isinstance(model, nn.Module) else set()
-    )
-    saved = sum(size for ptr, size in storages.items() if ptr not in parameter_ptrs)
+    saved = sum(storages.values())
     cost = RowCost(
         saved=max(1, (saved + output_bytes) // 2),
         largest=max(per_row_input, largest[0] // 2, output_bytes // 2),
         input=per_row_input,
         classes=int(out.shape[-1]) if isinstance(out, Tensor) and out.ndim == 2 else 0,
+        smallest_map=min(maps, default=0),
     )
     _COSTS.put(model, key, cost)
     return cost

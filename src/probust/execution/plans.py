@@ -11,8 +11,10 @@ the sweeps they were chosen from, are in docs/performance.md ("Declared plans"):
   nearest below :data:`FORWARD_PASS_BYTES` (between :data:`MIN_FORWARD_ROWS` and
   :data:`MAX_FORWARD_ROWS`): enough rows to amortise a pass's fixed work, few enough for its
   activations to stay in cache;
-- convolutional nets run their forward passes in channels_last (``channels_last=False`` turns it
-  off);
+- convolutional nets run their forward passes in channels_last where every convolution's output
+  is at least :data:`CHANNELS_LAST_MAP` wide and high (the paper's CNN at 28 x 28, a ResNet at
+  224 x 224); a ResNet at 32 x 32 or 64 x 64, whose last maps are 4 x 4 or 2 x 2, runs as fast or
+  faster in the default format (``channels_last=True`` / ``False`` decides);
 - the Jacobian runs one backward pass per class on a CPU ("loop") and torch.func's vmap on a
   GPU, :data:`DEFAULT_JACOBIAN_ROWS` rows per pass, in the default memory format unless
   ``channels_last=True``; vmap's class chunks are chosen from the budget.
@@ -44,10 +46,13 @@ JACOBIANS = ("auto", *(s for s in STRATEGIES if not Strategy(s).whole_jacobian))
 FORWARD_PASS_BYTES = 16 * 2**20
 MIN_FORWARD_ROWS = 8
 MAX_FORWARD_ROWS = 4096
+#: channels_last for forward passes where no 2-D convolution's output is smaller than this.
+CHANNELS_LAST_MAP = 7
 #: Rows per Jacobian pass: on a CPU a few dozen rows per pass are as fast as more.
 DEFAULT_JACOBIAN_ROWS = 32
 
 __all__ = [
+    "CHANNELS_LAST_MAP",
     "DEFAULT_JACOBIAN_ROWS",
     "FORWARD_PASS_BYTES",
     "JACOBIANS",
@@ -105,14 +110,16 @@ def plan_forward(
         budget: bytes the passes may hold (inputs, noise, activations).
         rows: the user's rows per pass (then only checked against the budget); None: declared
             (:func:`declared_forward_rows`), cut to what the budget holds.
-        channels_last: the user's choice of format; None: channels_last for a convolutional net.
+        channels_last: the user's choice of format; None: channels_last for a convolutional net
+            whose feature maps stay at least :data:`CHANNELS_LAST_MAP` wide.
 
     Raises:
         MemoryBudgetError: ``rows`` rows do not fit ``budget``, or not one row does.
     """
     cost = row_cost(model, inputs)
     cap = rows_within(budget, cost.inference, what="one forward pass")
-    fmt = channels_last is not False and can_use_channels_last(model, inputs)
+    usable = can_use_channels_last(model, inputs)
+    fmt = usable and (channels_last is True or (channels_last is None and cost.smallest_map >= CHANNELS_LAST_MAP))
     if rows is not None:
         if rows > cap:
             raise too_many("batch_size", rows, cap, budget)
