@@ -5,9 +5,8 @@ Usage: python clock_child.py SEED {fixed|defaults}
 
 Every ``time.perf_counter`` / ``time.monotonic`` interval (and their _ns forms) is scaled by a
 random factor in [0.01, 100] (log-uniform, from SEED) before probust or torch is imported, so
-every timing probust takes is random. With the plan fixed (``jacobian``, ``batch_size`` and the
-memory format) nothing probust computes may change; with the defaults, which gradients are
-taken may not change (routes), while loop or vmap and the memory format may be timed.
+any timing probust took would be random. With the plan fixed (``jacobian``, ``batch_size`` and
+the memory format) or left to its declared defaults, nothing probust computes may change.
 """
 
 from __future__ import annotations
