@@ -1,10 +1,9 @@
 """probust's first call in a fresh process against the paper code's approach, also in a fresh process.
 
-What a user sees first is a new process with no measured plans: probust then times a few passes
-to choose how to run the model (:mod:`probust.execution.tuning`, at most a tenth of the call) and
-pays every one-time cost of its first use. Each side runs in its own fresh Python process (an
-empty plan cache for probust), times its first call on the points, then the same call again (the
-steady state, plans kept); the ratios are paper / probust for each.
+What a user sees first is a new process: probust then measures the model's row cost (one pass on
+two rows), declares its plans (:mod:`probust.execution.plans`) and pays every one-time cost of its
+first use. Each side runs in its own fresh Python process, times its first call on the points,
+then the same call again (the steady state); the ratios are paper / probust for each.
 
 Settings (models randomly initialised: speed does not depend on training), sigma = 0.1, seed 0:
 

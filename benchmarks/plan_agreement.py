@@ -56,7 +56,7 @@ POINTS = 8
 
 
 def models() -> dict[str, tuple[nn.Module, Tensor, float]]:
-    """(model, points, sigma): the contract suite's two, the tuning tests' CNN, the runner's MLP,
+    """(model, points, sigma): the contract suite's two, the plan tests' CNN, the runner's MLP,
     and probust's own MLP."""
     lin = linear_model(12, 10, seed=3)
     torch.manual_seed(3)
