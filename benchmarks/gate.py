@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import os
@@ -169,14 +170,34 @@ def _alternate(
     ``per_point`` points and scaled to all of ``x`` (the gate's time goes to probust's side, whose
     passes need the whole batch). Under ``--first-use-child``: probust's call on ``x`` twice,
     timed into ``_WARM_CALLS``."""
+    return _against([(reference, per_point)], ours, x, pairs)[0]
+
+
+def _against(
+    references: list[tuple[Callable[[Tensor], object], int | None]],
+    ours: Callable[[Tensor], object],
+    x: Tensor,
+    pairs: int,
+) -> list[list[Timing]]:
+    """:func:`_alternate` for several references (each with its ``per_point``) against one
+    probust call: each round times every reference, then probust once, and pairs each
+    reference's time with that one (two rows from one probust side)."""
     if _WARM_CALLS is not None:
         _WARM_CALLS.extend(_seconds(lambda: ours(x)) for _ in range(2))
-        return [(1.0, 1.0)]
-    reference(x[:1])
+        return [[(1.0, 1.0)] for _ in references]
+    for reference, _ in references:
+        reference(x[:1])
     ours(x[:1])
-    part = x if per_point is None else x[:per_point]
-    scale = len(x) / len(part)
-    return [(scale * _seconds(lambda: reference(part)), _seconds(lambda: ours(x))) for _ in range(pairs)]
+    rows: list[list[Timing]] = [[] for _ in references]
+    for _ in range(pairs):
+        times = []
+        for reference, per_point in references:
+            part = x if per_point is None else x[:per_point]
+            times.append(len(x) / len(part) * _seconds(functools.partial(reference, part)))
+        mine = _seconds(lambda: ours(x))
+        for row, theirs in zip(rows, times, strict=True):
+            row.append((theirs, mine))
+    return rows
 
 
 def _fresh(model: nn.Module) -> nn.Module:
@@ -232,23 +253,8 @@ def _monte_carlo(arch: str, points: int, pairs: int, per_point: int | None = Non
     )
 
 
-def mc_cnn(pairs: int) -> list[Timing]:
-    return _monte_carlo("cnn", 20, pairs, per_point=5)
-
-
 def mc_linear(pairs: int) -> list[Timing]:
     return _monte_carlo("linear", 30, pairs + 2)
-
-
-def certify(pairs: int) -> list[Timing]:
-    model, x = _model("cnn", 10, (1, 28, 28)), _points(10, (1, 28, 28))
-    return _alternate(
-        lambda v: baselines.cohen_certify(model, v, 0.25, 100, 10_000, 0.001, 1000, 10),
-        lambda v: probust.certify(_fresh(model), v, sigma=0.25, n0=100, n=10_000, alpha=0.001),
-        x,
-        pairs,
-        per_point=3,
-    )
 
 
 def _plain_passes(model: nn.Module, x: Tensor, n: int, sigma: float) -> Callable[[Tensor], object]:
@@ -258,22 +264,30 @@ def _plain_passes(model: nn.Module, x: Tensor, n: int, sigma: float) -> Callable
     return lambda v: baselines.planned_passes(plain, v, sigma, n, plan.rows, plan.channels_last, SEED)
 
 
-def mc_passes(pairs: int) -> list[Timing]:
-    """mc_cnn's call against its own passes written plainly: probust's overhead, on any CPU."""
+def mc_cnn(pairs: int) -> list[list[Timing]]:
+    """``mc_cnn`` (against the plain per-point loop) and ``mc_passes`` (against probust's own
+    passes written plainly: its overhead, on any CPU), from one probust call per round."""
     model, x = _model("cnn", 10, (1, 28, 28)), _points(20, (1, 28, 28))
-    return _alternate(
-        _plain_passes(model, x, 2000, 0.1),
+    return _against(
+        [
+            (lambda v: baselines.plain_monte_carlo(model, v, 0.1, 2000, SEED), 5),
+            (_plain_passes(model, x, 2000, 0.1), None),
+        ],
         lambda v: probust.MonteCarlo(_fresh(model), 0.1, n_samples=2000)(v),
         x,
         pairs,
     )
 
 
-def certify_passes(pairs: int) -> list[Timing]:
-    """certify's call (n0 + n draws a point) against its passes written plainly."""
+def certify(pairs: int) -> list[list[Timing]]:
+    """``certify`` (against Cohen et al.'s code) and ``certify_passes`` (n0 + n draws a point,
+    written plainly), from one probust call per round."""
     model, x = _model("cnn", 10, (1, 28, 28)), _points(10, (1, 28, 28))
-    return _alternate(
-        _plain_passes(model, x, 100 + 10_000, 0.25),
+    return _against(
+        [
+            (lambda v: baselines.cohen_certify(model, v, 0.25, 100, 10_000, 0.001, 1000, 10), 3),
+            (_plain_passes(model, x, 100 + 10_000, 0.25), None),
+        ],
         lambda v: probust.certify(_fresh(model), v, sigma=0.25, n0=100, n=10_000, alpha=0.001),
         x,
         pairs,
@@ -354,17 +368,20 @@ def _trust(pairs: int) -> tuple[list[Timing], list[Timing]]:
     return shares, forwards
 
 
-ROWS: dict[str, Callable[[int], list[Timing]]] = {
-    "taylor_c10": taylor_c10,
-    "mmse5_c10": mmse5_c10,
-    "taylor_c100": taylor_c100,
-    "mc_cnn": mc_cnn,
-    "mc_linear": mc_linear,
-    "certify": certify,
-    "mc_passes": mc_passes,
-    "certify_passes": certify_passes,
-    "noise": noise,
-    "noise_per_core": noise_per_core,
+def _one(row: Callable[[int], list[Timing]]) -> Callable[[int], list[list[Timing]]]:
+    return lambda pairs: [row(pairs)]
+
+
+#: The rows each measurement gives (two where one probust call serves two references).
+ROWS: dict[tuple[str, ...], Callable[[int], list[list[Timing]]]] = {
+    ("taylor_c10",): _one(taylor_c10),
+    ("mmse5_c10",): _one(mmse5_c10),
+    ("taylor_c100",): _one(taylor_c100),
+    ("mc_cnn", "mc_passes"): mc_cnn,
+    ("mc_linear",): _one(mc_linear),
+    ("certify", "certify_passes"): certify,
+    ("noise",): _one(noise),
+    ("noise_per_core",): _one(noise_per_core),
 }
 
 
@@ -397,7 +414,7 @@ def _first_use_child(name: str) -> tuple[float, float]:
             warnings.simplefilter("ignore", trust.LinearisationWarning)
             _alternate(lambda v: None, probust.Taylor(model, 0.4), _points(2, (3, 224, 224)), 1)
     else:
-        ROWS[name](1)
+        next(row for names, row in ROWS.items() if name in names)(1)
     return _WARM_CALLS[0], _WARM_CALLS[1]
 
 
@@ -417,10 +434,12 @@ def first_use(only: list[str]) -> None:
 
 def run(only: list[str], pairs: int) -> list[Result]:
     results = []
-    for name, row in ROWS.items():
-        if name in only:
-            results.append(Result(name, row(pairs)))
-            _print_progress(results[-1])
+    for names, row in ROWS.items():
+        if set(names) & set(only):
+            for name, timings in zip(names, row(pairs), strict=True):
+                if name in only:
+                    results.append(Result(name, timings))
+                    _print_progress(results[-1])
     if {"trust_share", "trust_forwards"} & set(only):
         shares, forwards = _trust(pairs)
         for name, timings in (("trust_share", shares), ("trust_forwards", forwards)):
