@@ -96,8 +96,9 @@ class Execution:
             the memory free on the device at each call. Work that cannot fit raises an error
             naming this argument.
         channels_last: run convolutional models with weights and inputs in channels_last memory
-            format (True), or not (False); None: forward passes in channels_last, Jacobian
-            passes in the model's own format (:mod:`probust.execution.plans`). The model's
+            format (True), or not (False); None: forward passes in channels_last where every
+            convolution's output stays at least 7 wide, Jacobian passes in the model's own
+            format (:mod:`probust.execution.plans`). The model's
             weights are given back in their own format after each call.
         jacobian: how the backward passes run, one of :data:`~probust.execution.plans.JACOBIANS`:
             "loop" (one backward pass per class), "vmap" (torch.func, vectorised over classes);
