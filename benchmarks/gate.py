@@ -242,19 +242,14 @@ def taylor_c100(pairs: int) -> list[Timing]:
     )
 
 
-def _monte_carlo(arch: str, points: int, pairs: int, per_point: int | None = None) -> list[Timing]:
-    model, x = _model(arch, 10, (1, 28, 28)), _points(points, (1, 28, 28))
+def mc_linear(pairs: int) -> list[Timing]:
+    model, x = _model("linear", 10, (1, 28, 28)), _points(30, (1, 28, 28))
     return _alternate(
         lambda v: baselines.plain_monte_carlo(model, v, 0.1, 2000, SEED),
         lambda v: probust.MonteCarlo(_fresh(model), 0.1, n_samples=2000)(v),
         x,
-        pairs,
-        per_point,
+        pairs + 2,
     )
-
-
-def mc_linear(pairs: int) -> list[Timing]:
-    return _monte_carlo("linear", 30, pairs + 2)
 
 
 def _plain_passes(model: nn.Module, x: Tensor, n: int, sigma: float) -> Callable[[Tensor], object]:
@@ -339,13 +334,11 @@ def _trust(pairs: int) -> tuple[list[Timing], list[Timing]]:
         return call, sum(spent), draws
 
     plan = probust.Execution().forward_plan(model, x)  # the check's passes: rows and format
-    plain_model = copy.deepcopy(model).to(
-        memory_format=torch.channels_last if plan.channels_last else torch.contiguous_format
-    )
+    fmt = torch.channels_last if plan.channels_last else torch.contiguous_format
+    plain_model = copy.deepcopy(model).to(memory_format=fmt)
 
     def plain(draws: int) -> float:
         rows = x.repeat_interleave(math.ceil(draws / len(x)), 0)[:draws]
-        fmt = torch.channels_last if plan.channels_last else torch.contiguous_format
 
         def run() -> None:
             with torch.no_grad():
