@@ -33,7 +33,7 @@ from probust.issues.store import ChunkStore, fingerprint
 from probust.run import ConfigError
 from probust.run.sources import NO_LABEL, as_dataset, batch, class_names
 
-__all__ = ["COLUMNS", "default_sigma", "find_issues"]
+__all__ = ["COLUMNS", "data_sigma", "default_sigma", "find_issues", "given_labels"]
 
 #: The columns of :func:`find_issues`' DataFrame, in order (``label_name`` and
 #: ``prediction_name`` follow ``label`` and ``prediction`` where the data set names its classes).
@@ -135,17 +135,14 @@ def find_issues(
     n = len(ds)
     if n == 0:
         raise ConfigError("the data set is empty", field="data")
-    labels = _labels(ds, n)
+    labels = given_labels(ds, n)
     if bool((labels == NO_LABEL).all()):
         raise ConfigError(
             "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
         )
     plan = assign(n, model, folds)
     if sigma is None:
-        picked = (
-            np.random.default_rng(seed).choice(n, SIGMA_POINTS, replace=False) if n > SIGMA_POINTS else np.arange(n)
-        )
-        sigma = default_sigma(batch(ds, np.sort(picked))[0])
+        sigma = data_sigma(ds, seed)
     sigma = float(sigma)
     if not (math.isfinite(sigma) and sigma > 0):
         raise ConfigError(f"must be a positive number, got {sigma}", field="sigma")
@@ -183,7 +180,14 @@ def find_issues(
     return frame
 
 
-def _labels(ds: Any, n: int) -> Tensor:
+def data_sigma(ds: Any, seed: int) -> float:
+    """:func:`default_sigma` of up to :data:`SIGMA_POINTS` points of ``ds`` drawn with ``seed``."""
+    n = len(ds)
+    picked = np.random.default_rng(seed).choice(n, SIGMA_POINTS, replace=False) if n > SIGMA_POINTS else np.arange(n)
+    return default_sigma(batch(ds, np.sort(picked))[0])
+
+
+def given_labels(ds: Any, n: int) -> Tensor:
     """The given labels, int64 [N]: the data set's ``targets`` where it has them, else read point
     by point."""
     targets = getattr(ds, "targets", None)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +66,7 @@ def train(
     root: str | os.PathLike | None = None,
     download: bool = False,
     on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
+    tracker: Watcher | None = None,
     epochs: int | None = None,
     lr: float | None = None,
     batch_size: int | None = None,
@@ -101,6 +102,10 @@ def train(
         test_dataset: test split when ``dataset`` is a data set object.
         root, download: passed to :func:`probust.data.load`.
         on_epoch_end: called as ``(epoch, meta)`` after each epoch's checkpoint is written.
+        tracker: updated with the model after every epoch (a :class:`probust.issues.Tracker`,
+            or anything with ``update(model)``); with ``out`` its state is saved beside the
+            checkpoint (``<out>.tracker.npz``, where it has ``save`` / ``load``) and restored on
+            resumption, so a resumed run's tracker has seen every epoch once.
         epochs, lr, batch_size, grad_reg, seed, device, momentum, weight_decay, schedule, augment,
             arch_kwargs, num_threads: the fields of :class:`TrainConfig` (None takes
             :data:`~probust.training.DEFAULTS` for ``arch`` where the field allows it).
@@ -159,6 +164,38 @@ def train(
             root=root,
             download=download,
             on_epoch_end=on_epoch_end,
+            tracker=tracker,
+        )
+
+
+class Watcher(Protocol):
+    """What :func:`train` updates after every epoch (:class:`probust.issues.Tracker`)."""
+
+    def update(self, model: nn.Module) -> None: ...
+
+
+def tracker_path(out: Path) -> Path:
+    """Where :func:`train` keeps its tracker's state beside the checkpoint ``out``."""
+    return out.with_name(out.name + ".tracker.npz")
+
+
+def _restore_tracker(tracker: Watcher | None, path: Path, model: nn.Module, epochs_completed: int) -> None:
+    """The tracker's state as of the checkpoint's last epoch. The tracker is saved after the
+    checkpoint, so a run stopped between the two has the checkpoint's epoch still to record: it is
+    recorded from the restored model, which is that epoch's."""
+    if tracker is None or epochs_completed == 0 or not hasattr(tracker, "load"):
+        return
+    saved = tracker_path(path)
+    if saved.exists():
+        tracker.load(saved)
+    seen = int(getattr(tracker, "updates", epochs_completed))
+    if seen == epochs_completed - 1:
+        tracker.update(model)
+        tracker.save(saved)  # type: ignore[attr-defined]
+    elif seen != epochs_completed:
+        raise ValueError(
+            f"{path} holds {epochs_completed} trained epoch(s) but its tracker state ({saved.name}) has {seen} "
+            "update(s): train again with resume=False, or without tracker"
         )
 
 
@@ -209,6 +246,7 @@ def _train(
     root: str | os.PathLike | None,
     download: bool,
     on_epoch_end: Callable[[int, dict[str, Any]], None] | None,
+    tracker: Watcher | None = None,
 ) -> TrainResult:
     config = config.for_arch(arch)
     epochs, batch_size = cast(int, config.epochs), cast(int, config.batch_size)
@@ -247,6 +285,7 @@ def _train(
     progress = checkpointing.new_progress()
     if path is not None and resume and path.exists():
         saved = checkpointing.restore(path, settings, model, optimizer, scheduler, extra_loss)
+        _restore_tracker(tracker, path, model, int(saved["epochs_completed"]))
         if saved.get("complete"):
             model.eval()
             return TrainResult(model=model, meta=saved, path=path)
@@ -270,6 +309,10 @@ def _train(
         meta = checkpointing.epoch_meta(settings, progress, done, test_acc, dev)
         if path is not None:
             checkpointing.save(path, model, meta, optimizer, scheduler, extra_loss)
+        if tracker is not None:
+            tracker.update(model)
+            if path is not None and hasattr(tracker, "save"):
+                tracker.save(tracker_path(path))
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, meta)
     model.eval()
