@@ -1,28 +1,39 @@
-"""probust.find_issues against cleanlab on the same folds: label errors, memorised points, outliers.
+"""Label errors from one training run (probust.issues.Tracker) against the loss history, the margin
+history and 5-fold cleanlab, in the memorising regime.
 
-    python benchmarks/bench_label_issues.py                      # the docs' table (docs/issues.md)
-    python benchmarks/bench_label_issues.py --n 1000 --seeds 0   # a quick look
+    python benchmarks/bench_label_issues.py                       # docs/issues.md's tables (2 processes)
+    python benchmarks/bench_label_issues.py --seeds 0 --settings sym0.2 --data fashion-mnist   # a quick look
 
-Needs cleanlab (``pip install cleanlab==2.9.0``: a benchmark-only dependency, never probust's) and
-Debian's Fashion-MNIST files. For every noise setting (symmetric and class-conditional flips at
-each rate) and seed: the first ``--n`` training images get their labels flipped; ``--folds``
-models (``probust.issues.train_folds``, Adam) give the out-of-sample scores, one model trained
-on every point (the same loop, with each step's logits kept for the Area Under the Margin and
-snapshots for the curvature) the in-sample ones. Printed per score: AUROC and AUPRC of "the label
-is wrong" (low score = suspect), precision and recall among the lowest-scored ``true noise rate``
-share of points, the Spearman correlation with the logit margin of the same model, and the cost
-(trainings, seconds). Then the flags (``is_label_issue`` against cleanlab's
-``find_label_issues``), memorised points, and outliers (scikit-learn's digits upscaled to 28 x 28
-among Fashion-MNIST test images, against ``cleanlab.outlier.OutOfDistribution`` on pred_probs).
-Every number follows from ``--seeds`` and the other flags.
+Needs cleanlab (``pip install cleanlab==2.9.0``: a benchmark-only dependency, never probust's),
+scikit-learn and Debian's Fashion-MNIST files. For every data set, noise setting (symmetric flips
+to a uniform other class, or class-conditional flips to a confusable class, at each rate) and seed:
+
+- **one training run** (Adam, the data set's architecture and epochs) watched by a
+  :class:`probust.issues.Tracker` (its updates timed apart from the training), and, from the same
+  run at no cost, every training step's per-point loss, margin and correctness: the cumulative
+  sample loss (CSL), the Area Under the Margin (AUM, Pleiss et al. 2020) and forgetting counts
+  (Toneva et al. 2019); after each epoch the cumulative input-gradient norm of the loss (CSG) and
+  at four snapshots the input-loss curvature (Garg et al. 2024), each timed; the finished model's
+  self-confidence, margin and ``probust.find_issues`` label score;
+- **5-fold cleanlab**: five models of the same architecture and epochs, each trained without one
+  fold, give the out-of-sample probabilities for cleanlab's three label-quality scores and
+  ``find_label_issues``.
+
+Printed per score, mean (min-max) over seeds: AUROC and AUPRC of "the label is wrong" (low score =
+suspect), precision among the lowest-scored true-noise-rate share, the Spearman correlation with
+the loss history (CSL), the cost in seconds; the flags' F1; memorised points (the run's model fits
+the given label, the fold model that held the point out does not) ranked among the fitted ones;
+the fit (share of given labels the run's model predicts), and the tracker's cost against the
+training it watched. Every number follows from the flags; ``--json`` keeps them all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import platform
 import statistics
-import sys
 import time
 import warnings
 from collections import defaultdict
@@ -36,272 +47,305 @@ from torch import nn
 
 import probust
 from probust import data as pdata
-from probust.issues import find_issues, train_folds
+from probust.issues import Tracker, find_issues
 
-warnings.simplefilter("ignore")
-#: Class-conditional flips (Fashion-MNIST's confusable pairs): t-shirt <-> shirt, pullover <->
-#: coat, sandal -> sneaker -> ankle boot -> sandal, trouser -> dress -> coat, bag -> pullover.
-ASYMMETRIC = {0: 6, 6: 0, 2: 4, 4: 2, 5: 7, 7: 9, 9: 5, 1: 3, 3: 4, 8: 2}
-EPOCHS, LR, BATCH = 15, 1e-3, 128
+#: Class-conditional flips (confusable classes). Fashion-MNIST: t-shirt <-> shirt, pullover <->
+#: coat, sandal -> sneaker -> ankle boot -> sandal, trouser -> dress -> t-shirt, bag -> pullover.
+#: Digits: 1 <-> 7, 3 <-> 8, 5 <-> 6, 4 -> 9 -> 4, 0 -> 6, 2 -> 7.
+FLIPS = {
+    "fashion-mnist": {0: 6, 6: 0, 2: 4, 4: 2, 5: 7, 7: 9, 9: 5, 1: 3, 3: 0, 8: 2},
+    "digits": {1: 7, 7: 1, 3: 8, 8: 3, 5: 6, 6: 5, 4: 9, 9: 4, 0: 6, 2: 7},
+}
+#: Per data set: points, epochs, learning rate, batch size.
+SETUP = {"fashion-mnist": (3000, 24, 1e-3, 128), "digits": (1797, 40, 3e-3, 32)}
+SETTINGS = ("sym0.1", "sym0.2", "sym0.4", "asym0.1", "asym0.25")
 
 
-def noisy(y: np.ndarray, rate: float, kind: str, seed: int) -> np.ndarray:
-    """Labels with a ``rate`` share flipped: to a uniformly drawn other class ("sym") or to the
-    class's confusable partner ("asym")."""
+def noisy(y: np.ndarray, rate: float, kind: str, seed: int, data: str) -> np.ndarray:
+    """Labels with about a ``rate`` share flipped: to a uniformly drawn other class ("sym") or to
+    the class's confusable partner ("asym")."""
     rng = np.random.default_rng(seed)
     flip = rng.random(len(y)) < rate
     out = y.copy()
     if kind == "sym":
         out[flip] = (y[flip] + rng.integers(1, 10, size=len(y))[flip]) % 10
     else:
-        out[flip] = [ASYMMETRIC[int(c)] for c in y[flip]]
+        out[flip] = [FLIPS[data][int(c)] for c in y[flip]]
     return out
 
 
-def factory() -> nn.Module:
-    """The paper's CNN (two 5x5 convolutions, 21,840 weights)."""
-    return probust.models.build("cnn", 10, (1, 28, 28))
+def factory(data: str) -> nn.Module:
+    """Fashion-MNIST: conv 32 / conv 64 / 256 hidden (3x3 convolutions, max-pooling); digits (8 x 8):
+    a 512-unit MLP. Both fit most of their noisy labels in the epochs of :data:`SETUP`."""
+    if data == "digits":
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 49, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
+    )
 
 
-def train_full(x, y, seed):
-    """One model on every point (the training of :func:`train_folds`' folds), keeping each step's
-    logits margin per point (AUM) and a snapshot every 5 epochs (curvature)."""
-    torch.manual_seed(seed)
-    model = factory()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    shuffle = torch.Generator().manual_seed(seed)
-    margins = np.zeros((EPOCHS, len(x)), dtype=np.float32)
-    snaps = []
-    for epoch in range(EPOCHS):
-        model.train()
-        for b in torch.randperm(len(x), generator=shuffle).split(BATCH):
-            logits = model(x[b])
-            loss = nn.functional.cross_entropy(logits, y[b])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                margins[epoch, b.numpy()] = _margin(logits.double(), y[b])
-        if epoch % 5 == 4:
-            snaps.append(copy_of(model))
-    return model.eval(), margins, snaps
+def load(data: str) -> tuple[torch.Tensor, np.ndarray]:
+    n = SETUP[data][0]
+    if data == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return torch.tensor(d.images[:n, None] / 16.0, dtype=torch.float32), d.target[:n].astype(np.int64)
+    x, y = pdata.load("fashion-mnist", "train").tensors()
+    return x[:n], y[:n].numpy()
 
 
-def copy_of(model):
-    clone = factory()
-    clone.load_state_dict(model.state_dict())
-    return clone.eval()
-
-
-def _margin(logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    label = logits.gather(1, y[:, None])[:, 0]
+def _margin(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     other = logits.scatter(1, y[:, None], -float("inf")).amax(1)
-    return (label - other).numpy()
+    return logits.gather(1, y[:, None])[:, 0] - other
 
 
-def curvature(models, x, y, h=1e-3, probes=2, seed=0):
-    """Garg et al. (ICML 2024): the input-loss curvature, Hutchinson's estimate of tr(H^2) by
-    finite differences, ||grad L(x + h v) - grad L(x)||^2 / h^2 for Rademacher v, averaged over
-    probes and training snapshots. High = memorised / mislabelled."""
+def train(data, x, y, seed, tracker=None, baselines=False):
+    """One training run (Adam); with ``baselines`` also each step's per-point loss, margin and
+    correctness, the loss's input-gradient norm after each epoch and four snapshots. Returns the
+    model, the records and the seconds of training, tracking and each baseline's extra work."""
+    _, epochs, lr, batch_size = SETUP[data]
+    torch.manual_seed(seed)
+    model = factory(data)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    shuffle = torch.Generator().manual_seed(seed)
+    n = len(x)
+    rec = {k: np.zeros((epochs, n), np.float32) for k in ("loss", "margin", "correct", "csg")}
+    snaps, cost = [], defaultdict(float)
+    for epoch in range(epochs):
+        started = time.perf_counter()
+        model.train()
+        for b in torch.randperm(n, generator=shuffle).split(batch_size):
+            logits = model(x[b])
+            losses = nn.functional.cross_entropy(logits, y[b], reduction="none")
+            opt.zero_grad()
+            losses.mean().backward()
+            opt.step()
+            if baselines:
+                with torch.no_grad():
+                    rec["loss"][epoch, b] = losses.numpy()
+                    rec["margin"][epoch, b] = _margin(logits, y[b]).numpy()
+                    rec["correct"][epoch, b] = (logits.argmax(1) == y[b]).numpy()
+        cost["train"] += time.perf_counter() - started
+        if tracker is not None:
+            started = time.perf_counter()
+            tracker.update(model)
+            cost["tracker"] += time.perf_counter() - started
+        if baselines:
+            started = time.perf_counter()
+            rec["csg"][epoch] = loss_gradient_norm(model, x, y)
+            cost["CSG"] += time.perf_counter() - started
+            if epoch % (epochs // 4) == epochs // 4 - 1:
+                snaps.append({k: v.clone() for k, v in model.state_dict().items()})
+    return model.eval(), rec, snaps, cost
+
+
+def loss_gradient_norm(model, x, y):
+    model.eval()
+    out = np.zeros(len(x), np.float32)
+    for i in range(0, len(x), 500):
+        xi = x[i : i + 500].clone().requires_grad_(True)
+        loss = nn.functional.cross_entropy(model(xi), y[i : i + 500], reduction="sum")
+        out[i : i + 500] = torch.autograd.grad(loss, xi)[0].flatten(1).norm(dim=1).numpy()
+    return out
+
+
+def curvature(data, snaps, x, y, seed, h=1e-3, probes=2):
+    """Garg et al. (ICML 2024): Hutchinson's estimate of the input-loss curvature tr(H^2) by finite
+    differences of input gradients, over probes and snapshots. High = memorised / mislabelled."""
     g = torch.Generator().manual_seed(seed)
     total = np.zeros(len(x))
-    for model in models:
+    model = factory(data).eval()
+    for state in snaps:
+        model.load_state_dict(state)
         for _ in range(probes):
             v = torch.randint(0, 2, x.shape, generator=g).float() * 2 - 1
-            total += _loss_grad_diff(model, x, y, h * v) / h**2
-    return total / (len(models) * probes)
+            for i in range(0, len(x), 500):
+                grads = []
+                for xi in (x[i : i + 500].clone(), x[i : i + 500] + h * v[i : i + 500]):
+                    xi.requires_grad_(True)
+                    loss = nn.functional.cross_entropy(model(xi), y[i : i + 500], reduction="sum")
+                    grads.append(torch.autograd.grad(loss, xi)[0])
+                total[i : i + 500] += (grads[1] - grads[0]).flatten(1).pow(2).sum(1).numpy() / h**2
+    return total / (len(snaps) * probes)
 
 
-def _loss_grad_diff(model, x, y, step):
-    out = np.zeros(len(x))
-    for i in range(0, len(x), 500):
-        xs = [x[i : i + 500].clone().requires_grad_(True), (x[i : i + 500] + step[i : i + 500]).requires_grad_(True)]
-        grads = []
-        for xi in xs:
-            loss = nn.functional.cross_entropy(model(xi), y[i : i + 500], reduction="sum")
-            grads.append(torch.autograd.grad(loss, xi)[0])
-        out[i : i + 500] = (grads[1] - grads[0]).flatten(1).pow(2).sum(1).numpy()
-    return out
+def fold_probabilities(data, x, y, seed, k=5):
+    """cleanlab's out-of-sample probabilities: k models of the same architecture and epochs."""
+    order = np.random.default_rng(seed).permutation(len(x))
+    probs = np.zeros((len(x), 10))
+    for part in np.array_split(order, k):
+        keep = np.setdiff1d(np.arange(len(x)), part)
+        model, _, _, _ = train(data, x[keep], y[keep], seed)
+        with torch.no_grad():
+            probs[part] = torch.softmax(model(x[part]).double(), 1).numpy()
+    return probs
 
 
-def metrics(bad, score, margin, rate):
-    k = max(1, int(round(rate * len(bad))))
+def metrics(bad, score, csl, seconds):
+    k = max(1, int(round(bad.mean() * len(bad))))
     top = np.argsort(score, kind="stable")[:k]
     return {
         "auroc": roc_auc_score(bad, -score),
         "auprc": average_precision_score(bad, -score),
-        "precision": bad[top].mean(),
-        "recall": bad[top].sum() / max(bad.sum(), 1),
-        "spearman_margin": spearmanr(score, margin)[0],
+        "precision": float(bad[top].mean()),
+        "spearman_csl": float(spearmanr(score, -csl)[0]),
+        "seconds": seconds,
     }
 
 
 def f1(flags, bad):
     tp = (flags & bad).sum()
     p, r = tp / max(flags.sum(), 1), tp / max(bad.sum(), 1)
-    return {"precision": p, "recall": r, "f1": 0.0 if p + r == 0 else 2 * p * r / (p + r)}
+    return {"f1": 0.0 if p + r == 0 else 2 * p * r / (p + r), "precision": p, "recall": r, "flagged": int(flags.sum())}
 
 
-def one_setting(x, y_true, kind, rate, seed, folds, n_threads):
+def one_run(job):
+    data, setting, seed = job
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
     from cleanlab.filter import find_label_issues
     from cleanlab.rank import get_label_quality_scores
 
-    y = noisy(y_true, rate, kind, seed)
+    kind, rate = ("asym", float(setting[4:])) if setting.startswith("asym") else ("sym", float(setting[3:]))
+    x, y_true = load(data)
+    y = noisy(y_true, rate, kind, seed, data)
     bad = y != y_true
     yt = torch.as_tensor(y)
-    out: dict = {"scores": {}, "cost": {}}
     started = time.perf_counter()
-    fold_models = train_folds(
-        factory, x, yt, folds, epochs=EPOCHS, lr=LR, batch_size=BATCH, seed=seed, show_progress=False
-    )
-    out["cost"]["train_folds"] = time.perf_counter() - started
+    tracker = Tracker((x, yt), seed=seed)
+    cost = {"tracker_setup": time.perf_counter() - started}
+    model, rec, snaps, run_cost = train(data, x, yt, seed, tracker=tracker, baselines=True)
+    cost.update(run_cost)
     started = time.perf_counter()
-    full, aum_margins, snaps = train_full(x, yt, seed)
-    out["cost"]["train_full"] = time.perf_counter() - started
-
+    frame = tracker.find_issues()
+    cost["tracker"] += time.perf_counter() - started + cost.pop("tracker_setup")
     started = time.perf_counter()
-    oos = find_issues(None, (x, yt), folds=fold_models, seed=seed, show_progress=False)
-    out["cost"]["find_issues_oos"] = time.perf_counter() - started
+    probs_oos = fold_probabilities(data, x, yt, seed)
+    cost["folds"] = time.perf_counter() - started
     started = time.perf_counter()
-    ins = find_issues(full, (x, yt), seed=seed, show_progress=False)
-    out["cost"]["find_issues_in"] = time.perf_counter() - started
-
-    probs_oos = _probs(fold_models, x)
-    probs_in = _probs([(full, np.arange(len(x)))], x)
-    logits_in = _logits(full, x)
-    margin_oos = np.log(probs_oos[np.arange(len(y)), y] + 1e-300) - np.log(
-        np.where(np.eye(10, dtype=bool)[y], 0, probs_oos).max(1) + 1e-300
-    )
-    margin_in = _margin(logits_in, yt)
-    s = out["scores"]
-    for name in ("self_confidence", "normalized_margin", "confidence_weighted_entropy"):
-        s[f"oos cleanlab {name}"] = (get_label_quality_scores(y, probs_oos, method=name), margin_oos)
-    s["oos margin"] = (margin_oos, margin_oos)
-    s["oos probust label_score"] = (oos["label_score"].to_numpy(), margin_oos)
-    s["in self_confidence"] = (probs_in[np.arange(len(y)), y], margin_in)
-    s["in margin"] = (margin_in, margin_in)
-    s["in -loss"] = (-nn.functional.cross_entropy(logits_in, yt, reduction="none").numpy(), margin_in)
-    s["in AUM"] = (aum_margins.mean(0), margin_in)
+    final = find_issues(model, (x, yt), seed=seed, show_progress=False)
+    cost["find_issues"] = time.perf_counter() - started
     started = time.perf_counter()
-    s["in -curvature"] = (-curvature(snaps, x, yt, seed=seed), margin_in)
-    out["cost"]["curvature"] = time.perf_counter() - started
-    s["in probust label_score"] = (ins["label_score"].to_numpy(), margin_in)
-    out["metrics"] = {name: metrics(bad, v, m, bad.mean()) for name, (v, m) in s.items()}
-    curvature_score = s["in -curvature"][0]
-    out.pop("scores")
-    out["flags"] = {
-        "oos cleanlab find_label_issues": f1(find_label_issues(y, probs_oos), bad),
-        "oos probust is_label_issue": f1(oos["is_label_issue"].to_numpy(), bad),
-        "in probust is_label_issue": f1(ins["is_label_issue"].to_numpy(), bad),
-    }
-    # Memorised: the full model predicts the given label at the point, the fold model holding it out does not.
-    memorised = (probs_in.argmax(1) == y) & (probs_oos.argmax(1) != y)
-    fits = probs_in.argmax(1) == y
-    out["memorised"] = {
-        "count": int(memorised.sum()),
-        "in probust memorisation_score": roc_auc_score(memorised[fits], ins["memorisation_score"].to_numpy()[fits]),
-        "in 1 - self_confidence": roc_auc_score(memorised[fits], -probs_in[fits, y[fits]]),
-        "in -AUM": roc_auc_score(memorised[fits], -aum_margins.mean(0)[fits]),
-        "in curvature": roc_auc_score(memorised[fits], -curvature_score[fits]),
-    }
-    out["outliers"] = outliers(full, seed)
-    return out
+    curv = curvature(data, snaps, x, yt, seed)
+    cost["curvature"] = time.perf_counter() - started
 
-
-def outliers(model, seed, n_in=1000, n_out=100):
-    """Digits (scikit-learn's 8 x 8, upscaled to 28 x 28) among Fashion-MNIST test images."""
-    from cleanlab.outlier import OutOfDistribution
-    from sklearn.datasets import load_digits
-
-    test = pdata.load("fashion-mnist", "test").tensors()
-    rng = np.random.default_rng(seed)
-    keep = rng.choice(len(test[0]), n_in, replace=False)
-    digits = load_digits()
-    pick = rng.choice(len(digits.images), n_out, replace=False)
-    small = torch.as_tensor(digits.images[pick] / 16.0, dtype=torch.float32)[:, None]
-    big = nn.functional.interpolate(small, size=(28, 28), mode="bilinear", align_corners=False).clamp(0, 1)
-    x = torch.cat([test[0][keep], big])
-    atypical = np.r_[np.zeros(n_in, bool), np.ones(n_out, bool)]
-    logits = _logits(model, x)
-    prediction = logits.argmax(1)
-    frame = find_issues(model, (x, prediction), seed=seed, show_progress=False)
-    probs = torch.softmax(logits, 1).numpy()
-    ood = OutOfDistribution().fit_score(pred_probs=probs, labels=prediction.numpy(), verbose=False)
-    return {
-        "probust outlier_score": roc_auc_score(atypical, frame["outlier_score"].to_numpy()),
-        "cleanlab OutOfDistribution(pred_probs)": roc_auc_score(atypical, -ood),
-        "1 - max softmax": roc_auc_score(atypical, -probs.max(1)),
-    }
-
-
-def _logits(model, x):
+    csl = rec["loss"].sum(0).astype(np.float64)
     with torch.no_grad():
-        return torch.cat([model(x[i : i + 2000]) for i in range(0, len(x), 2000)]).double()
+        logits = model(x).double()
+    probs = torch.softmax(logits, 1).numpy()
+    rows = np.arange(len(y))
+    scores = {
+        "probust Tracker label_score": (frame["label_score"].to_numpy(), cost["tracker"]),
+        "CSL (cumulative loss)": (-csl, 0.0),
+        "AUM (mean margin)": (rec["margin"].mean(0).astype(np.float64), 0.0),
+        "forgetting events": (-_forgetting(rec["correct"]), 0.0),
+        "CSG (cumulative input gradient)": (-rec["csg"].sum(0).astype(np.float64), cost["CSG"]),
+        "curvature": (-curv, cost["curvature"]),
+        "final self-confidence": (probs[rows, y], 0.0),
+        "final margin": (_margin(logits, yt).numpy(), 0.0),
+        "final probust find_issues": (final["label_score"].to_numpy(), cost["find_issues"]),
+    }
+    for name in ("self_confidence", "normalized_margin", "confidence_weighted_entropy"):
+        scores[f"5-fold cleanlab {name}"] = (get_label_quality_scores(y, probs_oos, method=name), cost["folds"])
+    fits = probs.argmax(1) == y
+    memorised = fits & (probs_oos.argmax(1) != y)
+    return {
+        "key": f"{data} {setting} {seed}",
+        "fit": float(fits.mean()),
+        "noise": float(bad.mean()),
+        "cost": cost,
+        "scores": {name: metrics(bad, s, csl, c) for name, (s, c) in scores.items()},
+        "flags": {
+            "probust Tracker is_label_issue": f1(frame["is_label_issue"].to_numpy(), bad),
+            "5-fold cleanlab find_label_issues": f1(find_label_issues(y, probs_oos, n_jobs=1), bad),
+            "final probust find_issues is_label_issue": f1(final["is_label_issue"].to_numpy(), bad),
+        },
+        "memorised": {
+            "count": int(memorised.sum()),
+            **{
+                name: float(roc_auc_score(memorised[fits], value[fits]))
+                for name, value in {
+                    "probust Tracker memorisation_score": frame["memorisation_score"].to_numpy(),
+                    "-AUM": -rec["margin"].mean(0),
+                    "CSL": csl,
+                    "curvature": curv,
+                    "1 - final self-confidence": 1 - probs[rows, y],
+                    "-Tracker label_score": -frame["label_score"].to_numpy(),
+                }.items()
+            },
+        },
+    }
 
 
-def _probs(parts, x):
-    probs = np.zeros((len(x), 10))
-    for model, idx in parts:
-        probs[idx] = torch.softmax(_logits(model, x[idx]), 1).numpy()
-    return probs
+def _forgetting(correct: np.ndarray) -> np.ndarray:
+    c = correct.astype(bool)
+    return (c[:-1] & ~c[1:]).sum(0).astype(np.float64) + 0.5 * (~c[-1])
 
 
-def summary(runs):
-    """Mean and spread (min-max) over seeds, per setting and score."""
+def summary(results):
+    """Mean (min-max) over seeds, per data set, setting and score."""
     table = defaultdict(lambda: defaultdict(list))
-    for (kind, rate, _seed), out in runs.items():
-        for name, m in out["metrics"].items():
+    for r in results:
+        data, setting, _ = r["key"].split()
+        for name, m in r["scores"].items():
             for key, value in m.items():
-                table[(kind, rate, name)][key].append(value)
-        for name, m in out["flags"].items():
-            table[(kind, rate, "flags " + name)]["f1"].append(m["f1"])
-            table[(kind, rate, "flags " + name)]["precision"].append(m["precision"])
-            table[(kind, rate, "flags " + name)]["recall"].append(m["recall"])
-        for name, v in out["memorised"].items():
-            table[(kind, rate, "memorised " + name)]["auroc"].append(v)
-        for name, v in out["outliers"].items():
-            table[(kind, rate, "outliers " + name)]["auroc"].append(v)
-        for name, v in out["cost"].items():
-            table[(kind, rate, "cost " + name)]["seconds"].append(v)
-    for (kind, rate, name), values in table.items():
+                table[(data, setting, name)][key].append(value)
+        for name, m in r["flags"].items():
+            for key in ("f1", "flagged"):
+                table[(data, setting, "flags: " + name)][key].append(m[key])
+        for name, value in r["memorised"].items():
+            table[(data, setting, "memorised: " + name)]["auroc" if name != "count" else "count"].append(value)
+        table[(data, setting, "run")]["fit"].append(r["fit"])
+        table[(data, setting, "run")]["noise"].append(r["noise"])
+        for name, value in r["cost"].items():
+            table[(data, setting, "cost")][name].append(value)
+        table[(data, setting, "cost")]["tracker / train"].append(r["cost"]["tracker"] / r["cost"]["train"])
+        table[(data, setting, "cost")]["tracked run / 5 folds"].append(
+            (r["cost"]["tracker"] + r["cost"]["train"]) / r["cost"]["folds"]
+        )
+    for (data, setting, name), values in table.items():
         cells = []
         for key, vs in values.items():
-            spread = f" ({min(vs):.4f}-{max(vs):.4f})" if len(vs) > 1 else ""
+            spread = f" ({min(vs):.3f}-{max(vs):.3f})" if len(vs) > 1 else ""
             cells.append(f"{key} {statistics.mean(vs):.4f}{spread}")
-        print(f"{kind}{int(rate * 100):>3}%  {name:<44} " + "  ".join(cells))
+        print(f"{data:<13} {setting:<8} {name:<44} " + "  ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=2000, help="training images (the first n)")
-    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--data", nargs="+", default=["fashion-mnist", "digits"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.1, 0.2])
-    parser.add_argument("--kinds", nargs="+", default=["sym", "asym"])
-    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
+    parser.add_argument("--json", type=Path, help="write every number here (and read runs already there)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    x, y_true = pdata.load("fashion-mnist", "train").tensors()
-    x, y_true = x[: args.n], y_true[: args.n].numpy()
-    import platform
-
     print(
         f"probust {probust.__version__}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"n {args.n}, folds {args.folds}, epochs {EPOCHS}, seeds {args.seeds}",
+        f"setup {SETUP}, seeds {args.seeds}, {args.jobs} process(es) of one thread",
         flush=True,
     )
-    runs = {}
-    for kind in args.kinds:
-        for rate in args.rates:
-            for seed in args.seeds:
-                started = time.perf_counter()
-                runs[(kind, rate, seed)] = one_setting(x, y_true, kind, rate, seed, args.folds, 2)
-                print(
-                    f"  {kind} {rate} seed {seed}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True
-                )
-    summary(runs)
-    if args.json:
-        args.json.write_text(json.dumps({f"{k[0]} {k[1]} {k[2]}": v for k, v in runs.items()}, default=float, indent=1))
+    done = {}
+    if args.json and args.json.exists():
+        done = {r["key"]: r for r in json.loads(args.json.read_text())}
+    jobs = [(d, s, seed) for d in args.data for s in args.settings for seed in args.seeds]
+    todo = [j for j in jobs if f"{j[0]} {j[1]} {j[2]}" not in done]
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for result in pool.imap_unordered(one_run, todo):
+            done[result["key"]] = result
+            print(f"  {result['key']}: fit {result['fit']:.3f}, costs {result['cost']}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(list(done.values()), default=float, indent=1))
+    summary([done[f"{d} {s} {seed}"] for d, s, seed in jobs])
 
 
 if __name__ == "__main__":
