@@ -287,6 +287,48 @@ def one_run(job):
     }
 
 
+def outliers_run(seed):
+    """Atypical training points: 60 of scikit-learn's digits (upscaled to 28 x 28, each with a
+    uniformly drawn label) among the Fashion-MNIST points at 20% symmetric noise. AUROC of "this
+    point is a digit" for the tracker's outlier_score and its label_score, cleanlab's
+    OutOfDistribution on the folds' out-of-sample probabilities, and 1 - max softmax (out of
+    sample and the run's finished model)."""
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    from cleanlab.outlier import OutOfDistribution
+    from sklearn.datasets import load_digits
+
+    data = "fashion-mnist"
+    x, y_true = load(data)
+    y = noisy(y_true, 0.2, "sym", seed, data)
+    rng = np.random.default_rng(seed + 100)
+    digits = load_digits()
+    pick = rng.choice(len(digits.images), 60, replace=False)
+    small = torch.as_tensor(digits.images[pick] / 16.0, dtype=torch.float32)[:, None]
+    big = nn.functional.interpolate(small, size=(28, 28), mode="bilinear", align_corners=False).clamp(0, 1)
+    x = torch.cat([x, big])
+    y = np.concatenate([y, rng.integers(0, 10, 60)])
+    atypical = np.r_[np.zeros(len(y_true), bool), np.ones(60, bool)]
+    yt = torch.as_tensor(y)
+    tracker = Tracker((x, yt), seed=seed)
+    model, _, _, _ = train(data, x, yt, seed, tracker=tracker)
+    frame = tracker.find_issues()
+    probs_oos = fold_probabilities(data, x, yt, seed)
+    with torch.no_grad():
+        final = torch.softmax(model(x).double(), 1).numpy()
+    ood = OutOfDistribution().fit_score(pred_probs=probs_oos, labels=y, verbose=False)
+    return {
+        "key": f"outliers {seed}",
+        "auroc": {
+            "probust Tracker outlier_score": roc_auc_score(atypical, frame["outlier_score"]),
+            "probust Tracker -label_score": roc_auc_score(atypical, -frame["label_score"]),
+            "5-fold cleanlab OutOfDistribution(pred_probs)": roc_auc_score(atypical, -ood),
+            "5-fold 1 - max softmax": roc_auc_score(atypical, -probs_oos.max(1)),
+            "final model 1 - max softmax": roc_auc_score(atypical, -final.max(1)),
+        },
+    }
+
+
 def _forgetting(correct: np.ndarray) -> np.ndarray:
     c = correct.astype(bool)
     return (c[:-1] & ~c[1:]).sum(0).astype(np.float64) + 0.5 * (~c[-1])
@@ -328,7 +370,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--json", type=Path, help="write every number here (and read runs already there)")
+    parser.add_argument("--outliers", action="store_true", help="the atypical-points runs instead (one per seed)")
     args = parser.parse_args()
+    if args.outliers:
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            runs = pool.map(outliers_run, args.seeds)
+        for name in runs[0]["auroc"]:
+            values = [r["auroc"][name] for r in runs]
+            print(f"outliers  {name:<48} auroc {statistics.mean(values):.4f} ({min(values):.3f}-{max(values):.3f})")
+        if args.json:
+            args.json.write_text(json.dumps(runs, default=float, indent=1))
+        return
     print(
         f"probust {probust.__version__}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
         f"setup {SETUP}, seeds {args.seeds}, {args.jobs} process(es) of one thread",

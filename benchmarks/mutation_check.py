@@ -48,6 +48,7 @@ TRUST = "tests/estimators/test_trust_statistics.py"
 CENTRING = "tests/mvn/test_centring.py"
 DEFAULTS = "tests/estimators/test_stated_defaults.py"
 ISSUES = "tests/issues/test_find_issues.py"
+TRACKER = "tests/issues/test_tracker.py"
 MUTANTS = (
     Mutant(
         "screening-failure-left-out-of-cdf-error",
@@ -492,6 +493,27 @@ MUTANTS = (
         "estimator(x[other], target=prediction[other], indices=index[other])",
         "estimator(x[other], target=labels[other], indices=index[other])",
         (f"{ISSUES}::test_p_label_and_p_robust_are_the_exact_probabilities_of_a_linear_model",),
+    ),
+    Mutant(
+        "tracker-margins-against-the-previous-gradient",
+        "issues/tracker.py",
+        "            self._norm = got[\"norm\"]\n            self._sums[\"z\"] += _z(",
+        "            self._sums[\"z\"] += _z(",
+        (f"{TRACKER}::test_each_margin_is_measured_against_the_next_computed_gradient",),
+    ),
+    Mutant(
+        "tracker-rival-is-the-prediction-not-the-strongest-other-class",
+        "issues/tracker.py",
+        "rival = logits.detach().scatter(1, y[:, None], -math.inf).argmax(1)",
+        "rival = logits.detach().argmax(1)",
+        (f"{TRACKER}::test_the_cumulative_scores_are_the_hand_computed_sums_over_updates",),
+    ),
+    Mutant(
+        "tracker-resumes-without-its-gradient-norms",
+        "issues/tracker.py",
+        '        self._norm = np.array(state["norm"], dtype=np.float64)',
+        '        self._norm = np.zeros(len(state["norm"]))',
+        (f"{TRACKER}::test_resuming_from_a_saved_tracker_gives_the_uninterrupted_numbers",),
     ),
     Mutant(
         "estimator-indices-ignored",

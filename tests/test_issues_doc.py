@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-_EXAMPLE = re.compile(r"## An example that runs.*?```python\n(?P<code>.*?)```\s*```text\n(?P<out>.*?)```", re.DOTALL)
+_EXAMPLE = re.compile(
+    r"## [^\n]*[Aa]n example that runs.*?```python\n(?P<code>.*?)```\s*```text\n(?P<out>.*?)```", re.DOTALL
+)
 _NUMBER = re.compile(r"-?\d+(?:\.(\d+))?")
 
 
@@ -22,9 +26,15 @@ def _same(got: str, expected: str) -> bool:
     return True
 
 
-def test_the_pages_example_prints_what_the_page_shows():
-    found = _EXAMPLE.search((ROOT / "docs" / "issues.md").read_text(encoding="utf-8"))
-    assert found is not None, "docs/issues.md has no runnable example followed by its output"
+_EXAMPLES = list(_EXAMPLE.finditer((ROOT / "docs" / "issues.md").read_text(encoding="utf-8")))
+
+
+def test_the_page_has_its_two_examples():
+    assert len(_EXAMPLES) == 2, "docs/issues.md: the Tracker's example and find_issues' example, each with its output"
+
+
+@pytest.mark.parametrize("found", _EXAMPLES, ids=["tracker", "find_issues"][: len(_EXAMPLES)])
+def test_the_pages_example_prints_what_the_page_shows(found):
     run = subprocess.run([sys.executable, "-c", found["code"]], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert _same(run.stdout, found["out"]), f"printed:\n{run.stdout}\nthe page shows:\n{found['out']}"
