@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust import _user_model
+from probust import _inputs
 from probust._untrusted import check_export_archive, torch_load
 from probust.errors import first_line
 from probust.models._checkpoint import (
@@ -250,7 +250,7 @@ def _probe(
         with torch.no_grad():
             out = model(x)
     except Exception as exc:
-        problem = _user_model.points_problem(model, x.shape)  # what its first layer does not take
+        problem = _inputs.points_problem(model, x.shape)  # what its first layer does not take
         cause = f": {problem}" if problem is not None else ""
         raise CheckpointMismatchError(
             f"{path}: does not accept inputs of shape {list(shape)}{cause} ({type(exc).__name__}: {first_line(exc)})"

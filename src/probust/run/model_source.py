@@ -16,15 +16,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust._checks import eval_mode
+from probust._inputs import MISSING_CHANNEL, input_problem
 from probust._io import sha256_file
 from probust._user_model import (
     ModelOutputError,
+    eval_mode,
     is_low_precision,
     logits_model,
     logits_reading,
     parameter_dtype,
-    points_problem,
     read_logits,
 )
 from probust.errors import Setting, first_parts
@@ -220,12 +220,16 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             # A bfloat16 / float16 model gets its inputs in its own dtype (LogitsOf casts them so).
             out = model(x.to(device, dtype if is_low_precision(dtype) else x.dtype))
     except Exception as exc:
-        # What the model's first layer does not take (the channels, as in Python).
-        problem = points_problem(model, x.shape)
-        cause = f": {problem}" if problem is not None else ""
+        # What the model's first layer does not take (the channels, a missing dimension, as in Python).
+        problem = input_problem(model, x.shape, "the points", "have")
+        cause = f": {problem.text}" if problem is not None else ""
+        advice: tuple[Any, ...] = ()
+        if problem is not None and problem.missing == "channel":
+            advice = ("; add it: ", MISSING_CHANNEL)
         raise ConfigError(
             f"does not accept inputs of shape {list(shape)} from {data_name(ds)}{cause} "
             f"({type(exc).__name__}: {first_line(exc)})",
+            *advice,
             field="model",
         ) from None
     try:
