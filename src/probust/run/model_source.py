@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust._inputs import MISSING_CHANNEL, input_problem
+from probust._inputs import MISSING_CHANNEL, UntrainedModelError, input_problem
 from probust._io import sha256_file
 from probust._user_model import (
     ModelOutputError,
@@ -27,7 +27,7 @@ from probust._user_model import (
     parameter_dtype,
     read_logits,
 )
-from probust.errors import Setting, first_parts
+from probust.errors import Placeholder, Setting, first_parts
 from probust.run.errors import ConfigError, first_line
 from probust.run.sources import batch, config_value, data_name, data_units_note, input_shape, num_classes
 
@@ -46,12 +46,14 @@ def load_model(
     model_args: Mapping[str, Any] | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    untrained: bool = False,
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """The model on ``device``, a JSON description (with its sha256), and warnings.
 
     ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
     saved with ``save_pretrained``), or ``package.module:function`` (a factory called with the
-    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded.
+    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded
+    (without them it is refused, :class:`~probust._inputs.UntrainedModelError`, unless ``untrained``).
     With ``mean`` or ``std`` (per-channel statistics; one value or one per channel of the data)
     the model is fed ``(x - mean) / std`` (:class:`probust.Normalize` in front of it; the
     description and its sha256 stay the model's own). The warnings include
@@ -73,6 +75,15 @@ def load_model(
         module, info = _hf_folder(model[len(pmodels.HF_PREFIX) :], mean, std, notes)
     elif factory:
         module, info = _factory(os.fspath(model), model_args, weights, allow_pickle)
+        if weights is None and not untrained:
+            raise UntrainedModelError(
+                f"{model} builds a model whose weights are random: give its trained state_dict with ",
+                Setting("weights", Placeholder("FILE")),
+                ", or ",
+                Setting("untrained", True),
+                " if an untrained model is meant",
+                field="weights",
+            )
     elif isinstance(model, nn.Module):
         module, info = (
             model,

@@ -155,7 +155,7 @@ def prepare_folder(
             ds = load_data(s.data, s.split, s.data_root, s.download, s.data_options)
             selected = _selected(ds, s.selected, s.limit, s.split)
             module, model_info, notes = load_model(
-                s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std
+                s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std, untrained=s.untrained
             )
             spread = single_class_note(ds, selected, s.limit) if s.selected is None else None
             notes = notes + ([spread] if spread else [])
