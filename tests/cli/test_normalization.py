@@ -61,7 +61,12 @@ BASE = ["--data", "pixels.npz", "--sigma", "0.05", "--methods", "mc", "taylor", 
 
 
 def test_estimate_mean_and_std_equal_normalize_in_the_model(root):
-    assert _estimate(*BASE, "--model", "probust_norm_nets:net", "--untrained", "--mean", *MEAN, "--std", *STD, "--out", "a") == 0
+    assert (
+        _estimate(
+            *BASE, "--model", "probust_norm_nets:net", "--untrained", "--mean", *MEAN, "--std", *STD, "--out", "a"
+        )
+        == 0
+    )
     assert _estimate(*BASE, "--model", "probust_norm_nets:normalised_net", "--untrained", "--out", "b") == 0
     a, b = (read_results(root / d).sort_values(["method", "index"]) for d in ("a", "b"))
     np.testing.assert_array_equal(a["p"].to_numpy(), b["p"].to_numpy())

@@ -241,7 +241,7 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             f"does not accept inputs of shape {list(shape)} from {data_name(ds)}{cause} "
             f"({type(exc).__name__}: {first_line(exc)})",
             *advice,
-            field="model",
+            field="data" if problem is not None and problem.fewer_dims else "model",
         ) from None
     try:
         reading = logits_reading(out, x.shape[0])
