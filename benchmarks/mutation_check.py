@@ -497,8 +497,8 @@ MUTANTS = (
     Mutant(
         "tracker-margins-against-the-previous-gradient",
         "issues/tracker.py",
-        "            self._norm = got[\"norm\"]\n            self._sums[\"z\"] += _z(",
-        "            self._sums[\"z\"] += _z(",
+        '            self._norm = got["norm"]\n            self._sums["z"] += _z(',
+        '            self._sums["z"] += _z(',
         (f"{TRACKER}::test_each_margin_is_measured_against_the_next_computed_gradient",),
     ),
     Mutant(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probust._checks import check_noisy_logits, finite_rows
+from probust._user_model import check_noisy_logits, finite_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

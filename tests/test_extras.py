@@ -156,3 +156,9 @@ def test_the_extras_in_pyproject_match_the_modules_that_need_them():
     assert optional["report"][0] == "probust[run]" and optional["all"] == [
         "probust[run,report,data,hf,metrics,lightning,cleanlab]"
     ]
+
+
+def test_the_lazy_names_are_listed_by_dir_for_tab_completion():
+    import probust
+
+    assert {"score", "find_issues", "run_estimate", "plots"} <= set(dir(probust))

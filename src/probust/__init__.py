@@ -52,6 +52,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones (``score``, ``find_issues``, ...) included: tab completion."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'probust' has no attribute {name!r}")

@@ -31,33 +31,31 @@ maths never call back into planning).
 from __future__ import annotations
 
 import contextlib
-import math
 import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from probust.errors import OptionError, ProbustError, first_line
+from probust.errors import OptionError
 
 __all__ = [
     "CONTRACT",
-    "InputProblem",
     "LogitsOf",
-    "ModelCallError",
     "ModelOutputError",
     "PerModel",
     "Reading",
-    "call_error",
-    "first_layer",
-    "input_problem",
+    "check_logits",
+    "check_noisy_logits",
+    "eval_mode",
+    "finite_rows",
     "is_low_precision",
     "logits_model",
     "logits_reading",
     "output_problem",
+    "model_device",
     "parameter_dtype",
-    "points_problem",
     "read_logits",
     "structure_token",
     "to_format",
@@ -76,238 +74,6 @@ _WRAP = "wrap the model in an nn.Module whose forward returns the logits tensor 
 
 class ModelOutputError(OptionError):
     """The model's output is not one the contract reads as logits (``field`` is ``"model"``)."""
-
-
-class ModelCallError(ProbustError, ValueError):
-    """The model raised on a few rows of ``x`` (``field`` is ``"x"``): the message names x's shape
-    as it was read (a batch of B inputs of shape S), what about it the model's first layer does
-    not take (:func:`input_problem`), and quotes the model's own error, which is chained."""
-
-
-#: The spatial dimensions' names of a convolution's input, by its number of them.
-_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
-_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-class InputProblem(NamedTuple):
-    """What about inputs of a shape the model's first layer does not take (:func:`input_problem`).
-
-    Attributes:
-        text: in words, naming the inputs, both counts where they differ and the layer.
-        fewer_dims: the inputs have one dimension fewer than the first layer takes.
-        missing: the dimension the shape says is missing, where it says which: ``"batch"`` (a
-            single input; the fix is ``x.unsqueeze(0)``), ``"channel"`` (a batch of inputs with
-            one channel, e.g. grey images [B, H, W]; ``x.unsqueeze(1)``); else None.
-    """
-
-    text: str
-    fewer_dims: bool
-    missing: Literal["batch", "channel"] | None
-
-
-#: What ``call_error`` advises for each missing dimension.
-_ADVICE = {
-    "batch": "if x is a single input, pass x.unsqueeze(0)",
-    "channel": "if x is a batch of inputs with one channel, pass x.unsqueeze(1)",
-}
-
-
-def first_layer(model: object) -> tuple[str, nn.Module] | None:
-    """The model's first layer that says what inputs it takes, with its name in the model: the
-    first convolution (``in_channels``), linear layer (``in_features``) or module declaring
-    ``input_channels`` (an int, the channels it takes in dimension 1, e.g. :class:`probust.Normalize`)
-    in ``model.modules()`` order. That is the order the modules were assigned in ``__init__``,
-    which is the order they run in an ``nn.Sequential`` and in the torchvision, timm and Hugging
-    Face image classifiers (their stem or patch embedding first). None for a callable that is not
-    an ``nn.Module``, or a model without such a layer."""
-    if not isinstance(model, nn.Module):
-        return None
-    for name, module in model.named_modules():
-        if _declares_input(module):
-            return name, module
-    return None
-
-
-def _declares_input(module: nn.Module) -> bool:
-    if isinstance(module, _CONVOLUTIONS):
-        return module.in_channels > 0  # 0: a lazy one, not yet built
-    if isinstance(module, nn.Linear):
-        return module.in_features > 0
-    return isinstance(getattr(module, "input_channels", None), int)
-
-
-def _after(model: nn.Module, first: nn.Module) -> tuple[str, nn.Module] | None:
-    """The first convolution or linear layer after ``first`` in ``model.modules()`` order."""
-    seen = False
-    for name, module in model.named_modules():
-        if module is first:
-            seen = True
-        elif seen and isinstance(module, (*_CONVOLUTIONS, nn.Linear)) and _declares_input(module):
-            return name, module
-    return None
-
-
-def _runs_first(model: nn.Module, layer: nn.Module) -> bool:
-    """Whether ``layer`` is the first module ``model`` runs, through nested ``nn.Sequential``s."""
-    while isinstance(model, nn.Sequential) and len(model) > 0:
-        model = model[0]
-    return model is layer
-
-
-def _called(name: str, layer: nn.Module) -> str:
-    return f"{type(layer).__name__} {name!r}" if name else type(layer).__name__
-
-
-def input_problem(model: object, shape: Sequence[int], inputs: str = "x", has: str = "has") -> InputProblem | None:
-    """What about inputs of ``shape`` ([B, *S]) the model's first layer (:func:`first_layer`)
-    does not take, in words naming the inputs ``inputs`` (with the verb ``has``); None where the
-    first layer takes them, or is not known. A missing dimension is named only where the inputs
-    have one dimension fewer than the first layer takes; a count that differs is named with both
-    counts and the layer.
-
-    The rules, by the first layer:
-
-    - a convolution over k spatial dimensions takes [B, C_in, *k]. Inputs with k + 1 dimensions
-      lack one: the batch dimension where dimension 0 is C_in (a single input), the channel
-      dimension where C_in is 1 (a batch of single-channel inputs), else it is not known which.
-      With k + 2 dimensions and another size than C_in in dimension 1, the channels differ;
-    - a module declaring ``input_channels`` C (a :class:`probust.Normalize`) takes [B, C, ...]
-      in front of the model's first convolution or linear layer: followed by a convolution over
-      k dimensions, it takes what that convolution takes, with C channels, and inputs of k + 1
-      dimensions read as above; followed by a linear layer of F features, inputs of F numbers in
-      all with C in dimension 0 are a single input. Any other size than C in dimension 1 is other
-      channels; where the convolution after it takes that size, it is named too (the statistics
-      are of other channels than the model's);
-    - a linear layer takes F features per input: rows of another count than F (neither a row's
-      numbers nor its last dimension) are other inputs, and, where x holds F numbers in all and
-      the model does not run the linear layer first (so it takes more than [B, F], e.g. after
-      an ``nn.Flatten``), maybe a single input without its batch dimension.
-    """
-    found = first_layer(model)
-    if found is None or len(shape) < 2 or not isinstance(model, nn.Module):
-        return None
-    name, layer = found
-    shape = [int(n) for n in shape]
-    called = _called(name, layer)
-    if isinstance(layer, _CONVOLUTIONS):
-        k, channels = len(layer.kernel_size), layer.in_channels
-        return _conv_problem(shape, k, channels, f"{called}, inputs [B, {channels}, {_SPATIAL[k]}]", inputs, has)
-    if isinstance(layer, nn.Linear):
-        return _linear_problem(shape, layer.in_features, called, _runs_first(model, layer), inputs, has)
-    channels = int(getattr(layer, "input_channels", 1))  # an int: first_layer checked it
-    after = _after(model, layer)
-    if after is not None and isinstance(after[1], _CONVOLUTIONS):
-        conv = after[1]
-        k = len(conv.kernel_size)
-        takes = f"{called}, inputs [B, {channels}, {_SPATIAL[k]}]"
-        if len(shape) == k + 1:
-            return _conv_problem(shape, k, channels, takes, inputs, has, declared=True)
-    else:
-        takes = f"{called}, inputs [B, {channels}, ...]"
-    if shape[1] == channels:
-        return None
-    if after is not None and isinstance(after[1], nn.Linear):
-        if shape[0] == channels and math.prod(shape) == after[1].in_features:
-            return _single(channels, takes, inputs, has)
-    text = _other_channels(channels, shape[1], takes, inputs, has)
-    if after is not None and isinstance(after[1], _CONVOLUTIONS) and after[1].in_channels == shape[1]:
-        text += f", the {shape[1]} that {_called(*after)} after it takes"
-    return InputProblem(text, False, None)
-
-
-def _single(channels: int, takes: str, inputs: str, has: str) -> InputProblem:
-    return InputProblem(
-        f"{inputs} {has} the {channels} channels of one input of the model's first layer ({takes}) in dimension 0, "
-        "without the batch dimension",
-        True,
-        "batch",
-    )
-
-
-def _other_channels(channels: int, found: int, takes: str, inputs: str, has: str) -> str:
-    return f"the model's first layer expects {channels} channels in dimension 1, {inputs} {has} {found} ({takes})"
-
-
-def _conv_problem(
-    shape: list[int], k: int, channels: int, takes: str, inputs: str, has: str, declared: bool = False
-) -> InputProblem | None:
-    """A first layer taking [B, channels, *k] (``takes``: it and its inputs, in words; ``declared``:
-    a module declaring its channels, in front of a convolution)."""
-    if len(shape) == k + 1:
-        if shape[0] == channels and declared:
-            return _single(channels, takes, inputs, has)
-        if shape[0] == channels:
-            return InputProblem(
-                f"{inputs} {has} the dimensions of one input of the model's first layer ({takes}), without the "
-                "batch dimension",
-                True,
-                "batch",
-            )
-        if channels == 1:
-            return InputProblem(
-                f"{inputs} {has} one dimension fewer than the model's first layer takes ({takes}): a batch of "
-                f"{_count(shape[0], 'input')} of shape {shape[1:]} without the channel dimension",
-                True,
-                "channel",
-            )
-        return InputProblem(
-            f"{inputs} {has} one dimension fewer than the model's first layer takes ({takes}), and {shape[0]} in "
-            f"dimension 0, where one input would have its {channels} channels",
-            True,
-            None,
-        )
-    if len(shape) == k + 2 and shape[1] != channels:
-        return InputProblem(_other_channels(channels, shape[1], takes, inputs, has), False, None)
-    return None
-
-
-def _linear_problem(
-    shape: list[int], features: int, called: str, runs_first: bool, inputs: str, has: str
-) -> InputProblem | None:
-    """A first layer taking ``features`` numbers per input (``runs_first``: the model runs it
-    first, so its inputs are [B, features])."""
-    row = math.prod(shape[1:])
-    if row == features or shape[-1] == features:
-        return None
-    cause = f"the model's first layer expects {features} features per input, {inputs} {has} {row} per input ({called})"
-    if not runs_first and math.prod(shape) == features:  # the features of one input, read as rows
-        return InputProblem(f"{cause}, and {features} numbers in all, one input's worth", True, "batch")
-    return InputProblem(cause, False, None)
-
-
-def points_problem(model: object, shape: Sequence[int]) -> str | None:
-    """What about a batch of a data set's points (``shape``: [B, *S], the batch made by the
-    caller) the model's first layer does not take, named as in :func:`input_problem` ("the points
-    have ..."); None where it takes them, where it is not known, or where the points have one
-    dimension fewer than it takes (the batch dimension is the caller's, so the points' own shape,
-    which the message gives, says more than advice on x). The command line's model checks (a model
-    file's probe and the runner's) name a model that fails on the data by it."""
-    problem = input_problem(model, shape, "the points", "have")
-    return None if problem is None or problem.fewer_dims else problem.text
-
-
-def call_error(model: object, x: Tensor, rows: int, error: BaseException) -> ModelCallError:
-    """The error for a model that raised ``error`` on the first ``rows`` rows of ``x`` (a probe):
-    x's shape as it was read, what its first layer does not take (:func:`input_problem`), the
-    advice to add a dimension only where x's shape says which one is missing, and the model's
-    own error, with the shape it was given where that is not x's."""
-    shape = list(x.shape)
-    text = f"the model fails on x of shape {shape}, read as a batch of {_count(shape[0], 'input')} of shape {shape[1:]}"
-    problem = input_problem(model, shape)
-    if problem is not None:
-        text += f": {problem.text}"
-    own = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
-    if rows < shape[0]:
-        text += f" (the model's error on x's first {rows} rows, shape {[rows, *shape[1:]]}: {own})"
-    else:
-        text += f" (the model's error: {own})"
-    if problem is not None and problem.missing is not None:
-        text += f"; {_ADVICE[problem.missing]}"
-    return ModelCallError(text, field="x")
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def logits_reading(out: object, batch: int) -> Reading:
@@ -452,6 +218,77 @@ def _logits_problem(logits: Tensor, batch: int, subject: str) -> str | None:
             "softmax, or wrap it as forward(x) = torch.log(model(x).clamp_min(1e-12))"
         )
     return None
+
+
+# --- the model's outputs and modes, as every estimator checks them at each call ---------------
+
+
+def check_logits(logits: Tensor, batch: int) -> Tensor:
+    """The model's output for a batch of ``batch`` rows must be finite logits [batch, C], C >= 2."""
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"the model must return a tensor of logits [B, C], got {type(logits).__name__}")
+    if logits.ndim != 2 or logits.shape[0] != batch:
+        raise ValueError(f"the model must return logits of shape [B, C] = [{batch}, C], got {tuple(logits.shape)}")
+    if logits.shape[1] < 2:
+        raise ValueError(f"the model must have at least 2 classes, got C = {logits.shape[1]}")
+    if not torch.isfinite(logits).all():
+        raise ValueError("the model returned NaN or inf logits")
+    return logits
+
+
+def finite_rows(logits: Tensor, copies: int) -> Tensor:
+    """Which noisy copies gave finite logits: logits [P * copies, C] -> bool [P, copies].
+
+    x * 0 is 0 for a finite x and NaN for NaN or +-inf, so a row's sum of them is finite exactly
+    when all its logits are (no overflow: the sum is of zeros). Several times cheaper than
+    ``isfinite(logits).all(1)`` for many classes, and no device synchronisation: callers sum it
+    per point and check the sums once (:func:`check_noisy_logits`)."""
+    return torch.isfinite((logits * 0).sum(dim=1)).view(-1, copies)
+
+
+def check_noisy_logits(nonfinite: Tensor, copies: int, indices: Tensor, noise: str) -> None:
+    """Raise ValueError when the model gave NaN or inf logits on any point's noisy copies.
+
+    Such a copy has no prediction (argmax would return the NaN's index), so p_robust is
+    undefined there: it is refused, never counted.
+
+    Args:
+        nonfinite: int [B], copies of each point whose logits held a NaN or an inf.
+        copies: noisy copies drawn per point in the pass that was checked.
+        indices: int [B], the points' indices in the data set (``index_offset + row``).
+        noise: the noise, in words (e.g. its description), for the message.
+    """
+    if not bool(nonfinite.any()):
+        return
+    bad = nonfinite.nonzero().flatten()
+    shown = ", ".join(f"point {int(indices[i])}: {int(nonfinite[i])} of {copies} copies" for i in bad[:5].tolist())
+    more = f" and {len(bad) - 5} more points" if len(bad) > 5 else ""
+    raise ValueError(
+        f"the model returned NaN or inf logits on noisy copies x + eps under noise {noise} ({shown}{more}; "
+        "point = data-set index, index_offset + row): p_robust is undefined there and such copies are never "
+        "counted; make the model finite on noisy inputs (e.g. clamp before a log or an exp) or use a smaller noise"
+    )
+
+
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter or buffer (None for a parameter-free model)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for buffer in model.buffers():
+        return buffer.device
+    return None
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode, and give each its own mode back afterwards."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 V = TypeVar("V")

@@ -24,7 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["OptionError", "ProbustError", "Setting", "first_line", "first_parts", "python_name"]
+__all__ = [
+    "ConfigError",
+    "OptionError",
+    "Phrase",
+    "ProbustError",
+    "Setting",
+    "first_line",
+    "first_parts",
+    "python_name",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,20 @@ class Setting:
 
     def render(self, name_of: Callable[[str, Any], str]) -> str:
         return name_of(self.name, self.value)
+
+
+@dataclass(frozen=True)
+class Phrase(Setting):
+    """Advice that reads differently from Python (``python``) and from the shell (``shell``),
+    where no one option names it (``build the model and call load_state_dict`` is no advice for
+    a shell user): the command line's renderer (any ``name_of`` but :func:`python_name`) shows
+    ``shell``."""
+
+    python: str = ""
+    shell: str = ""
+
+    def render(self, name_of: Callable[[str, Any], str]) -> str:
+        return self.python if name_of is python_name else self.shell
 
 
 class Placeholder(str):
@@ -100,7 +123,8 @@ class ProbustError(Exception):
         error = type(self).__new__(type(self))  # no __init__: subclasses' signatures differ
         error.__dict__.update(self.__dict__)
         error.parts = tuple(
-            Setting(names.get(p.name, p.name), p.value) if isinstance(p, Setting) else p for p in self.parts
+            Setting(names.get(p.name, p.name), p.value) if isinstance(p, Setting) and not isinstance(p, Phrase) else p
+            for p in self.parts
         )
         if self.field is not None:
             error.field = names.get(self.field, self.field)
@@ -140,3 +164,10 @@ def first_parts(error: BaseException) -> tuple[Part, ...]:
 class OptionError(ProbustError, ValueError):
     """A bad value of an option (``field`` names it): the type, range or choice is wrong, or two
     options exclude each other."""
+
+
+class ConfigError(OptionError):
+    """A bad argument, found before any work started (the CLI prints it on one line, exit 2).
+
+    ``field`` names the argument (a field of :class:`~probust.run.RunSettings`, or of the function
+    called), when there is one. Also :class:`probust.run.ConfigError`."""

@@ -68,6 +68,7 @@ def _args(out: str, *extra: str) -> list[str]:
         "d.npz",
         "--model",
         "certnet:make",
+        "--untrained",
         "--sigma",
         *SIGMAS,
         "--N0",
@@ -238,7 +239,7 @@ def test_a_tensor_file_of_integers_is_refused_though_its_points_are_served_as_fl
     settings = CertifySettings(
         data=str(tmp_path / "pixels.npz"), model=certnet.make(), sigmas=[0.25], out=tmp_path / "c", device="cpu"
     )
-    with pytest.raises(ConfigError, match="stored as uint8 in .*pixels.npz, not floating point") as info:
+    with pytest.raises(ConfigError, match=r"the inputs \(.*pixels.npz\) are uint8, not floating point") as info:
         prepare_certify(settings)
     assert info.value.field == "data"
     np.savez(tmp_path / "scaled.npz", x=(x / 255).astype(np.float32), y=np.arange(4) % 3)
@@ -254,7 +255,18 @@ def test_a_bad_flag_is_one_line_naming_it(in_root, capsys):
 def test_estimate_and_certify_folders_refuse_each_other(in_root, reference, capsys):
     assert main(_args("ref", "--N", "128")) == 2
     assert "n: 256 there, 128 here" in capsys.readouterr().err
-    estimate = ["estimate", "--data", "d.npz", "--model", "certnet:make", "--sigma", "0.25", "--methods", "softmax"]
+    estimate = [
+        "estimate",
+        "--data",
+        "d.npz",
+        "--model",
+        "certnet:make",
+        "--untrained",
+        "--sigma",
+        "0.25",
+        "--methods",
+        "softmax",
+    ]
     assert main([*estimate, "--quiet", "--out", "ref"]) == 2
     assert "probust.certify's" in capsys.readouterr().err
     assert main([*estimate, "--quiet", "--out", "est"]) == 0

@@ -84,7 +84,7 @@ def _other_word(field: dataclasses.Field, option: Option, special: dict[str, lis
     raise AssertionError(f"no test value for {field.name} ({kind}): add it to the special values")
 
 
-ESTIMATE_BASE = ["--data", "d.npz", "--model", "flagnet:make", "--sigma", "0.1", "--out", "r"]
+ESTIMATE_BASE = ["--data", "d.npz", "--model", "flagnet:make", "--untrained", "--sigma", "0.1", "--out", "r"]
 ESTIMATE_SPECIAL = {
     "data": ["e.npz"],
     "model": ["flagnet:other"],
@@ -121,10 +121,11 @@ def test_every_estimate_flag_sets_its_own_field_and_no_other(in_root, field, opt
     from probust.cli.estimate import settings_from
 
     parser = _sub("estimate")
-    base = settings_from(parser.parse_args(ESTIMATE_BASE))
+    common = [w for w in ESTIMATE_BASE if w != "--untrained"]  # so that --untrained changes something
+    base = settings_from(parser.parse_args(common))
     flag = flag_of(field, option)
     words = _other_word(field, option, ESTIMATE_SPECIAL)
-    args = parser.parse_args([*ESTIMATE_BASE, flag, *words])
+    args = parser.parse_args([*common, flag, *words])
     settings = settings_from(args)
     changed = {f.name for f in dataclasses.fields(settings) if getattr(settings, f.name) != getattr(base, f.name)}
     if field.name in {f.name for f in dataclasses.fields(settings)}:
@@ -161,7 +162,7 @@ def test_every_estimator_option_reaches_its_estimator_argument(in_root):
     params = {f.name: o.param for f, o in declared(RunSettings) if o.param is not None}
     assert set(params) == set(values), "give every estimator option a test value"
     assert all(name == param for name, param in params.items()), "the run names each option as the estimators do"
-    settings = RunSettings(data="d.npz", model="flagnet:make", sigmas=[0.1], **values)
+    settings = RunSettings(data="d.npz", model="flagnet:make", untrained=True, sigmas=[0.1], **values)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
     plan = PreparedRun(None, None, model, torch.device("cpu"), np.arange(2), [], {}, None, settings)  # type: ignore[arg-type]
     reached = set()
@@ -257,7 +258,7 @@ def test_recorded_flags_arrive_in_config_json(in_root):
     assert {k: run[k] for k in expected} == expected
 
 
-CERTIFY_BASE = ["--data", "d.npz", "--model", "flagnet:make", "--sigma", "0.1", "--out", "r"]
+CERTIFY_BASE = ["--data", "d.npz", "--model", "flagnet:make", "--untrained", "--sigma", "0.1", "--out", "r"]
 CERTIFY_SPECIAL = {
     **ESTIMATE_SPECIAL,
     "radii": ["0", "0.5"],
@@ -278,10 +279,11 @@ def test_every_certify_flag_sets_its_own_field_and_no_other(in_root, field, opti
     from probust.cli.certify import settings_from
 
     parser = _sub("certify")
-    base = settings_from(parser.parse_args(CERTIFY_BASE))
+    common = [w for w in CERTIFY_BASE if w != "--untrained"]  # so that --untrained changes something
+    base = settings_from(parser.parse_args(common))
     flag = flag_of(field, option)
     words = _other_word(field, option, CERTIFY_SPECIAL)
-    settings = settings_from(parser.parse_args([*CERTIFY_BASE, flag, *words]))
+    settings = settings_from(parser.parse_args([*common, flag, *words]))
     changed = {f.name for f in dataclasses.fields(settings) if getattr(settings, f.name) != getattr(base, f.name)}
     if field.name in {f.name for f in dataclasses.fields(settings)}:
         assert changed == {field.name}, f"{flag} changed {changed}"
@@ -554,7 +556,7 @@ def test_model_args_with_torchvision_resnet18(tmp_path, monkeypatch):
     np.savez("img.npz", x=rng.random((2, 3, 32, 32)).astype("float32"), y=np.array([0, 2]))
     torch.manual_seed(0)
     torch.save(resnet18(num_classes=3).state_dict(), "w.pt")
-    code = main(["estimate", "--data", "img.npz", "--model", "torchvision.models:resnet18", "--model-arg",
+    code = main(["estimate", "--data", "img.npz", "--model", "torchvision.models:resnet18", "--untrained", "--model-arg",
                  "num_classes=3", "--weights", "w.pt", "--sigma", "0.1", "--methods", "softmax", "--out", "r",
                  "--device", "cpu", "--quiet"])  # fmt: skip
     assert code == 0
@@ -626,7 +628,7 @@ def test_an_option_only_the_estimator_can_check_is_named_by_its_flag(in_root, ca
     assert "lower --batch-size or raise --memory-budget" in err
     with pytest.raises(OptionError) as error:
         run_estimate(
-            data="d.npz", model="flagnet:make", model_args={"num_classes": 5}, sigmas=[0.1], methods=["mc"],
+            data="d.npz", model="flagnet:make", untrained=True, model_args={"num_classes": 5}, sigmas=[0.1], methods=["mc"],
             mc_samples=[1000], limit=2, device="cpu", show_progress=False, out="ebs2",
             batch_size=100_000, memory_budget="200KB",
         )  # fmt: skip

@@ -61,8 +61,13 @@ BASE = ["--data", "pixels.npz", "--sigma", "0.05", "--methods", "mc", "taylor", 
 
 
 def test_estimate_mean_and_std_equal_normalize_in_the_model(root):
-    assert _estimate(*BASE, "--model", "probust_norm_nets:net", "--mean", *MEAN, "--std", *STD, "--out", "a") == 0
-    assert _estimate(*BASE, "--model", "probust_norm_nets:normalised_net", "--out", "b") == 0
+    assert (
+        _estimate(
+            *BASE, "--model", "probust_norm_nets:net", "--untrained", "--mean", *MEAN, "--std", *STD, "--out", "a"
+        )
+        == 0
+    )
+    assert _estimate(*BASE, "--model", "probust_norm_nets:normalised_net", "--untrained", "--out", "b") == 0
     a, b = (read_results(root / d).sort_values(["method", "index"]) for d in ("a", "b"))
     np.testing.assert_array_equal(a["p"].to_numpy(), b["p"].to_numpy())
     run = read_config(root / "a")["run"]
@@ -72,8 +77,8 @@ def test_estimate_mean_and_std_equal_normalize_in_the_model(root):
 def test_certify_mean_and_std_equal_normalize_in_the_model(root):
     common = ["--data", "pixels.npz", "--sigma", "0.1", "--N0", "8", "--N", "64", "--device", "cpu", "--quiet"]
     stats = ["--mean", *MEAN, "--std", *STD]
-    assert main(["certify", *common, "--model", "probust_norm_nets:net", *stats, "--out", "a"]) == 0
-    assert main(["certify", *common, "--model", "probust_norm_nets:normalised_net", "--out", "b"]) == 0
+    assert main(["certify", *common, "--model", "probust_norm_nets:net", "--untrained", *stats, "--out", "a"]) == 0
+    assert main(["certify", *common, "--model", "probust_norm_nets:normalised_net", "--untrained", "--out", "b"]) == 0
     a, b = (read_certified(root / d).sort_values("index") for d in ("a", "b"))
     for column in ("prediction", "radius", "p_lower", "hits"):
         np.testing.assert_array_equal(a[column].to_numpy(), b[column].to_numpy())
@@ -90,13 +95,13 @@ def test_certify_mean_and_std_equal_normalize_in_the_model(root):
     ],
 )
 def test_bad_statistics_are_one_line_errors_naming_the_flag(root, capsys, flags, text):
-    assert _estimate(*BASE, "--model", "probust_norm_nets:net", *flags, "--out", "r") == 2
+    assert _estimate(*BASE, "--model", "probust_norm_nets:net", "--untrained", *flags, "--out", "r") == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("probust estimate: error: ") and text in err, err
 
 
 def test_normalised_data_is_named_with_the_units_of_sigma(root, capsys):
-    args = ["--sigma", "0.05", "--methods", "softmax", "--model", "probust_norm_nets:net"]
+    args = ["--sigma", "0.05", "--methods", "softmax", "--model", "probust_norm_nets:net", "--untrained"]
     assert _estimate("--data", "normalised.npz", *args, "--out", "n") == 0
     err = capsys.readouterr().err
     assert "probust estimate: warning: the inputs range from" in err

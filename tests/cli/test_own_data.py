@@ -297,7 +297,7 @@ def test_a_model_that_is_not_a_logits_classifier_is_refused_saying_how_to_wrap_i
 ):
     monkeypatch.chdir(nets)
     two_feature_table(tmp_path / "t.parquet")
-    extra = [] if weights is None else ["--weights", str(nets / weights)]
+    extra = ["--untrained"] if weights is None else ["--weights", str(nets / weights)]
     args = ["--data", str(tmp_path / "t.parquet"), "--model", f"probust_test_nets:{factory}", *extra]
     assert estimate(*args, "--sigma", "0.1", "--out", str(tmp_path / "r")) == 2
     one_line_error(capsys, *parts)
@@ -389,7 +389,9 @@ def test_integer_inputs_are_refused_as_probust_certify_refuses_them(tmp_path, ca
     np.savez(tmp_path / "pixels.npz", x=x, y=np.arange(6) % 3)
     args = ["--model", str(model), "--sigma", "0.1", "--methods", "softmax", "--out", str(tmp_path / "r")]
     assert estimate("--data", str(tmp_path / "pixels.npz"), *args) == 2
-    one_line_error(capsys, "--data: ", "stored as uint8 in", "pixels.npz, not floating point", "[0, 1]")
+    one_line_error(
+        capsys, "--data: ", "pixels.npz) are uint8, not floating point", "store them as float32 scaled to [0, 1]"
+    )
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # refused before any work
     np.savez(tmp_path / "scaled.npz", x=(x / 255).astype(np.float32), y=np.arange(6) % 3)
     assert estimate("--data", str(tmp_path / "scaled.npz"), *args) == 0

@@ -289,8 +289,9 @@ def test_bad_x_is_refused_by_name_before_the_model_runs(name, case):
     est = build(name, model, sigma)
     bad, error = BAD_X[case]
     counter = CountCalls(model)
-    with pytest.raises(error, match=r"^x "):
+    with pytest.raises(error, match=r"^x: ") as info:
         est(bad(x))
+    assert info.value.field == "x"  # type: ignore[attr-defined]  # a probust._inputs error
     assert counter.calls == 0
 
 

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 import probust
-from probust._user_model import ModelCallError, ModelOutputError
+from probust._inputs import ModelCallError
+from probust._user_model import ModelOutputError
 from probust.estimators import REGISTRY, make_estimator, method_spec
 from probust.execution import Execution
 from tests.estimators.test_contract import assert_same_estimate, small_settings

@@ -83,7 +83,9 @@ def test_target_label_without_labels_is_refused():
 
 def test_integer_tensors_are_refused_as_a_files_integers_are():
     images = (tiny_data().tensors()[0] * 255).to(torch.uint8)
-    with pytest.raises(ConfigError, match="stored as uint8 in the tensor x, not floating point"):
+    with pytest.raises(
+        ConfigError, match=r"the inputs \(the tensor x\) are uint8, not floating point.*x.float\(\) / 255"
+    ):
         probust.score(tiny_model(), images, 0.1, "softmax", **SMALL)
 
 

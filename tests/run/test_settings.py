@@ -220,6 +220,7 @@ WRONG_TYPE = [
     ("download", 1),
     ("data_root", 42),
     ("allow_pickle", "yes"),
+    ("untrained", "yes"),
     ("allow_version_change", "yes"),
     ("data_options", 42),
     ("data_options", ["x_key"]),

@@ -280,7 +280,7 @@ def test_seconds_apportion_the_wall_time():
 
 def test_integer_inputs_are_refused_saying_where_the_noise_enters():
     model = _two_class()
-    with pytest.raises(ValueError, match=r"floating point.*added to x itself"):
+    with pytest.raises(ValueError, match=r"floating point.*added to the inputs in their own units.*x.float\(\) / 255"):
         probust.certify(model, torch.zeros(2, 2, dtype=torch.uint8), 0.5, n=10)
     with pytest.raises(ValueError, match="floating point"):
         probust.predict(model, torch.zeros(2, 2, dtype=torch.int64), 0.5, n=10)

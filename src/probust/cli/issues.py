@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 _EPILOG = """\
 examples:
@@ -23,6 +24,9 @@ is installed) and the chunks it is computed from: run the same command again to 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``issues`` sub-command."""
+    from probust.cli.flags import add_options
+    from probust.run.data_options import ModelOptions
+
     p = subparsers.add_parser(
         "issues",
         help="rank suspect labels, atypical and memorised points by p_robust (probust.find_issues)",
@@ -35,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="a built-in data set name, or a file or folder of points")
     p.add_argument("--split", default="test", choices=("train", "test"), help="of a built-in data set (default test)")
     p.add_argument("--data-root", help="where to look for a built-in data set")
-    p.add_argument("--model", help="a model file (or package.module:function): scores the points no --fold holds out")
     p.add_argument(
         "--fold",
         nargs=2,
@@ -48,10 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sigma", type=float, help="noise standard deviation per input coordinate (default: the inputs' RMS spread)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--allow-pickle", action="store_true", help="accept model files that run code when loaded")
     p.add_argument("--top", type=int, default=8, help="suspect images per class on the page (default 8)")
     p.add_argument("--out", required=True, help="the folder to write (resumable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet", "--no-progress", dest="show_progress", action="store_false", help="no progress bar or summary"
+    )
+    # The model as every command takes it (--model, --weights, --model-arg, --allow-pickle, --mean, --std).
+    add_options(p, ModelOptions)
     p.set_defaults(func=run)
 
 
@@ -74,21 +80,34 @@ def run(args: argparse.Namespace) -> int:
     """Run ``probust issues``; returns the exit status."""
     import torch
 
+    from probust._options import MISSING, declared
     from probust.cli import UsageError
+    from probust.cli.flags import flag_map, message, values
     from probust.errors import ProbustError
     from probust.issues import find_issues
-    from probust.run import ConfigError
+    from probust.run.data_options import ModelOptions
     from probust.run.model_source import load_model
     from probust.run.sources import load_data
 
-    if args.model is None and not args.fold:
+    given = values(args, ModelOptions)
+    if "model" not in given and not args.fold:
         raise UsageError("give --model, or --fold MODEL INDICES for every fold")
-    flags = {"data": "--data", "model": "--model", "folds": "--fold", "sigma": "--sigma", "out": "--out"}
+    flags = {**flag_map(ModelOptions), "data": "--data", "folds": "--fold", "sigma": "--sigma", "out": "--out"}
+
+    def loaded(model, weights=None, model_args=None):
+        return load_model(
+            model, torch.device("cpu"), ds, o["allow_pickle"], weights, model_args, o["mean"], o["std"], o["untrained"]
+        )[0]
+
     try:
+        # Checked as estimate and certify check them.
+        o: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f, _ in declared(ModelOptions)}
+        for f, c in declared(ModelOptions):
+            if f.name in given and c.check is not None:
+                o[f.name] = c.check(given[f.name], f.name)
         ds = load_data(args.data, args.split, args.data_root, False)
-        cpu = torch.device("cpu")
-        model = None if args.model is None else load_model(args.model, cpu, ds, args.allow_pickle)[0]
-        folds = [(load_model(m, cpu, ds, args.allow_pickle)[0], _indices(i)) for m, i in args.fold]
+        model = None if o["model"] is None else loaded(o["model"], o["weights"], o["model_args"])
+        folds = [(loaded(m), _indices(i)) for m, i in args.fold]
         frame = find_issues(
             model,
             ds,
@@ -96,13 +115,11 @@ def run(args: argparse.Namespace) -> int:
             sigma=args.sigma,
             seed=args.seed,
             out=args.out,
-            show_progress=not args.no_progress,
+            show_progress=args.show_progress,
         )
-    except ConfigError as exc:
-        flag = flags.get(exc.field or "", exc.field)
-        raise UsageError(f"{flag}: {exc.reason}" if flag else str(exc)) from None
-    except ProbustError as exc:  # a model that breaks the contract (its output, its inputs)
-        raise UsageError(f"--model: {exc}") from None
+    except ProbustError as exc:  # named by its flag, in the shell's words
+        text = message(exc, flags)
+        raise UsageError(text if exc.field is not None or text.startswith("--") else f"--model: {text}") from None
     out = Path(args.out)
     frame.to_csv(out / "issues.csv", index=False)
     page = _write_page(frame, ds, out / "issues.html", args.top)

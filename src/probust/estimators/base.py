@@ -21,14 +21,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_logits, check_noisy_logits, check_x, eval_mode, model_device
+from probust._inputs import call_error, check_x
 from probust._user_model import (
     CONTRACT,
     LogitsOf,
-    call_error,
+    check_logits,
+    check_noisy_logits,
+    eval_mode,
     is_low_precision,
     logits_model,
     logits_reading,
+    model_device,
     parameter_dtype,
     structure_token,
     to_format,
@@ -148,7 +151,7 @@ class PointwiseMethod:
         Returns:
             (x, indices): the inputs [B, *S] and each row's index in the data set, int64 [B].
         """
-        x = check_x(x)
+        x = check_x(x, first=index_offset if isinstance(index_offset, int) else 0)
         if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
             raise OptionError(f"must be an int >= 0, got {index_offset!r}", field="index_offset")
         device = model_device(self.model) if isinstance(self.model, nn.Module) else None

@@ -17,9 +17,9 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust._checks import check_fraction, check_positive_int, finite_rows
+from probust._checks import check_fraction, check_positive_int
 from probust._progress import Progress
-from probust._user_model import to_format, weights_in_format
+from probust._user_model import finite_rows, to_format, weights_in_format
 from probust.estimators import maps
 from probust.estimators.base import check_noisy_copies, plan_blocks
 from probust.estimators.linearised_mc import LinearisedMonteCarlo, project

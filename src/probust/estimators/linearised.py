@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from probust import linearisation
-from probust._checks import check_choice, check_fraction, check_positive_float, check_target_shape
+from probust._checks import check_choice, check_fraction, check_positive_float
+from probust._inputs import check_target_shape
 from probust._progress import progress, shown
 from probust._user_model import structure_token, to_format, weights_in_format
 from probust.errors import OptionError

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_choice, check_fraction, check_positive_int, check_target_shape
+from probust._checks import check_choice, check_fraction, check_positive_int
+from probust._inputs import check_target_shape
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.linearised import Linearised

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_choice, check_positive_int, check_target
+from probust._checks import check_choice, check_positive_int
+from probust._inputs import check_target
 from probust.estimators.linearised import Linearised
 from probust.noise import STREAM_MMSE, Noise, point_keys
 

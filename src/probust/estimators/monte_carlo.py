@@ -8,16 +8,10 @@ import torch
 from scipy import special, stats
 from torch import Tensor, nn
 
-from probust._checks import (
-    check_choice,
-    check_fraction,
-    check_positive_float,
-    check_positive_int,
-    check_target,
-    finite_rows,
-)
+from probust._checks import check_choice, check_fraction, check_positive_float, check_positive_int
+from probust._inputs import check_target
 from probust._progress import progress
-from probust._user_model import weights_in_format
+from probust._user_model import finite_rows, weights_in_format
 from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits
 from probust.estimators.base import Estimator, check_noisy_copies, noisy_logits, plan_blocks

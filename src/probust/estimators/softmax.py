@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_positive_float, check_target
+from probust._checks import check_positive_float
+from probust._inputs import check_target
 from probust.estimators.base import Estimator
 from probust.estimators.result import Estimate
 

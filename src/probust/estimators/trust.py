@@ -37,7 +37,7 @@ import torch
 from scipy import stats
 from torch import Tensor, nn
 
-from probust._checks import finite_rows
+from probust._user_model import finite_rows
 from probust.estimators.base import plan_blocks
 from probust.estimators.result import Estimate
 

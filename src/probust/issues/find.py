@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._extras import import_extra
+from probust._inputs import NO_LABEL, as_dataset, batch, check_labels, check_sigma, check_x, pixel_note
 from probust._progress import Share, counting, run_bar
 from probust.estimators import LinearisationWarning, Taylor
 from probust.execution import Execution
@@ -31,9 +32,9 @@ from probust.issues import counting as issue_counting
 from probust.issues.folds import assign
 from probust.issues.store import ChunkStore, fingerprint
 from probust.run import ConfigError
-from probust.run.sources import NO_LABEL, as_dataset, batch, class_names
+from probust.run.sources import class_names
 
-__all__ = ["COLUMNS", "data_sigma", "default_sigma", "find_issues", "given_labels"]
+__all__ = ["COLUMNS", "default_sigma", "find_issues", "given_labels", "read_sample"]
 
 #: The columns of :func:`find_issues`' DataFrame, in order (``label_name`` and
 #: ``prediction_name`` follow ``label`` and ``prediction`` where the data set names its classes).
@@ -85,6 +86,7 @@ def find_issues(
     out: str | os.PathLike | None = None,
     show_progress: bool = True,
     execution: Execution | None = None,
+    keys: tuple[Any, Any] | None = None,
 ) -> Any:
     """Suspect labels, atypical and memorised points of a labelled data set, one row per point.
 
@@ -106,6 +108,9 @@ def find_issues(
             sigma and seed computes only what is missing. None: nothing is written.
         show_progress: one bar over the call's points (stderr).
         execution: how the Taylor estimator runs (:class:`probust.Execution`); no number changes.
+        keys: ``(inputs_key, label_key)`` of a data set whose items are dicts, where they are not
+            among the names read by default (``image``, ``pixel_values``, ``img``, ``x``; ``label``,
+            ``labels``, ``y``: :mod:`probust._inputs`).
 
     Returns:
         A pandas DataFrame in data-set order with :data:`COLUMNS`:
@@ -126,35 +131,26 @@ def find_issues(
           cleanlab's default score), ``sigma``.
 
     Raises:
-        ConfigError: no label, a label outside [0, C), overlapping or incomplete folds (named
-            by field: ``data``, ``folds``, ``model``), a folder of another call (``out``).
+        ConfigError: no label, a label outside [0, C), integer or non-finite inputs, items that
+            are not (x, label), sigma not one positive number (the :mod:`probust._inputs` errors,
+            named by field: ``data``, ``sigma``), overlapping or incomplete folds (``folds``,
+            ``model``), a folder of another call (``out``).
         ModelOutputError: a model whose output is not logits [B, C] (probabilities included).
     """
     pd = import_extra("pandas", extra="run", feature="probust.find_issues")
-    ds = as_dataset(data)
+    ds = as_dataset(data, keys)
     n = len(ds)
     if n == 0:
         raise ConfigError("the data set is empty", field="data")
-    labels = given_labels(ds, n)
+    labels = check_labels(given_labels(ds, n), n)
     if bool((labels == NO_LABEL).all()):
         raise ConfigError(
             "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
         )
     plan = assign(n, model, folds)
-    if sigma is None:
-        sigma = data_sigma(ds, seed)
-    sigma = float(sigma)
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ConfigError(f"must be a positive number, got {sigma}", field="sigma")
-    classes = _classes(plan.models, batch(ds, np.arange(1))[0])
-    outside = (labels < 0) | (labels >= classes)
-    if bool(outside.any()):
-        first = int(torch.nonzero(outside)[0])
-        raise ConfigError(
-            f"label {int(labels[first])} of point {first} is not a class of the model's {classes} outputs (labels are "
-            f"0 to {classes - 1}); {int(outside.sum())} such label(s) in all",
-            field="data",
-        )
+    sample, sigma = read_sample(ds, sigma, seed)
+    classes = _classes(plan.models, sample[:2])
+    check_labels(labels, n, classes)
     store = ChunkStore(
         out,
         {
@@ -180,11 +176,28 @@ def find_issues(
     return frame
 
 
-def data_sigma(ds: Any, seed: int) -> float:
-    """:func:`default_sigma` of up to :data:`SIGMA_POINTS` points of ``ds`` drawn with ``seed``."""
+def read_sample(ds: Any, sigma: Any, seed: int) -> tuple[Tensor, float]:
+    """The points of ``ds`` that check its units and, where ``sigma`` is None, set the default
+    sigma (up to :data:`SIGMA_POINTS` drawn with ``seed``; else its first 8): ``(x [B, *S] checked,
+    sigma)``. Warns where the inputs look like pixels in 0..255.
+
+    Raises:
+        SigmaError: ``sigma`` is not one positive number.
+        InputError: the points are integers, NaN or inf (field ``data``).
+    """
     n = len(ds)
-    picked = np.random.default_rng(seed).choice(n, SIGMA_POINTS, replace=False) if n > SIGMA_POINTS else np.arange(n)
-    return default_sigma(batch(ds, np.sort(picked))[0])
+    if sigma is not None:
+        sigma = check_sigma(sigma)
+        picked = np.arange(min(n, 8))
+    else:
+        picked = np.sort(
+            np.random.default_rng(seed).choice(n, SIGMA_POINTS, replace=False) if n > SIGMA_POINTS else np.arange(n)
+        )
+    sample = check_x(batch(ds, picked)[0], "data", picked)
+    note = pixel_note(sample[:8])
+    if note is not None:
+        warnings.warn(note, UserWarning, stacklevel=3)
+    return sample, default_sigma(sample) if sigma is None else sigma
 
 
 def given_labels(ds: Any, n: int) -> Tensor:
@@ -232,7 +245,7 @@ def _compute(plan, ds, labels, classes, sigma, seed, store, show_progress, execu
         warnings.simplefilter("ignore", LinearisationWarning)  # no trust check is run (check_draws=0)
         for k, start in chunks:
             idx = plan.indices[k][start : start + CHUNK]
-            x = batch(ds, idx)[0]
+            x = check_x(batch(ds, idx)[0], "data", idx)
             inputs = np.array(_digest(x.numpy()))
             found = store.load(k, start)
             if found is None or found.pop("inputs") != inputs:

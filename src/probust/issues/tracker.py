@@ -44,13 +44,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from probust._checks import eval_mode
 from probust._extras import import_extra
+from probust._inputs import NO_LABEL, as_dataset, batch, call_error, check_labels, check_x
 from probust._io import atomic_write_bytes
-from probust._user_model import logits_reading, read_logits
-from probust.issues.find import data_sigma, given_labels
+from probust._user_model import eval_mode, logits_reading, read_logits
+from probust.issues.find import given_labels, read_sample
 from probust.run import ConfigError, ConfigMismatchError
-from probust.run.sources import NO_LABEL, as_dataset, batch, class_names
+from probust.run.sources import class_names
 
 __all__ = ["HISTORY_COLUMNS", "Tracker"]
 
@@ -70,9 +70,9 @@ class Tracker:
 
     Args:
         data: the training points, as :func:`probust.find_issues` takes them: tensors ``(x [N, *S],
-            labels [N])``, a map-style Dataset of ``(x, label)`` or a DataLoader over one (read in
-            index order, without its shuffling). Give them without augmentation: every update must
-            read the same points (checked).
+            labels [N])``, a map-style Dataset of ``(x, label)`` pairs or dict items, or a
+            DataLoader over one (read in index order, without its shuffling). Give them without
+            augmentation: every update must read the same points (checked).
         sigma: noise standard deviation per input coordinate, in the units of x: the unit of z
             (it scales every z alike, so it changes no ranking and no flag); default
             :func:`probust.issues.default_sigma` of the data.
@@ -83,10 +83,13 @@ class Tracker:
         shard: ``(rank, world)``: track the points ``rank::world`` only. Default: the default
             ``torch.distributed`` group's rank and size where one is initialised, else ``(0, 1)``.
         keep_history: also keep every update's margin and loss, [updates, N] float32 each.
+        keys: the keys of a dict item's input and label, where they are not the common ones
+            (as :func:`probust.find_issues` takes them).
 
     Raises:
-        ConfigError: empty or unlabelled data, a bad sigma, gradient_every, batch_size or shard
-            (named by field).
+        ConfigError: empty or unlabelled data, integer or non-finite inputs, labels that are not
+            class indices, a bad sigma, gradient_every, batch_size or shard (the
+            :mod:`probust._inputs` errors where they apply, named by field).
     """
 
     def __init__(
@@ -99,24 +102,21 @@ class Tracker:
         batch_size: int = 256,
         shard: tuple[int, int] | None = None,
         keep_history: bool = False,
+        keys: Sequence[Any] | None = None,
     ) -> None:
         for name, value in (("gradient_every", gradient_every), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"must be an integer >= 1, got {value!r}", field=name)
-        self._ds = as_dataset(data)
+        self._ds = as_dataset(data, keys)
         n = len(self._ds)
         if n == 0:
             raise ConfigError("the data set is empty", field="data")
-        self.labels = given_labels(self._ds, n).numpy()
+        self.labels = check_labels(given_labels(self._ds, n), n).numpy()
         if bool((self.labels == NO_LABEL).all()):
             raise ConfigError(
                 "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
             )
-        if sigma is None:
-            sigma = data_sigma(self._ds, seed)
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma > 0):
-            raise ConfigError(f"must be one positive number, got {sigma!r}", field="sigma")
-        self.sigma = float(sigma)
+        self.sigma = float(read_sample(self._ds, sigma, seed)[1])
         self.gradient_every = gradient_every
         self.batch_size = batch_size
         self.rank, self.world = _shard(shard)
@@ -158,10 +158,12 @@ class Tracker:
             for start in range(0, len(self.indices), self.batch_size):
                 idx = self.indices[start : start + self.batch_size]
                 x = batch(self._ds, idx)[0]
+                if self.updates == 0:
+                    check_x(x, "data", idx)
                 parts["fingerprint"].append(_fingerprint(x))
                 y = torch.from_numpy(self.labels[idx]).to(device)
                 x = x.to(device).requires_grad_(gradient)
-                out = model(x)
+                out = _call(model, x, self.updates == 0 and start == 0)
                 logits = read_logits(out, logits_reading(out, len(idx))).float()
                 if start == 0:
                     self._check_classes(int(logits.shape[1]))
@@ -180,14 +182,7 @@ class Tracker:
 
     def _check_classes(self, classes: int) -> None:
         if self.classes is None:
-            outside = (self.labels < 0) | (self.labels >= classes)
-            if outside.any():
-                first = int(np.flatnonzero(outside)[0])
-                raise ConfigError(
-                    f"label {int(self.labels[first])} of point {first} is not a class of the model's {classes} outputs "
-                    f"(labels are 0 to {classes - 1}); {int(outside.sum())} such label(s) in all",
-                    field="data",
-                )
+            check_labels(self.labels[self.indices], len(self.indices), classes, indices=self.indices)
             self.classes = classes
         elif classes != self.classes:
             raise ConfigError(
@@ -390,6 +385,17 @@ def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
     states: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(states, state)
     return states
+
+
+def _call(model: nn.Module, x: Tensor, first: bool) -> Any:
+    """``model(x)``; on the first chunk a failure is explained by x's shape (a missing channel
+    dimension names its fix), as the estimators explain it."""
+    if not first:
+        return model(x)
+    try:
+        return model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        raise call_error(model, x.detach(), len(x), error) from error
 
 
 def _device(model: nn.Module) -> torch.device:

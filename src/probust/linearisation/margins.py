@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_target
+from probust._inputs import check_target
 from probust.linearisation import forward_mode
 from probust.linearisation.pullback import Strategy, forward_jacobian, margins, other_classes, pull, unit_cotangents
 

@@ -55,7 +55,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from probust._checks import check_choice, check_logits, check_target
+from probust._checks import check_choice
+from probust._inputs import check_target
+from probust._user_model import check_logits
 from probust.errors import OptionError, Part, Setting
 from probust.linearisation.counting import ROUTE_NAMES as ROUTE_NAMES  # re-exported: the routes' names
 from probust.linearisation.counting import SPECTRAL_PROBES

@@ -148,7 +148,7 @@ class Normalize(nn.Module):
     def input_channels(self) -> int | None:
         """The channels this layer takes in dimension 1 of its input; None where one statistic
         applies to any input (how the model contract names a mismatch:
-        :func:`probust._user_model.input_problem`)."""
+        :func:`probust._inputs.input_problem`)."""
         return None if self.channels == 1 else self.channels
 
     def extra_repr(self) -> str:

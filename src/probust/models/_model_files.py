@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust import _user_model
+from probust import _inputs
 from probust._untrusted import check_export_archive, torch_load
-from probust.errors import first_line
+from probust.errors import Phrase, first_line
 from probust.models._checkpoint import (
     FORMAT,
     CheckpointError,
@@ -126,8 +126,14 @@ def _load_torch_save(path: Path, map_location: Any, allow_pickle: bool) -> tuple
         return obj, {"format": "pickled module"}
     if isinstance(obj, dict) and obj and all(isinstance(v, Tensor) for v in obj.values()):
         raise CheckpointError(
-            f"{path}: holds a bare state_dict, which does not say which architecture it belongs to; "
-            "build the model and call load_state_dict, or save it with probust.models.save_checkpoint"
+            f"{path}: holds a bare state_dict, which does not say which architecture it belongs to; ",
+            Phrase(
+                "fix",
+                python="build the model and call model.load_state_dict(torch.load(path)), or save it with "
+                "probust.models.save_checkpoint",
+                shell=f"give the function that builds the model as --model package.module:function and {path} as "
+                "--weights",
+            ),
         )
     raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a model")
 
@@ -250,7 +256,7 @@ def _probe(
         with torch.no_grad():
             out = model(x)
     except Exception as exc:
-        problem = _user_model.points_problem(model, x.shape)  # what its first layer does not take
+        problem = _inputs.points_problem(model, x.shape)  # what its first layer does not take
         cause = f": {problem}" if problem is not None else ""
         raise CheckpointMismatchError(
             f"{path}: does not accept inputs of shape {list(shape)}{cause} ({type(exc).__name__}: {first_line(exc)})"

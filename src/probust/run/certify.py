@@ -40,7 +40,7 @@ from probust.run.errors import ConfigError
 from probust.run.files import Layout
 from probust.run.indices import consecutive_runs, index_ranges
 from probust.run.methods import make_task_estimator
-from probust.run.prepare import Grid, prepare_folder, refuse_integer_inputs
+from probust.run.prepare import Grid, prepare_folder
 from probust.run.prepared import PreparedRun, RunSummary, Task
 from probust.run.reading import read_config
 from probust.run.settings import (
@@ -443,7 +443,6 @@ def prepare_certify(settings: CertifySettings, *, argv: Sequence[str] | None = N
     s = settings
 
     def grid(ds: Any, selected: np.ndarray) -> Grid:
-        refuse_integer_inputs(ds, selected, "the radius is measured in their units")
         return Grid(
             tasks=[_SigmaTask(sigma) for sigma in s.sigmas],
             request={"sigmas": list(s.sigmas), "n_points": int(len(selected)), "indices": index_ranges(selected)},

@@ -24,20 +24,12 @@ from probust.run.methods import DEFAULT_METHODS
 
 
 @dataclass(frozen=True, kw_only=True)
-class SourceOptions:
-    """What is scored: the data, the model, the points and the noise levels (``probust estimate``
-    and ``probust certify`` alike)."""
+class ModelOptions:
+    """The model and how it is loaded: one group of flags for every command that loads a model
+    (``probust estimate``, ``certify`` and ``issues``)."""
 
-    TITLE: ClassVar[str] = "what to score"
+    TITLE: ClassVar[str] = "the model"
 
-    data: str | Any = option(
-        help="a built-in data set (mnist, fashion-mnist, cifar10, cifar100, digits), or your own: a tensor file "
-        "(.npz, .pt, .npy: inputs [N, ...] and integer labels [N]), a table (.parquet, .csv: one row per point) "
-        "or a folder of images in one subfolder per class; from Python also a Dataset with "
-        "ds[i] -> (x float32 [C, H, W], label)",
-        metavar="NAME|PATH",
-        check=checks.data,
-    )
     model: str | os.PathLike | nn.Module = option(
         help="probust checkpoint, TorchScript file or torch.export (.pt2) file; package.module:function "
         "returning an nn.Module (called with --model-arg's keyword arguments; the current folder is searched "
@@ -96,6 +88,29 @@ class SourceOptions:
         check=checks.statistics(True),
         record="std",
         implied=None,
+    )
+    untrained: bool = option(
+        False,
+        help="score a model built by --model package.module:function without --weights (refused otherwise: "
+        "its weights are then random)",
+        check=checks.boolean,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions(ModelOptions):
+    """What is scored: the data, the model, the points and the noise levels (``probust estimate``
+    and ``probust certify`` alike)."""
+
+    TITLE: ClassVar[str] = "what to score"
+
+    data: str | Any = option(
+        help="a built-in data set (mnist, fashion-mnist, cifar10, cifar100, digits), or your own: a tensor file "
+        "(.npz, .pt, .npy: inputs [N, ...] and integer labels [N]), a table (.parquet, .csv: one row per point) "
+        "or a folder of images in one subfolder per class; from Python also a Dataset with "
+        "ds[i] -> (x float32 [C, H, W], label)",
+        metavar="NAME|PATH",
+        check=checks.data,
     )
     sigmas: Sequence[float] = option(
         help="noise standard deviations per input coordinate, in the units of x (pixel units, [0, 1] scale for images)",
@@ -182,4 +197,4 @@ class DataOptions(SourceOptions):
     )
 
 
-__all__ = ["DataOptions", "SourceOptions"]
+__all__ = ["DataOptions", "ModelOptions", "SourceOptions"]

@@ -5,16 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from probust.errors import OptionError, ProbustError, first_line
+from probust.errors import ConfigError, ProbustError, first_line
 from probust.run.distributed import World
 
 __all__ = ["ConfigError", "ConfigMismatchError", "TiedPredictionError", "agree", "first_line"]
-
-
-class ConfigError(OptionError):
-    """A bad argument, found before any work started (the CLI prints it on one line, exit 2).
-
-    ``field`` names the argument (a field of :class:`~probust.run.RunSettings`), when there is one."""
 
 
 class ConfigMismatchError(ConfigError):

@@ -16,18 +16,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from probust._checks import eval_mode
+from probust._inputs import MISSING_CHANNEL, UntrainedModelError, input_problem
 from probust._io import sha256_file
 from probust._user_model import (
     ModelOutputError,
+    eval_mode,
     is_low_precision,
     logits_model,
     logits_reading,
     parameter_dtype,
-    points_problem,
     read_logits,
 )
-from probust.errors import Setting, first_parts
+from probust.errors import Placeholder, Setting, first_parts
 from probust.run.errors import ConfigError, first_line
 from probust.run.sources import batch, config_value, data_name, data_units_note, input_shape, num_classes
 
@@ -46,12 +46,14 @@ def load_model(
     model_args: Mapping[str, Any] | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    untrained: bool = False,
 ) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """The model on ``device``, a JSON description (with its sha256), and warnings.
 
     ``model`` is an ``nn.Module``, a model file, ``hf:FOLDER`` (a Hugging Face image classifier
     saved with ``save_pretrained``), or ``package.module:function`` (a factory called with the
-    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded.
+    keyword arguments ``model_args``), into which ``weights`` (a state_dict file) are then loaded
+    (without them it is refused, :class:`~probust._inputs.UntrainedModelError`, unless ``untrained``).
     With ``mean`` or ``std`` (per-channel statistics; one value or one per channel of the data)
     the model is fed ``(x - mean) / std`` (:class:`probust.Normalize` in front of it; the
     description and its sha256 stay the model's own). The warnings include
@@ -73,6 +75,15 @@ def load_model(
         module, info = _hf_folder(model[len(pmodels.HF_PREFIX) :], mean, std, notes)
     elif factory:
         module, info = _factory(os.fspath(model), model_args, weights, allow_pickle)
+        if weights is None and not untrained:
+            raise UntrainedModelError(
+                f"{model} builds a model whose weights are random: give its trained state_dict with ",
+                Setting("weights", Placeholder("FILE")),
+                ", or ",
+                Setting("untrained", True),
+                " if an untrained model is meant",
+                field="weights",
+            )
     elif isinstance(model, nn.Module):
         module, info = (
             model,
@@ -220,13 +231,17 @@ def _probe(model: nn.Module, ds: Any, device: torch.device, shape: tuple[int, ..
             # A bfloat16 / float16 model gets its inputs in its own dtype (LogitsOf casts them so).
             out = model(x.to(device, dtype if is_low_precision(dtype) else x.dtype))
     except Exception as exc:
-        # What the model's first layer does not take (the channels, as in Python).
-        problem = points_problem(model, x.shape)
-        cause = f": {problem}" if problem is not None else ""
+        # What the model's first layer does not take (the channels, a missing dimension, as in Python).
+        problem = input_problem(model, x.shape, "the points", "have")
+        cause = f": {problem.text}" if problem is not None else ""
+        advice: tuple[Any, ...] = ()
+        if problem is not None and problem.missing == "channel":
+            advice = ("; add it: ", MISSING_CHANNEL)
         raise ConfigError(
             f"does not accept inputs of shape {list(shape)} from {data_name(ds)}{cause} "
             f"({type(exc).__name__}: {first_line(exc)})",
-            field="model",
+            *advice,
+            field="data" if problem is not None and problem.fewer_dims else "model",
         ) from None
     try:
         reading = logits_reading(out, x.shape[0])

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from probust.estimators import DEFAULT_COPIES
@@ -99,7 +98,6 @@ def prepare(
     s = settings
 
     def grid(ds: Any, selected: np.ndarray) -> Grid:
-        refuse_integer_inputs(ds, selected, "p_robust is then the probability for noise in those units")
         noise = noise_setting(
             s.noise,
             s.noise_std,
@@ -117,35 +115,6 @@ def prepare(
         )
 
     return prepare_folder(settings, ESTIMATE, grid, argv=argv, store=store)
-
-
-def refuse_integer_inputs(ds: Any, selected: np.ndarray, consequence: str) -> None:
-    """Raise :class:`~probust.run.ConfigError` (on ``data``) where the inputs are integers.
-
-    The noise N(0, sigma^2 I) is added to the tensors the model receives, so sigma is in their
-    units: images stored as 0..255 would take sigma in pixel steps where the model (and the user)
-    usually mean [0, 1]. A tensor file's integer inputs are served as float32 in their integer
-    units, so the dtype the file stored (``stored_dtype``) is checked as well as a data set's own
-    items.
-
-    Args:
-        ds: the data set (its first selected item is read).
-        selected: int64 [P] the points to score.
-        consequence: what the units mean for the command's numbers (ends the message's clause).
-    """
-    if not len(selected):
-        return
-    x = torch.as_tensor(ds[int(selected[0])][0])
-    stored = getattr(ds, "stored_dtype", None)
-    integer = stored is not None and np.dtype(stored).kind in "biu"
-    if integer or not x.is_floating_point():
-        where = f"stored as {stored} in {getattr(ds, 'source', None) or 'the file'}" if integer else f"{x.dtype}"
-        raise ConfigError(
-            f"the inputs are {where}, not floating point: the noise N(0, sigma^2 I) is added to the tensors "
-            f"the model receives and {consequence} (integer steps, e.g. 0..255); "
-            "give float inputs (e.g. images scaled to [0, 1])",
-            field="data",
-        )
 
 
 def prepare_folder(
@@ -186,7 +155,7 @@ def prepare_folder(
             ds = load_data(s.data, s.split, s.data_root, s.download, s.data_options)
             selected = _selected(ds, s.selected, s.limit, s.split)
             module, model_info, notes = load_model(
-                s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std
+                s.model, dev, ds, s.allow_pickle, s.weights, s.model_args, mean=s.mean, std=s.std, untrained=s.untrained
             )
             spread = single_class_note(ds, selected, s.limit) if s.selected is None else None
             notes = notes + ([spread] if spread else [])

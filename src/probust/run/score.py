@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from probust._inputs import as_dataset
 from probust.run.errors import ConfigError
 from probust.run.memory_store import MemoryStore
 from probust.run.methods import DEFAULT_METHODS
@@ -43,6 +44,7 @@ def score(
     methods: str | Sequence[str] = DEFAULT_METHODS,
     *,
     out: str | os.PathLike | None = None,
+    keys: tuple[Any, Any] | None = None,
     **options: Any,
 ) -> Any:
     """p_robust of every point of a data set, for each sigma and method, as a pandas DataFrame.
@@ -68,6 +70,9 @@ def score(
             Inputs are in the units the noise is added in (pixels in [0, 1] for images).
         sigma: a noise standard deviation per input coordinate, or a list of them.
         methods: names of ``probust.METHODS``; default the paper's six.
+        keys: ``(inputs_key, label_key)`` of a data set whose items are dicts, where they are not
+            among the names read by default (:mod:`probust._inputs`: ``image``, ``pixel_values``,
+            ``img``, ``x``; ``label``, ``labels``, ``y``).
         out: a results folder to write the rows into as well (then resumable and extendable,
             with the folder options below); None (default): nothing is written anywhere.
         **options: the other fields of :class:`~probust.run.RunSettings` (``probust estimate
@@ -93,7 +98,8 @@ def score(
             The model: ``mean``, ``std`` (the normalisation it expects, applied inside it, one
             value per channel or one for all), ``weights`` (a state_dict for a
             ``package.module:function`` model), ``model_args`` (that function's keyword
-            arguments), ``allow_pickle`` (accept model files that run code when loaded).
+            arguments), ``allow_pickle`` (accept model files that run code when loaded), ``untrained``
+            (score a ``package.module:function`` model without ``weights``: refused otherwise).
 
             The noise: ``noise`` ("gaussian" by default, "uniform", "laplace"), ``noise_std``
             (per-coordinate multipliers), ``noise_cov`` (a covariance), ``noise_scale``
@@ -130,7 +136,11 @@ def score(
             valid ones); a folder option without ``out``.
         ConfigMismatchError, TiedPredictionError: as :func:`probust.run_estimate`.
     """
-    check_keywords(options, function="score", others=("model", "data", "sigma", "methods", "out"), without=("sigmas",))
+    check_keywords(
+        options, function="score", others=("model", "data", "sigma", "methods", "out", "keys"), without=("sigmas",)
+    )
+    if keys is not None:
+        data = as_dataset(data, keys)
     if out is None:
         for name in _FOLDER_ONLY:
             if name in options:

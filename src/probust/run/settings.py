@@ -282,7 +282,11 @@ class ComputeOptions:
         param="channels_last",
     )
     show_progress: bool = option(
-        True, help="no progress bars or summary (errors only)", flag="--quiet", check=checks.boolean
+        True,
+        help="no progress bars or summary (errors only)",
+        flag="--quiet",
+        aliases=("--no-progress",),
+        check=checks.boolean,
     )
 
 

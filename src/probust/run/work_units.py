@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probust._checks import eval_mode
+from probust._inputs import check_labels, check_x
 from probust._progress import Share, counted_as, counting, run_bar
+from probust._user_model import eval_mode
 from probust.errors import Setting
 from probust.estimators import ROUTE_NAMES
 from probust.execution import sync
@@ -54,8 +55,8 @@ def _estimate(estimator: Any, x: Tensor, target: Tensor, indices: np.ndarray) ->
     return out
 
 
-def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(prediction int64 [B], its softmax probability float64 [B], tied bool [B]) on the CPU;
+def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """(prediction int64 [B], its softmax probability float64 [B], tied bool [B], C) on the CPU;
     ``tied``: the two largest logits are equal (the prediction is then the lowest of the tied
     classes)."""
     step = plan.settings.batch_size or 256
@@ -69,22 +70,26 @@ def _clean_pass(plan: PreparedRun, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         tied = top2[:, 0] == top2[:, 1]
     else:
         tied = torch.zeros(logits.shape[0], dtype=torch.bool)
-    return prediction, clean_softmax, tied
+    return prediction, clean_softmax, tied, int(logits.shape[1])
 
 
-def _clean_passes(plan: PreparedRun, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Tensor, ...]]:
+def _clean_passes(plan: PreparedRun, todo: list[tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[Any, ...]]:
     """The clean pass of every block with rows to compute (``todo``: (block, its points without
     some row)), keyed by the block's first index.
 
     Raises:
         TiedPredictionError: with target "prediction", a point to compute has a tied prediction.
     """
-    clean: dict[int, tuple[Tensor, ...]] = {}
+    clean: dict[int, tuple[Any, ...]] = {}
     tied: list[np.ndarray] = []
+    labelled = getattr(plan.dataset, "labelled", True)
     for block, missing in todo:
-        x, _ = batch(plan.dataset, block)
+        x, labels = batch(plan.dataset, block)
+        check_x(x, "data", int(block[0]))
         # Always on the whole block, so the prediction does not depend on what is left to do.
         clean[int(block[0])] = _clean_pass(plan, x.to(plan.device))
+        if labelled:  # every label a class of the model's, before any estimator runs
+            check_labels(labels, len(block), clean[int(block[0])][3], indices=block)
         tied.append(np.intersect1d(block[clean[int(block[0])][2].numpy()], missing))
     points = np.concatenate(tied) if tied else np.empty(0, np.int64)
     if plan.settings.target == "prediction" and len(points):
@@ -117,7 +122,7 @@ def _part_name(task: Task, indices: np.ndarray) -> str:
 def _run_unit(plan: PreparedRun, estimator: Any, task: Task, block: np.ndarray, todo: np.ndarray, clean: dict) -> int:
     """Compute the rows of ``todo`` (a subset of ``block``) for ``task`` and store them as a part."""
     x, labels = batch(plan.dataset, block)
-    prediction, clean_softmax, _ = clean[int(block[0])]
+    prediction, clean_softmax, _, _ = clean[int(block[0])]
     rows = np.isin(block, todo)
     if not rows.all():
         sel = torch.from_numpy(rows)

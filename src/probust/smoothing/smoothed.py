@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -30,9 +31,10 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from probust._checks import check_logits, check_positive_int
+from probust._checks import check_positive_int
+from probust._inputs import pixel_note
 from probust._progress import Progress, progress
-from probust._user_model import weights_in_format
+from probust._user_model import check_logits, weights_in_format
 from probust.errors import OptionError
 from probust.estimators import AffineLogits, PointwiseMethod, check_noisy_copies, noisy_predictions
 from probust.execution import ForwardPlan
@@ -86,13 +88,12 @@ def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
     return Gaussian(sigma).sigma  # type: ignore[return-value]  # a positive float, checked there
 
 
-def _check_float_inputs(x: Tensor) -> None:
-    if isinstance(x, Tensor) and not x.is_floating_point():
-        raise ValueError(
-            f"x must be floating point, got dtype {x.dtype}: the noise N(0, sigma^2 I) is added to x itself, "
-            "in the units the model receives, and the radius is measured in them; an integer tensor cannot hold "
-            "x + noise (for uint8 images use x.float() / 255, with sigma in those units)"
-        )
+def _warn_units(x: Tensor) -> None:
+    """Warn, at the caller's caller's line, where images ``x`` are visibly not [0, 1] pixels
+    (:func:`probust._inputs.pixel_note`, as ``score`` and ``find_issues`` do)."""
+    note = pixel_note(x[:8]) if isinstance(x, Tensor) and x.is_floating_point() else None
+    if note is not None:
+        warnings.warn(note, UserWarning, stacklevel=3)
 
 
 def _sync(device: torch.device) -> None:
@@ -108,10 +109,6 @@ class _Smoothing(PointwiseMethod):
         self.sigma = isotropic_sigma(sigma)
         self.noise = Gaussian(self.sigma)
         self.alpha = stats.check_level(alpha, "alpha")
-
-    def _prepare(self, x: Tensor, index_offset: int) -> tuple[Tensor, Tensor]:
-        _check_float_inputs(x)
-        return super()._prepare(x, index_offset)
 
     def _classes(self, x: Tensor) -> int:
         """C, from one clean pass on one row (checked: finite logits [1, C], C >= 2)."""
@@ -437,6 +434,7 @@ def certify(
         abstains), ``radius`` float64 [B] (0 there), ``p_lower``, ``n_drawn``, and with ``radii``
         ``certified`` bool [B, len(radii)].
     """
+    _warn_units(x)
     return Certify(
         model,
         sigma,
@@ -471,6 +469,7 @@ def predict(
     Returns:
         :class:`probust.smoothing.PredictResult`: ``prediction`` int64 [B], -1 where it abstains.
     """
+    _warn_units(x)
     return Predict(
         model,
         sigma,
