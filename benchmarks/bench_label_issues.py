@@ -363,6 +363,49 @@ def summary(results):
         print(f"{data:<13} {setting:<8} {name:<44} " + "  ".join(cells))
 
 
+def markdown(results) -> None:
+    """docs/issues.md's tables: per data set, each score's mean over seeds per setting."""
+
+    def mean(values):
+        return statistics.mean(values) if values else float("nan")
+
+    for data in dict.fromkeys(r["key"].split()[0] for r in results):
+        runs = [r for r in results if r["key"].startswith(data + " ")]
+        settings = list(dict.fromkeys(r["key"].split()[1] for r in runs))
+        head = "| | " + " | ".join(settings) + " |\n|---|" + "---|" * len(settings)
+
+        def row(name, get, fmt="{:.4f}", runs=runs, settings=settings):
+            cells = [fmt.format(mean([get(r) for r in runs if r["key"].split()[1] == s])) for s in settings]
+            return f"| {name} | " + " | ".join(cells) + " |"
+
+        print(f"\n**{data}**: fit (share of given labels the run's model predicts) and noise\n\n{head}")
+        print(row("fit", lambda r: r["fit"], "{:.3f}"))
+        print(row("noise", lambda r: r["noise"], "{:.3f}"))
+        for metric in ("auroc", "auprc", "precision"):
+            print(f"\n**{data}**: {metric} (mean of {len(runs) // len(settings)} seeds)\n\n{head}")
+            for name in runs[0]["scores"]:
+                print(row(name, lambda r, n=name, m=metric: r["scores"][n][m]))
+        print(f"\n**{data}**: flags' F1 (and points flagged)\n\n{head}")
+        for name in runs[0]["flags"]:
+            print(row(name, lambda r, n=name: r["flags"][n]["f1"]))
+        print(f"\n**{data}**: memorised points, AUROC among the fitted ones (count)\n\n{head}")
+        print(row("memorised points", lambda r: r["memorised"]["count"], "{:.0f}"))
+        for name in runs[0]["memorised"]:
+            if name != "count":
+                print(row(name, lambda r, n=name: r["memorised"][n]))
+        print(f"\n**{data}**: seconds (one thread)\n\n{head}")
+        for name in ("train", "tracker", "folds", "CSG", "curvature", "find_issues"):
+            print(row(name, lambda r, n=name: r["cost"][n], "{:.1f}"))
+        print(row("tracker / training", lambda r: r["cost"]["tracker"] / r["cost"]["train"], "{:.3f}"))
+        print(
+            row(
+                "watched run / 5 folds",
+                lambda r: (r["cost"]["tracker"] + r["cost"]["train"]) / r["cost"]["folds"],
+                "{:.3f}",
+            )
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", nargs="+", default=["fashion-mnist", "digits"])
@@ -370,6 +413,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--json", type=Path, help="write every number here (and read runs already there)")
+    parser.add_argument("--markdown", action="store_true", help="also print docs/issues.md's tables")
     parser.add_argument("--outliers", action="store_true", help="the atypical-points runs instead (one per seed)")
     args = parser.parse_args()
     if args.outliers:
@@ -397,7 +441,10 @@ def main() -> None:
             print(f"  {result['key']}: fit {result['fit']:.3f}, costs {result['cost']}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(list(done.values()), default=float, indent=1))
-    summary([done[f"{d} {s} {seed}"] for d, s, seed in jobs])
+    results = [done[f"{d} {s} {seed}"] for d, s, seed in jobs]
+    summary(results)
+    if args.markdown:
+        markdown(results)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ from torch import Tensor, nn
 from probust._extras import import_extra
 from probust._inputs import NO_LABEL, as_dataset, batch, call_error, check_labels, check_x
 from probust._io import atomic_write_bytes
-from probust._user_model import eval_mode, logits_reading, read_logits
+from probust._user_model import eval_mode, logits_reading, read_logits, to_format, weights_in_format
+from probust.execution import Execution, ForwardPlan
 from probust.issues.find import given_labels, read_sample
 from probust.run import ConfigError, ConfigMismatchError
 from probust.run.sources import class_names
@@ -79,12 +80,15 @@ class Tracker:
         gradient_every: the margins' input gradients are computed at updates 0, k, 2k, ... (k =
             ``gradient_every``); the other updates cost one forward pass. 1: at every update.
         seed: draws the points that set the default sigma.
-        batch_size: points per pass.
+        batch_size: points per forward-and-backward pass (a gradient update); a margin-only
+            update runs the rows and memory format ``execution`` declares for forward passes.
         shard: ``(rank, world)``: track the points ``rank::world`` only. Default: the default
             ``torch.distributed`` group's rank and size where one is initialised, else ``(0, 1)``.
         keep_history: also keep every update's margin and loss, [updates, N] float32 each.
         keys: the keys of a dict item's input and label, where they are not the common ones
             (as :func:`probust.find_issues` takes them).
+        execution: how the passes run (:class:`probust.Execution`: rows per forward pass, memory
+            budget, channels_last; declared from the model at the first update); no number changes.
 
     Raises:
         ConfigError: empty or unlabelled data, integer or non-finite inputs, labels that are not
@@ -103,6 +107,7 @@ class Tracker:
         shard: tuple[int, int] | None = None,
         keep_history: bool = False,
         keys: Sequence[Any] | None = None,
+        execution: Execution | None = None,
     ) -> None:
         for name, value in (("gradient_every", gradient_every), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -123,6 +128,8 @@ class Tracker:
         self.n = n
         self.indices = np.arange(self.rank, n, self.world, dtype=np.int64)
         self.keep_history = keep_history
+        self.execution = Execution(show_progress=False) if execution is None else execution
+        self._plan: ForwardPlan | None = None
         self.updates = 0
         self.classes: int | None = None
         m = len(self.indices)
@@ -154,15 +161,17 @@ class Tracker:
         gradient = self.updates % self.gradient_every == 0
         parts: dict[str, list[Tensor]] = {"loss": [], "margin": [], "norm": [], "logits": [], "fingerprint": []}
         device = _device(model)
-        with eval_mode(model), torch.set_grad_enabled(gradient):
-            for start in range(0, len(self.indices), self.batch_size):
-                idx = self.indices[start : start + self.batch_size]
+        plan = self._forward_plan(model, device)
+        rows = self.batch_size if gradient else plan.rows
+        with eval_mode(model), torch.set_grad_enabled(gradient), weights_in_format(model, plan.channels_last):
+            for start in range(0, len(self.indices), rows):
+                idx = self.indices[start : start + rows]
                 x = batch(self._ds, idx)[0]
                 if self.updates == 0:
                     check_x(x, "data", idx)
                 parts["fingerprint"].append(_fingerprint(x))
                 y = torch.from_numpy(self.labels[idx]).to(device)
-                x = x.to(device).requires_grad_(gradient)
+                x = to_format(x.to(device), plan.channels_last).requires_grad_(gradient)
                 out = _call(model, x, self.updates == 0 and start == 0)
                 logits = read_logits(out, logits_reading(out, len(idx))).float()
                 if start == 0:
@@ -179,6 +188,15 @@ class Tracker:
         got = {key: torch.cat(value).numpy() for key, value in parts.items() if value}
         self._check_points(got["fingerprint"])
         self._record(got)
+
+    def _forward_plan(self, model: nn.Module, device: torch.device) -> ForwardPlan:
+        """The declared rows per forward pass and memory format, planned once on two points (the
+        model's architecture is the same at every update of a run)."""
+        if self._plan is None:
+            probe = batch(self._ds, self.indices[:2])[0].to(device)
+            with eval_mode(model), torch.no_grad():
+                self._plan = self.execution.forward_plan(model, probe)
+        return self._plan
 
     def _check_classes(self, classes: int) -> None:
         if self.classes is None:
