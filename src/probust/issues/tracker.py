@@ -193,8 +193,9 @@ class Tracker:
         """The declared rows per forward pass and memory format, planned once on two points (the
         model's architecture is the same at every update of a run)."""
         if self._plan is None:
-            probe = batch(self._ds, self.indices[:2])[0].to(device)
+            probe = check_x(batch(self._ds, self.indices[:2])[0], "data", self.indices[:2]).to(device)
             with eval_mode(model), torch.no_grad():
+                _call(model, probe, True)  # a model failing on x's shape is explained first
                 self._plan = self.execution.forward_plan(model, probe)
         return self._plan
 
