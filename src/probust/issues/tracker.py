@@ -148,9 +148,11 @@ class Tracker:
     def update(self, model: nn.Module) -> None:
         """Record every tracked point's margin and loss under ``model`` (in eval mode; each
         submodule's mode is given back), and its margin's input-gradient norm at every
-        ``gradient_every``-th update. Cost: one forward pass per point, or one forward and one
-        backward pass to the inputs (not the parameters) where the gradient is computed; in
-        chunks of ``batch_size``.
+        ``gradient_every``-th update. Cost: one forward pass per point without autograd (in the
+        rows and memory format ``execution`` declares), or one forward and one backward pass to the
+        inputs (not the parameters) in chunks of ``batch_size`` where the gradient is computed.
+        Under DDP pass the module the wrapper holds (``ddp_model.module``): each rank runs its
+        own shard, with no collective until :meth:`find_issues`.
 
         Raises:
             ConfigError: the points changed since the first update (field ``data``), a model with
