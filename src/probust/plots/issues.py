@@ -45,15 +45,16 @@ class IssueCell:
 
 
 def score_labels(values: Any) -> list[str]:
-    """The values as text with the fewest significant digits (3 to 12) that tell apart every two
-    that differ (a label score may be 1e-7 beside 3e-7: never "0.00" for both)."""
+    """The values as text with the fewest significant digits (3 to 6) that tell apart every two
+    that differ at 6 digits (a label score may be 1e-7 beside 3e-7: never "0.00" for both); values
+    that differ only past 6 digits (float rounding) read the same."""
     values = [float(v) for v in values]
-    distinct = len(set(values))
-    for digits in range(3, 13):
+    distinct = len({f"{v:.6g}" for v in values})
+    for digits in range(3, 7):
         texts = [f"{v:.{digits}g}" for v in values]
         if len(set(texts)) == distinct:
             return texts
-    return [repr(v) for v in values]
+    return texts
 
 
 def issue_cells(
