@@ -9,13 +9,19 @@ whole call instead (:func:`run_bar`, counting model evaluations) and hands each 
 :class:`Share` of it with :func:`counting`: inside, the :func:`progress` an estimator opens draws
 nothing and forwards its updates to that share, times a scale (:func:`counted_as`: an MMSE point
 is its noisy copies), never past the share's size; :meth:`Share.finish` fills what the work did
-not report (adaptive draws that were not needed, a method without a bar of its own). Outside
-:func:`counting`, and with no bar asked for, :func:`progress` yields a no-op.
+not report (a method without a bar of its own). Outside :func:`counting`, and with no bar asked
+for, :func:`progress` yields a no-op.
+
+Work that stops early (sequential CERTIFY, adaptive Monte Carlo) opens its bar over the most it
+may do and, as each point stops, takes the draws it will not make off the total (:func:`drop`), so
+the bar's total is the work still planned, it ends at 100%, and its time left never counts draws
+that will not be made. :func:`interactive` says where a bar is drawn by default (CERTIFY, PREDICT).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -23,7 +29,7 @@ from typing import Any, Protocol
 
 from probust._extras import import_extra
 
-__all__ = ["Progress", "Share", "counted_as", "counting", "progress", "run_bar", "shown"]
+__all__ = ["Progress", "Share", "counted_as", "counting", "drop", "interactive", "progress", "run_bar", "shown"]
 
 
 class Progress(Protocol):
@@ -70,6 +76,14 @@ class Share:
         """Move the bar by what this share has not yet added (the work is done)."""
         self.add(self.left)
 
+    def drop(self, n: int) -> None:
+        """The work will not do ``n`` of its units: take them off this share and off the bar's
+        total (never more than the share has left)."""
+        step = min(n, self.left)
+        if step > 0:
+            self.left -= step
+            drop(self.bar, step)
+
 
 class _Forward:
     """The bar an estimator's :func:`progress` gets inside :func:`counting`: its updates, times
@@ -83,8 +97,47 @@ class _Forward:
     def update(self, n: int = 1) -> None:
         self.share.add(n * self.scale)
 
+    def drop(self, n: int) -> None:
+        self.share.drop(n * self.scale)
+
 
 _TARGET: ContextVar[_Forward | None] = ContextVar("probust_progress_target", default=None)
+
+
+def drop(bar: Progress, n: int) -> None:
+    """The work ``bar`` counts will not do ``n`` of the units it was opened over (a point that
+    stopped early): take them off its total, so that it ends at 100% and its time left counts only
+    the work still planned. A bar that is not shown: nothing."""
+    if n <= 0 or bar is _SILENT:
+        return
+    own = getattr(bar, "drop", None)
+    if own is not None:  # a run's share, or the forward to one
+        own(n)
+        return
+    total = getattr(bar, "total", None)
+    if total is not None:  # a tqdm bar
+        bar.total = max(total - n, getattr(bar, "n", 0))  # type: ignore[attr-defined]
+        refresh = getattr(bar, "refresh", None)
+        if refresh is not None:
+            refresh()
+
+
+def interactive() -> bool:
+    """Whether someone watches this session: stderr is a terminal, or the code runs in a Jupyter
+    kernel (a notebook) — and tqdm, which draws the bar, is installed. The default of the progress
+    bars that are on by default where it is true (CERTIFY, PREDICT); off in tests, CI logs and
+    pipes."""
+    if importlib.util.find_spec("tqdm") is None:
+        return False
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        return True
+    stream = sys.stderr
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 @contextlib.contextmanager
@@ -112,8 +165,9 @@ def counted_as(scale: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def progress(total: int, description: str, enabled: bool) -> Iterator[Progress]:
-    """A tqdm bar over ``total`` units (points or model evaluations), or a no-op.
+def progress(total: int, description: str, enabled: bool, unit: str = "pt") -> Iterator[Progress]:
+    """A tqdm bar over ``total`` units, named ``unit`` ("pt": points, "draw": noisy draws, each a
+    model evaluation; "epoch"), or a no-op.
 
     Inside :func:`counting` the updates go to the run's share instead, whatever ``enabled`` says
     (and no bar is drawn). tqdm comes with the 'run' extra; without it, asking for a bar raises a
@@ -134,7 +188,7 @@ def progress(total: int, description: str, enabled: bool) -> Iterator[Progress]:
         yield _SILENT
         return
     tqdm = import_extra("tqdm.auto", extra="run", feature="a progress bar (show_progress=True)").tqdm
-    with tqdm(total=total, desc=description, unit="eval" if total > 10**5 else "pt", dynamic_ncols=True) as bar:
+    with tqdm(total=total, desc=description, unit=unit, unit_scale=total >= 10_000, dynamic_ncols=True) as bar:
         yield bar
 
 

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -33,6 +34,7 @@ __all__ = [
     "first_line",
     "first_parts",
     "python_name",
+    "user_stacklevel",
 ]
 
 
@@ -171,3 +173,20 @@ class ConfigError(OptionError):
 
     ``field`` names the argument (a field of :class:`~probust.run.RunSettings`, or of the function
     called), when there is one. Also :class:`probust.run.ConfigError`."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for :func:`warnings.warn`, called in the function that warns, at which
+    the warning points at the first frame outside probust: the user's line, however deep in
+    probust (an estimator, the runner, a metric) the warning is raised. (Python 3.12's
+    ``skip_file_prefixes`` does the same; probust supports 3.10.)"""
+    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
+    while frame is not None and _in_probust(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+def _in_probust(module: str) -> bool:
+    return module == "probust" or module.startswith("probust.")

@@ -88,3 +88,45 @@ def test_the_page_shows_probusts_and_cleanlabs_picks(tmp_path, top):
     # Each planted error leads its given class's row: index 40 (class 1) labelled 0, index 4
     # (class 0) labelled 2; rows are the given classes 0, 1, 2, each of ``top`` cells.
     assert captions[0].startswith("0 > 1") and captions[2 * top].startswith("2 > 0")
+
+
+def test_the_page_captions_each_image_with_its_index_labels_and_a_distinct_score(tmp_path):
+    import re
+
+    _blobs(tmp_path)
+    args = ["issues", "--data", str(tmp_path / "d.npz"), "--model", str(tmp_path / "m.pt"), "--allow-pickle"]
+    assert main([*args, "--sigma", "0.2", "--out", str(tmp_path / "out"), "--no-progress", "--top", "10"]) == 0
+    page = (tmp_path / "out" / "issues.html").read_text()
+    frame = pd.read_csv(tmp_path / "out" / "issues.csv")
+    for column in ("label_score", "self_confidence", "outlier_score", "memorisation_score"):
+        assert f'id="{column}"' in page  # a section per ranking
+    assert "display:grid" in page and "auto-fill" in page  # wraps to the page's width
+    section = page.split('id="label_score"')[1].split("<h2")[0]
+    captions = re.findall(r"<figcaption><b>#(\d+)</b><br>(.*?) &gt; (.*?)<br>(.*?)</figcaption>", section)
+    assert len(captions) == 10 and len(re.findall("<img ", section)) == 10  # one small image each
+    ranked = frame.sort_values(["label_score", "index"]).head(10)
+    assert [int(i) for i, *_ in captions] == ranked["index"].tolist()
+    assert {int(i) for i, *_ in captions[:2]} == {4, 40}  # the planted errors first
+    scores = [s for *_, s in captions]
+    assert len(set(scores)) == ranked["label_score"].map(lambda v: f"{v:.6g}").nunique()  # distinct where they differ
+    assert all(float(s) == pytest.approx(v, rel=1e-2) for s, v in zip(scores, ranked["label_score"], strict=True))
+
+
+def test_score_labels_tell_apart_values_that_differ():
+    from probust.plots.issues import score_labels
+
+    assert score_labels([1.2e-7, 1.3e-7, 0.5, 0.5]) == ["1.2e-07", "1.3e-07", "0.5", "0.5"]
+    assert len(set(score_labels([0.123451, 0.123452, 0.9]))) == 3
+
+
+def test_issue_grid_draws_one_captioned_image_per_point(tmp_path):
+    from probust.plots.issues import issue_grid
+
+    model, x, labels = _blobs(tmp_path)
+    frame = probust.find_issues(model, (x, labels), sigma=0.2, show_progress=False)
+    ds = torch.utils.data.TensorDataset(x, labels)
+    figure = issue_grid(frame, ds, "outlier_score", count=10, highest=True, columns=4)
+    titles = [ax.get_title() for ax in figure.axes if ax.images]
+    top = frame.sort_values(["outlier_score", "index"], ascending=[False, True]).head(10)
+    assert len(titles) == 10 and [int(t.split("\n")[0][1:]) for t in titles] == top["index"].tolist()
+    assert all(" > " in t.split("\n")[1] for t in titles)

@@ -432,3 +432,14 @@ def test_the_docs_snippet_prints_what_the_page_shows(tmp_path):
     assert shown.stdout.strip().splitlines() == printed
     warning = " ".join(lines[: -len(printed)])
     assert warning in " ".join(shown.stderr.split())
+
+
+def test_the_warning_points_at_the_users_line_through_score_too():
+    # probust.score runs the estimator deep in the runner: the warning still names this file
+    # (it used to name probust/run/work_units.py).
+    model = Quadratic(50, 1.0, 0.05)
+    x = torch.zeros(12, 50)
+    with pytest.warns(trust.LinearisationWarning) as record:
+        probust.score(model, x, 1.0, ["taylor"], prune="off", device="cpu", show_progress=False)
+    found = [w for w in record if issubclass(w.category, trust.LinearisationWarning)]
+    assert len(found) == 1 and found[0].filename == __file__

@@ -14,7 +14,8 @@ import tqdm.auto
 import probust
 from probust.execution import Execution
 from probust.run import run_estimate
-from probust.run.certify import CertifySettings, run_certify
+from probust.run.certify import CertifySettings, read_certified, run_certify
+from probust.run.methods import LINEARISED_EXTRA, PULL_IN_FORWARDS
 from tests._helpers import tiny_data, tiny_model
 
 
@@ -72,8 +73,12 @@ def test_score_draws_one_bar_that_counts_every_model_evaluation(bars):
     assert len(df) == points * len(sigmas) * 4
     assert len(bars) == 1
     bar = bars[0]
-    # per point and sigma: mc's draws, mmse's copies, one linearisation (taylor), one clean pass (softmax)
-    assert bar.total == points * len(sigmas) * (draws + copies + 1 + 1)
+    # per point and sigma: mc's draws, mmse's copies and taylor's linearisation at their declared
+    # costs (C = 3: a forward pass and 2 backward passes each, plus the check and the map), one
+    # clean pass (softmax)
+    linearisation = 1 + PULL_IN_FORWARDS * 2
+    taylor, mmse = linearisation + LINEARISED_EXTRA, copies * linearisation + LINEARISED_EXTRA
+    assert bar.total == points * len(sigmas) * (draws + mmse + taylor + 1)
     assert bar.n == bar.total and bar.closed
     assert bar.descriptions[0] == "sigma=0.1 mc n=200"
     assert "sigma=0.3 softmax" in bar.descriptions
@@ -98,7 +103,7 @@ def test_the_bar_moves_pass_by_pass_inside_a_work_unit(bars):
     assert len(bar.updates) >= 16 and max(bar.updates) <= 250
 
 
-def test_an_adaptive_run_fills_the_bar_with_the_draws_it_did_not_need(bars):
+def test_an_adaptive_runs_total_drops_the_draws_it_did_not_need(bars):
     df = probust.score(
         tiny_model(),
         tiny_data(6),
@@ -112,7 +117,9 @@ def test_an_adaptive_run_fills_the_bar_with_the_draws_it_did_not_need(bars):
     )
     assert (df.n_drawn < 10_000).all()  # every point stopped early
     (bar,) = bars
-    assert bar.total == 6 * 10_000 and bar.n == bar.total
+    # Each point that stopped took its remaining draws off the total: the bar ends at 100% on the
+    # draws made, with no jump over the draws not needed.
+    assert bar.n == bar.total == int(df.n_drawn.sum()) and max(bar.updates) <= 3 * 1000
 
 
 def test_an_extended_run_starts_its_bar_at_the_work_already_stored(bars, tmp_path):
@@ -147,7 +154,7 @@ def test_certify_draws_one_bar_over_its_draws_and_the_estimates_copies(bars, tmp
     assert bar.descriptions == ["certify sigma=0.25", "certify sigma=0.5"]
 
 
-def test_certify_with_radii_fills_the_bar_with_the_draws_it_did_not_need(bars, tmp_path):
+def test_certify_with_radii_drops_the_draws_it_did_not_need_from_the_total(bars, tmp_path):
     x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     settings = CertifySettings(
         data=(x, torch.zeros(4, dtype=torch.int64)),
@@ -162,7 +169,8 @@ def test_certify_with_radii_fills_the_bar_with_the_draws_it_did_not_need(bars, t
     )
     run_certify(settings)
     (bar,) = bars
-    assert bar.total == 4 * (10 + 2000) and bar.n == bar.total
+    drawn = int(read_certified(tmp_path / "cert").n_drawn.sum())
+    assert drawn < 4 * (10 + 2000) and bar.n == bar.total == drawn
 
 
 def test_an_estimator_called_alone_draws_its_own_bar_over_its_draws(bars):
@@ -170,3 +178,38 @@ def test_an_estimator_called_alone_draws_its_own_bar_over_its_draws(bars):
     probust.MonteCarlo(tiny_model(), 0.3, n_samples=100, execution=Execution(show_progress=True))(x)
     (bar,) = bars
     assert bar.total == 3 * 100 and bar.n == bar.total
+
+
+class _DescribedBar(FakeBar):
+    """Records how far the bar was when each piece of work began."""
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        super().set_description(desc, refresh)
+        self.at.append((desc, self.n))
+
+    @property
+    def at(self) -> list[tuple[str | None, int]]:
+        return self.__dict__.setdefault("_at", [])
+
+
+def test_a_multi_method_bar_weighs_each_method_by_its_declared_cost(monkeypatch):
+    # Monte Carlo first, then Taylor and MMSE: the bar must not read 99% once Monte Carlo is done
+    # (it counted one evaluation per Taylor point and one per MMSE copy against 1,000 draws).
+    FakeBar.made = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", _DescribedBar)
+    probust.score(
+        tiny_model(10),
+        (torch.rand(8, 1, 4, 4, generator=torch.Generator().manual_seed(3)), torch.zeros(8, dtype=torch.int64)),
+        0.1,
+        ["mc", "taylor", "mmse"],
+        mc_samples=1000,
+        mmse_samples=5,
+        device="cpu",
+        show_progress=True,
+    )
+    (bar,) = FakeBar.made
+    assert bar.n == bar.total
+    share = {desc: n / bar.total for desc, n in bar.at}  # the bar's fraction when each method began
+    after_mc = share["sigma=0.1 taylor"]
+    assert 0.6 < after_mc < 0.9, share  # Taylor and MMSE(5) at C = 10: about a sixth of the work
+    assert share["sigma=0.1 mmse n=5"] - after_mc > 0.02, share

@@ -1,6 +1,6 @@
 """``probust issues``: suspect labels, atypical and memorised points of a data set
-(:func:`probust.find_issues`) into a resumable folder, with an HTML page of the most suspect
-images per class."""
+(:func:`probust.find_issues`) into a resumable folder, with an HTML page of the points each score
+ranks first (:func:`probust.plots.issues.issue_grid` draws the same grids)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ examples:
 --model scores every point no --fold holds out (in sample); each --fold MODEL INDICES scores the
 points listed in INDICES (.npy, or a text file of integers) with MODEL, which did not train on
 them (out of sample). Writes OUT/issues.csv (one row per point, probust.find_issues' columns),
-OUT/issues.html (the most suspect images per class, cleanlab's picks beside them where cleanlab
-is installed) and the chunks it is computed from: run the same command again to resume.
+OUT/issues.html (the most suspect labels, cleanlab's picks, the most atypical and the most likely
+memorised points: each image with its index, given > predicted label and score) and the chunks it is computed from: run the same command again to resume.
 """
 
 
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sigma", type=float, help="noise standard deviation per input coordinate (default: the inputs' RMS spread)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top", type=int, default=8, help="suspect images per class on the page (default 8)")
+    p.add_argument("--top", type=int, default=24, help="images per section of the page (default 24)")
     p.add_argument("--out", required=True, help="the folder to write (resumable)")
     p.add_argument(
         "--quiet", "--no-progress", dest="show_progress", action="store_false", help="no progress bar or summary"
@@ -133,26 +133,64 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_page(frame, ds, path: Path, top: int) -> Path:
-    """One HTML page: the suspects' figure (embedded PNG) and the table of the flagged points."""
-    import base64
+    """One HTML page: per ranking (:data:`probust.plots.issues.SECTIONS`: suspect labels, cleanlab's
+    picks, atypical and memorised points) a grid of small images that wraps to the page's width,
+    each captioned with its data-set index, "given > predicted" and its score (distinct digits
+    where the values differ); then the table of the flagged points."""
     import html
-    import io
 
-    from probust.plots.issues import suspects
+    from probust.plots.issues import SECTIONS, issue_cells
 
-    buffer = io.BytesIO()
-    suspects(frame, ds, top=top).savefig(buffer, format="png", dpi=110)
-    image = base64.b64encode(buffer.getvalue()).decode()
+    count = max(1, min(len(frame), top))
     flagged = frame[frame["is_label_issue"]].sort_values("label_score")
     sigma = float(frame["sigma"].iloc[0])
-    body = (
+    parts = [
         f"<h1>Label issues</h1><p>{len(frame)} points scored at sigma {sigma:.4g}; {len(flagged)} flagged as label "
-        "issues (per given class, the estimated number of label errors, lowest label_score first). label_score is "
-        "the probability that the model's prediction under the noise is the given label; cleanlab's picks rank by "
-        "self_confidence, the clean softmax of the given label.</p>"
-        f'<img alt="most suspect points per class" src="data:image/png;base64,{image}">'
-        f"<h2>Flagged points</h2>{flagged.to_html(index=False, float_format=lambda v: f'{v:.4f}')}"
+        "issues (per given class, the estimated number of label errors, lowest label_score first; their captions "
+        "are red). label_score is the probability that the model's prediction under the noise is the given label; "
+        "cleanlab's picks rank by self_confidence, the clean softmax of the given label; outlier_score is "
+        "1 - p_robust; memorisation_score is high where the model holds the given label at the point but not "
+        "under the noise. Each image: #data-set index, given &gt; predicted label, score.</p>"
+    ]
+    for column, highest, heading in SECTIONS:
+        if column not in frame:
+            continue
+        figures = []
+        for cell in issue_cells(frame, ds, column, count, highest):
+            caption = (
+                f"<b>#{cell.index}</b><br>{html.escape(cell.given)} &gt; {html.escape(cell.predicted)}"
+                f"<br>{html.escape(cell.score)}"
+            )
+            figures.append(
+                f'<figure{" class=flag" if cell.flagged else ""}><img alt="#{cell.index}" '
+                f'src="data:image/png;base64,{_png(cell.image)}"><figcaption>{caption}</figcaption></figure>'
+            )
+        parts.append(f'<h2 id="{column}">{html.escape(heading)}</h2><div class="grid">{"".join(figures)}</div>')
+    table = flagged.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+    parts.append(f"<h2>Flagged points</h2><div class=table>{table}</div>")
+    style = (
+        "body{font-family:sans-serif;margin:1em;max-width:100%}"
+        ".grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(112px,1fr));gap:10px}"
+        "figure{margin:0;text-align:center;font-size:12px;overflow-wrap:anywhere}"
+        "figure img{width:96px;height:96px;image-rendering:pixelated;border:1px solid #ccc}"
+        "figure.flag figcaption{color:#b03030}"
+        ".table{overflow-x:auto}table{border-collapse:collapse;font-size:12px}td,th{padding:2px 6px}"
     )
-    page = f"<!doctype html><meta charset='utf-8'><title>{html.escape('probust issues')}</title><body>{body}</body>"
+    page = (
+        f"<!doctype html><meta charset='utf-8'><meta name=viewport content='width=device-width'>"
+        f"<title>{html.escape('probust issues')}</title><style>{style}</style><body>{''.join(parts)}</body>"
+    )
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _png(image) -> str:
+    """An image [H, W] or [H, W, 3] in [0, 1] as a base64 PNG of its own pixels."""
+    import base64
+    import io
+
+    from matplotlib import image as mpimg
+
+    buffer = io.BytesIO()
+    mpimg.imsave(buffer, image, cmap="gray", vmin=0, vmax=1, format="png")
+    return base64.b64encode(buffer.getvalue()).decode()

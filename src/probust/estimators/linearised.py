@@ -191,8 +191,8 @@ class Linearised(Estimator):
                 parts.append(self._from_routed(routed, x[rows], indices[rows], plan.check))
                 bar.update(rows.stop - rows.start)
         estimate = Estimate.cat(parts)
-        # One warning per call, after every chunk: stacklevel 3 from here is the caller of __call__.
-        trust.warn_untrusted(estimate, noise_words(self.noise), self._instead, stacklevel=3)
+        # One warning per call, after every chunk, at the user's line.
+        trust.warn_untrusted(estimate, noise_words(self.noise), self._instead)
         return estimate
 
     #: What the trust warning suggests instead of this method.

@@ -108,7 +108,7 @@ class LinearisedMonteCarlo(Estimator):
         parts = []
         target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.linear.points_per_chunk(x)
-        with progress(x.shape[0] * self.n_samples, self.method, self.show_progress) as bar:
+        with progress(x.shape[0] * self.n_samples, self.method, self.show_progress, unit="draw") as bar:
             for first in range(0, x.shape[0], chunk):
                 rows = slice(first, min(first + chunk, x.shape[0]))
                 chunk_target = None if target is None else target[rows]

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from probust._checks import check_choice, check_fraction, check_positive_float, check_positive_int
 from probust._inputs import check_target
-from probust._progress import progress
+from probust._progress import drop, progress, shown
 from probust._user_model import finite_rows, weights_in_format
 from probust.errors import OptionError
 from probust.estimators.affine import AffineLogits
@@ -186,7 +186,7 @@ class MonteCarlo(Estimator):
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),
-            progress(batch * self.n_samples, "mc", self.show_progress) as bar,
+            progress(batch * self.n_samples, "mc", self.show_progress, unit="draw") as bar,
         ):
             if self.target_half_width is None:
                 successes = self._count(x, target, keys, indices, 0, self.n_samples, bar, plan, affine)
@@ -213,8 +213,10 @@ class MonteCarlo(Estimator):
                     trials[rows] += n
                     start += n
                     low, high = binomial_interval(successes, trials, self.confidence, self.interval)
-                    active &= (high - low) / 2 > self.target_half_width
-                bar.update(int(batch * self.n_samples - trials.sum()))  # the draws that were not needed
+                    stopped = active & ~((high - low) / 2 > self.target_half_width)
+                    active &= ~stopped
+                    if shown(bar):  # the bar was opened over n_samples draws a point: the stopped take the rest off
+                        drop(bar, int((self.n_samples - trials[stopped]).sum()))
         p = successes.double() / trials.double()
         low, high = binomial_interval(successes, trials, self.confidence, self.interval)
         return Estimate(

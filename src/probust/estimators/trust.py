@@ -38,6 +38,7 @@ from scipy import stats
 from torch import Tensor, nn
 
 from probust._user_model import finite_rows
+from probust.errors import user_stacklevel
 from probust.estimators.base import plan_blocks
 from probust.estimators.result import Estimate
 
@@ -297,7 +298,7 @@ def untrusted(estimate: Estimate, level: float = TRUST_LEVEL, confidence: float 
     return checked & _flags(estimate.agreement, estimate.agreement_draws.clamp(min=1), level, confidence)
 
 
-def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: int = 2) -> None:
+def warn_untrusted(estimate: Estimate, noise: str, suggestion: str) -> None:
     """One :class:`LinearisationWarning` for the whole estimate, naming how many of its points
     :func:`untrusted` flags; nothing where it flags none.
 
@@ -305,7 +306,10 @@ def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: 
         estimate: the call's estimate.
         noise: the noise in words (e.g. ``gaussian sigma=2.0``).
         suggestion: what to do instead, in words.
-        stacklevel: as :func:`warnings.warn`'s, counted from the caller.
+
+    The warning points at the user's line: the first frame outside probust
+    (:func:`probust.errors.user_stacklevel`), whether the estimator was called directly or by
+    ``probust.score``, the runner or a metric.
     """
     flagged = untrusted(estimate)
     count = int(flagged.sum())
@@ -318,7 +322,7 @@ def warn_untrusted(estimate: Estimate, noise: str, suggestion: str, stacklevel: 
         f"lowest agreement {lowest:.2f}) under noise {noise}: their p may be off by up to 1 - agreement "
         f"(r.agreement, and probust.estimators.trust.untrusted(r) names them); {suggestion}",
         LinearisationWarning,
-        stacklevel=stacklevel + 1,
+        stacklevel=user_stacklevel(),
     )
 
 

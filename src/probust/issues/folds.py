@@ -167,7 +167,7 @@ def train_folds(
     parts = [np.sort(part) for part in np.array_split(order, k)]
     labels = labels.to(torch.int64)
     trained = []
-    with progress(k * epochs, f"training {k} folds", show_progress) as bar:
+    with progress(k * epochs, f"training {k} folds", show_progress, unit="epoch") as bar:
         for fold, held in enumerate(parts):
             keep = np.setdiff1d(np.arange(len(x)), held)
             fitted = _fit(

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from probust.errors import OptionError
+from probust.execution import Execution
 from probust.metrics.points import PointwiseMetric, usable_inputs
 from probust.noise import Noise
 from probust.smoothing import Certify
@@ -74,6 +75,9 @@ class CertifiedAccuracy(PointwiseMetric):
         super().__init__(max_points=max_points, **(metric_options or {}))
         if radii is None:
             raise OptionError("is required: the radii (units of x) to report certified accuracy at", field="radii")
+        # A metric inside a validation loop draws no bar of its own unless its execution says so.
+        if certify_options.get("execution") is None:
+            certify_options["execution"] = Execution()
         self.certifier = Certify(model, sigma, n0=n0, n=n, alpha=alpha, radii=radii, seed=seed, **certify_options)
         self.radii: tuple[float, ...] = self.certifier.radii or ()
         zeros = torch.zeros(len(self.radii), dtype=torch.float64)

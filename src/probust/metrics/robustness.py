@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust.errors import OptionError
+from probust.errors import OptionError, user_stacklevel
 from probust.estimators import Estimator, LinearisationWarning, make_estimator, untrusted
 from probust.metrics.points import PointwiseMetric, usable_inputs
 from probust.mvn import add_rows
@@ -230,7 +230,7 @@ class AverageCaseRobustness(PointwiseMetric):
                 f"{int(checked.sum())} of {checked.numel()} points (the metric's 'untrusted' share): their p may be "
                 "far from the model's; use method 'mc', a smaller sigma or more MMSE copies",
                 LinearisationWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         return {
             "mean": p.mean(),

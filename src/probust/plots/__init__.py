@@ -8,6 +8,8 @@
     probust.plots.class_bias(df, kind="mean")         # p per class
     probust.plots.against_monte_carlo(df)             # each estimator against Monte Carlo
     probust.plots.over_sigma(df)                      # p's distribution per sigma and method
+    issues = probust.find_issues(model, train_set)
+    probust.plots.issue_grid(issues, train_set)       # the most suspect labels, captioned
 
 The frame may also come from a results folder (``probust.run.read_results(folder)``). Nothing
 here touches pyplot's global state (the figures are not registered with pyplot, no backend is
@@ -26,6 +28,7 @@ import_extra("pandas", extra="report", feature="probust.plots")
 from probust.plots import frames, style  # noqa: E402
 from probust.plots.classes import class_bias, class_means  # noqa: E402
 from probust.plots.images import extremes, extremes_table  # noqa: E402
+from probust.plots.issues import issue_grid  # noqa: E402
 from probust.plots.monte_carlo import against_monte_carlo, monte_carlo_pairs  # noqa: E402
 from probust.plots.sigma import over_sigma  # noqa: E402
 
@@ -36,6 +39,7 @@ __all__ = [
     "extremes",
     "extremes_table",
     "frames",
+    "issue_grid",
     "monte_carlo_pairs",
     "over_sigma",
     "style",

@@ -199,13 +199,17 @@ class _EstimateUnits:
         self.clean = _clean_passes(plan, pending)
 
     def cost(self, plan: PreparedRun, task: Task) -> int:
-        return evaluations(task)
+        return evaluations(task, self._classes())
+
+    def _classes(self) -> int:
+        """C, from the clean passes (2 where there is nothing to compute)."""
+        return next((int(clean[3]) for clean in self.clean.values()), 2)
 
     def start(self, plan: PreparedRun, task: Task) -> Any:
         return make_task_estimator(plan, task)
 
     def run(self, plan: PreparedRun, state: Any, task: Task, block: np.ndarray, todo: np.ndarray) -> int:
-        with counted_as(reported_as(task)):
+        with counted_as(reported_as(task, self._classes())):
             return _run_unit(plan, state, task, block, todo, self.clean)
 
     def finish(self, plan: PreparedRun, rows: Any) -> None:

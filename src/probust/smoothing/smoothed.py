@@ -33,11 +33,11 @@ from torch import Tensor, nn
 
 from probust._checks import check_positive_int
 from probust._inputs import pixel_note
-from probust._progress import Progress, progress
+from probust._progress import Progress, drop, interactive, progress
 from probust._user_model import check_logits, weights_in_format
 from probust.errors import OptionError
 from probust.estimators import AffineLogits, PointwiseMethod, check_noisy_copies, noisy_predictions
-from probust.execution import ForwardPlan
+from probust.execution import Execution, ForwardPlan
 from probust.noise import STREAM_CERTIFY_ESTIMATE, STREAM_CERTIFY_SELECT, STREAM_PREDICT, Gaussian, Noise, point_keys
 from probust.smoothing import stats
 from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _check_radii
@@ -105,6 +105,10 @@ class _Smoothing(PointwiseMethod):
     """The parts of CERTIFY and PREDICT in common: noise, level, counting the draws' votes."""
 
     def __init__(self, model: nn.Module, sigma: float | Tensor | Noise, *, alpha: float = 0.001, **kwargs) -> None:
+        if kwargs.get("execution") is None:
+            # A job of minutes: a bar over its draws by default where someone watches (a terminal
+            # or a notebook, :func:`probust._progress.interactive`); an execution given says.
+            kwargs["execution"] = Execution(show_progress=interactive())
         super().__init__(model, **kwargs)
         self.sigma = isotropic_sigma(sigma)
         self.noise = Gaussian(self.sigma)
@@ -183,7 +187,11 @@ class Certify(_Smoothing):
             radius, the probability of giving up a radius the point has (p_A above Phi(r / sigma))
             is at most this; it can lower the share certified, never the guarantee.
         seed, execution: see :class:`probust.estimators.base.PointwiseMethod` (the execution's
-            ``batch_size`` bounds the noisy copies per forward pass).
+            ``batch_size`` bounds the noisy copies per forward pass). Without ``execution`` a
+            progress bar counts the draws where the session is interactive (stderr a terminal,
+            or a notebook); ``execution=probust.Execution(show_progress=False)`` turns it off.
+            With ``radii`` the bar's total is the most draws still planned: a point that stops
+            takes its remaining draws off it, so it ends at 100%.
     """
 
     method = "certify"
@@ -228,7 +236,7 @@ class Certify(_Smoothing):
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),
-            progress(batch * (self.n0 + self.n), "certify", self.show_progress) as bar,
+            progress(batch * (self.n0 + self.n), "certify", self.show_progress, unit="draw") as bar,
         ):
             started = time.perf_counter()
             keys = point_keys(self.seed, indices, STREAM_CERTIFY_SELECT)
@@ -325,7 +333,9 @@ class Certify(_Smoothing):
             given_up[rows] |= below | ~reach
             active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
             seconds[rows] += (time.perf_counter() - started) / len(rows)
-        bar.update(int(batch * self.n - trials.sum()))  # the draws that were not needed
+            # The bar was opened over n draws a point; a point that stops takes the rest off.
+            stopped = rows[~active[rows]]
+            drop(bar, int((self.n - trials[stopped]).sum()))
         return hits.to(device), trials.to(device), certified
 
 
@@ -380,7 +390,7 @@ class Predict(_Smoothing):
         with (
             torch.no_grad(),
             weights_in_format(self.model, plan.channels_last),
-            progress(batch * self.n, "predict", self.show_progress) as bar,
+            progress(batch * self.n, "predict", self.show_progress, unit="draw") as bar,
         ):
             started = time.perf_counter()
             votes = self._count(x, keys, indices, 0, self.n, plan, bar, classes=classes, affine=affine)
