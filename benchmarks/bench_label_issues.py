@@ -413,6 +413,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--json", type=Path, help="write every number here (and read runs already there)")
+    parser.add_argument("--only-done", action="store_true", help="print the runs --json holds, run nothing")
     parser.add_argument("--markdown", action="store_true", help="also print docs/issues.md's tables")
     parser.add_argument("--outliers", action="store_true", help="the atypical-points runs instead (one per seed)")
     args = parser.parse_args()
@@ -434,8 +435,10 @@ def main() -> None:
     if args.json and args.json.exists():
         done = {r["key"]: r for r in json.loads(args.json.read_text())}
     jobs = [(d, s, seed) for seed in args.seeds for d in args.data for s in args.settings]
+    if args.only_done:  # report the runs the json holds, run nothing
+        jobs = [j for j in jobs if f"{j[0]} {j[1]} {j[2]}" in done]
     todo = [j for j in jobs if f"{j[0]} {j[1]} {j[2]}" not in done]
-    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+    with multiprocessing.get_context("spawn").Pool(min(args.jobs, max(len(todo), 1))) as pool:
         for result in pool.imap_unordered(one_run, todo):
             done[result["key"]] = result
             print(f"  {result['key']}: fit {result['fit']:.3f}, costs {result['cost']}", flush=True)
