@@ -412,10 +412,10 @@ def prior_allowances(
     for look, stop in enumerate(t):
         draws = int(stop - before)
         mean, sd = draws * q0, math.sqrt(draws * q0 * (1 - q0))
-        lo, hi = max(0, int(mean - 14 * sd) - 20), min(draws, int(mean + 14 * sd) + 20)
-        step = scipy_stats.binom.pmf(np.arange(lo, hi + 1), draws, q0)
+        least, most = max(0, int(mean - 14 * sd) - 20), min(draws, int(mean + 14 * sd) + 20)
+        step = scipy_stats.binom.pmf(np.arange(least, most + 1), draws, q0)
         mass = np.clip(signal.fftconvolve(mass, step), 0.0, None)
-        base += lo
+        base += least
         mass = mass[: max(0, top - base + 1)]
         before = int(stop)
         if look < len(t) - 1:
