@@ -378,12 +378,7 @@ class Certify(_Smoothing):
         stops = [stop for _, stop in rounds]
         thresholds = special.ndtr(np.array(self.radii) / self.sigma)
         # allowed[b, j, l]: failures certified at look l; reachable[b, j, l]: the most any look >= l allows.
-        allowed = np.stack(
-            [
-                np.stack([stats.prior_allowances(stops, float(p0), self.alpha, float(c))[0] for p0 in thresholds])
-                for c in centers
-            ]
-        ).reshape(batch, len(thresholds), len(stops))
+        allowed = stats.prior_allowances_table(stops, thresholds, self.alpha, centers)
         reachable = np.maximum.accumulate(allowed[..., ::-1], axis=-1)[..., ::-1]
         allowed_t, reachable_t = torch.from_numpy(allowed), torch.from_numpy(reachable.copy())
         give_up_at = math.log(1 / self.futility)

@@ -36,6 +36,7 @@ evaluated in logarithms. The upper sequence mirrors it (ones and zeros swapped, 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -58,6 +59,7 @@ __all__ = [
     "log_evidence_below",
     "log_evidence_prior",
     "prior_allowances",
+    "prior_allowances_table",
 ]
 
 # The bisection of cs_lower / cs_upper runs on z = Phi^-1(p0) in [-_Z_MAX, _Z_MAX]: Phi(-37) is
@@ -376,31 +378,77 @@ def prior_allowances(
         level: the exact probability of certifying under p = p0, <= alpha).
     """
     alpha = check_level(alpha, "alpha")
+    t = _looks_array(looks)
+    allowed = _interim(t, np.asarray(special.ndtri(p0)), np.asarray(center, dtype=np.float64), alpha, scale, weight)
+    last, level = _last_allowance(tuple(t.tolist()), float(p0), alpha, tuple(allowed[:-1].tolist()))
+    allowed[-1] = last
+    return allowed, level
+
+
+def prior_allowances_table(
+    looks: Sequence[int],
+    p0: Sequence[float] | np.ndarray,
+    alpha: float,
+    center: Sequence[float] | np.ndarray,
+    scale: float = PRIOR_SCALE,
+    weight: float = PRIOR_WEIGHT,
+) -> np.ndarray:
+    """:func:`prior_allowances` for every (center, threshold) pair at once: int64 [B, R, L] for
+    B centers and R thresholds (the interim allowances computed together; the last look's
+    computed once per distinct interim allowances and threshold)."""
+    alpha = check_level(alpha, "alpha")
+    t = _looks_array(looks)
+    z0 = special.ndtri(np.asarray(p0, dtype=np.float64))[None, :]
+    c = np.asarray(center, dtype=np.float64)[:, None]
+    allowed = _interim(t, z0, c, alpha, scale, weight)
+    steps = tuple(t.tolist())
+    for b in range(allowed.shape[0]):
+        for r in range(allowed.shape[1]):
+            p = float(special.ndtr(z0[0, r]))
+            allowed[b, r, -1] = _last_allowance(steps, p, alpha, tuple(allowed[b, r, :-1].tolist()))[0]
+    return allowed
+
+
+def _looks_array(looks: Sequence[int]) -> np.ndarray:
     t = np.asarray(looks, dtype=np.int64)
     if t.ndim != 1 or len(t) == 0 or (np.diff(t) <= 0).any() or t[0] < 1:
         raise ValueError("looks must be increasing positive draw counts")
-    z0 = float(special.ndtri(p0))
+    return t
+
+
+def _interim(
+    t: np.ndarray, z0: np.ndarray, center: np.ndarray, alpha: float, scale: float, weight: float
+) -> np.ndarray:
+    """The largest f in [-1, t] with log M(t - f, f) >= log(1 / alpha), per look (last axis) and
+    per broadcast (z0, center), by bisection (M decreases in f): int64 [*shape, L]."""
     target = math.log(1.0 / alpha)
-    # Interim: the largest f in [-1, t] with log M(t - f, f) >= target, by bisection (M decreases in f).
-    lo = np.full(len(t), -1, dtype=np.int64)  # always "passes" (no certificate)
-    hi = t + 1  # never passes
-    while (hi - lo > 1).any():
-        mid = (lo + hi) // 2
-        ok = _log_evidence_prior(t - np.maximum(mid, 0), np.maximum(mid, 0), z0, center, scale, weight) >= target
-        ok &= mid >= 0
-        lo = np.where((hi - lo > 1) & ok, mid, lo)
-        hi = np.where((hi - lo > 1) & ~ok, mid, hi)
-    allowed = lo.copy()
-    q0 = float(special.ndtr(-z0))
-    n = int(t[-1])
+    shape = (*np.broadcast_shapes(np.shape(z0), np.shape(center)), len(t))
+    z = np.broadcast_to(np.asarray(z0)[..., None], shape)
+    c = np.broadcast_to(np.asarray(center)[..., None], shape)
+    below = np.full(shape, -1, dtype=np.int64)  # always "passes" (no certificate)
+    above = np.broadcast_to(t + 1, shape).copy()  # never passes
+    while (above - below > 1).any():
+        mid = (below + above) // 2
+        f = np.maximum(mid, 0)
+        ok = (_log_evidence_prior(t - f, f, z, c, scale, weight) >= target) & (mid >= 0)
+        open_ = above - below > 1
+        below = np.where(open_ & ok, mid, below)
+        above = np.where(open_ & ~ok, mid, above)
+    return below
+
+
+@functools.lru_cache(maxsize=4096)
+def _last_allowance(t: tuple[int, ...], p0: float, alpha: float, interim: tuple[int, ...]) -> tuple[int, float]:
+    """(the last look's allowance, the exact level): the computation of :func:`prior_allowances`."""
+    q0 = float(special.ndtr(-special.ndtri(p0)))
+    n = t[-1]
     # The fixed-n Clopper-Pearson allowance at n bounds the last one (P(F_n <= c) <= alpha).
     cap = int(scipy_stats.binom.ppf(alpha, n, q0))
     while cap >= 0 and scipy_stats.binom.cdf(cap, n, q0) > alpha:
         cap -= 1
-    top = max(cap, int(allowed[:-1].max(initial=-1)))
+    top = max(cap, max(interim, default=-1))
     if top < 0:
-        allowed[-1] = -1
-        return allowed, 0.0
+        return -1, 0.0
     cap = min(cap, top)
     # mass[i]: P(F = base + i, not yet certified); states above top can no longer certify (dropped),
     # and leading states whose mass is below alpha * 1e-16 in all are trimmed (windows of the
@@ -410,16 +458,16 @@ def prior_allowances(
     spent, before = 0.0, 0
     negligible = alpha * 1e-16
     for look, stop in enumerate(t):
-        draws = int(stop - before)
+        draws = stop - before
         mean, sd = draws * q0, math.sqrt(draws * q0 * (1 - q0))
         least, most = max(0, int(mean - 14 * sd) - 20), min(draws, int(mean + 14 * sd) + 20)
         step = scipy_stats.binom.pmf(np.arange(least, most + 1), draws, q0)
         mass = np.clip(signal.fftconvolve(mass, step), 0.0, None)
         base += least
         mass = mass[: max(0, top - base + 1)]
-        before = int(stop)
+        before = stop
         if look < len(t) - 1:
-            c = int(allowed[look])
+            c = interim[look]
             if c >= base:
                 spent += mass[: c - base + 1].sum()
                 mass[: c - base + 1] = 0.0
@@ -437,6 +485,5 @@ def prior_allowances(
     total = spent + below
     # 1e-9 relative: room for the convolutions' rounding.
     fits = np.nonzero(total <= alpha * (1 - 1e-9))[0]
-    allowed[-1] = int(fits[-1]) if len(fits) else -1
-    level = float(total[allowed[-1]]) if allowed[-1] >= 0 else float(spent)
-    return allowed, level
+    last = int(fits[-1]) if len(fits) else -1
+    return last, float(total[last]) if last >= 0 else float(spent)
