@@ -74,6 +74,10 @@ class CertifiedAccuracy(PointwiseMetric):
         super().__init__(max_points=max_points, **(metric_options or {}))
         if radii is None:
             raise OptionError("is required: the radii (units of x) to report certified accuracy at", field="radii")
+        # The metric keeps the uniform-mixture sequential test (its documented figures, and its
+        # "abstained" = no class at all rather than no listed radius); pass procedure="prior" for
+        # the analytic-prior test (docs/certify.md).
+        certify_options.setdefault("procedure", "sequential")
         self.certifier = Certify(model, sigma, n0=n0, n=n, alpha=alpha, radii=radii, seed=seed, **certify_options)
         self.radii: tuple[float, ...] = self.certifier.radii or ()
         zeros = torch.zeros(len(self.radii), dtype=torch.float64)
