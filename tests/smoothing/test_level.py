@@ -437,9 +437,9 @@ def _center_law(p: float, n0: int) -> list[tuple[float, float]]:
 def test_prior_certify_certifies_a_radius_the_point_just_misses_at_the_rate_of_its_level():
     """The analytic-prior test (the default with ``radii``) at alpha = 0.1, p just below
     Phi(r / sigma), R = 3,000 points: the false certificates pass the two-sided binomial test
-    (level 1e-3) against the exact rate of the stated rule (~0.099: its last look spends what
+    (level 1e-3) against the exact rate of the stated rule (~0.090: its last look spends what
     Ville's inequality leaves), averaged over the prior's center (Taylor's p, exact here, capped
-    by the selection votes); a test of level 2 alpha certifies at ~0.2, which that test rejects
+    by the selection votes); a test of level 2 alpha certifies at ~0.172, which that test rejects
     with probability > 0.999 (computed and asserted)."""
     alpha, futility, n, repeats = 0.1, 0.1, 1000, 3000
     radius = SIGMA * stats.norm.ppf(0.9)
