@@ -127,7 +127,10 @@ def interactive() -> bool:
     kernel (a notebook) — and tqdm, which draws the bar, is installed. The default of the progress
     bars that are on by default where it is true (CERTIFY, PREDICT); off in tests, CI logs and
     pipes."""
-    if importlib.util.find_spec("tqdm") is None:
+    try:
+        if importlib.util.find_spec("tqdm") is None:
+            return False
+    except ImportError:  # an import hook that refuses it (as the core-only checks do)
         return False
     ipython = sys.modules.get("IPython")
     shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None

@@ -167,20 +167,27 @@ def test_the_smoothed_class_may_differ_from_the_clean_prediction():
 # ---------------------------------------------------------------- sequential CERTIFY
 
 
-def test_sequential_certify_decides_each_radius_and_stops():
+@pytest.mark.parametrize("procedure", ["sequential", "prior"])
+def test_sequential_certify_decides_each_radius_and_stops(procedure):
     model, sigma = _two_class(), 0.5
     radii = (0.0, 0.25, 0.5)
     # true radii |x_0|: far beyond every radius, between 0.25 and 0.5, below 0 (class 1), on the fence at 0.25
     x = torch.tensor([[3.0, 0.0], [0.4, 0.0], [-0.1, 0.0], [0.25, 0.0]])
-    r = probust.certify(model, x, sigma, n0=100, n=20_000, radii=radii, alpha=0.001, **SETTINGS)
+    r = probust.certify(model, x, sigma, n0=100, n=20_000, radii=radii, alpha=0.001, procedure=procedure, **SETTINGS)
     assert r.radii == radii and r.certified is not None and r.certified.shape == (4, 3)
     assert r.certified[0].tolist() == [True, True, True]
     assert r.certified[1].tolist() == [True, True, False]
     assert r.prediction[2].item() == 1 and r.certified[2].tolist() == [True, False, False]
     assert not r.certified[3, 2]
+    assert (r.n_drawn <= 100 + 20_000).all()
+    if procedure == "prior":
+        # the sure point stops at the first looks; the one on the fence is given up (the predictive
+        # chance of the last look certifying 0.25 falls below 0.01) before n
+        assert r.n_drawn[0] < 2_000 and r.n_drawn[3] < 100 + 20_000
+        assert torch.equal(r.radius, torch.tensor([0.5, 0.25, 0.0, 0.0], dtype=torch.float64))
+        return
     # the sure point stops at the first looks, the one on the fence draws all n
     assert r.n_drawn[0] < 2_000 and r.n_drawn[3] == 100 + 20_000
-    assert (r.n_drawn <= 100 + 20_000).all()
     # the radius is the confidence sequence's, at least every radius certified
     assert torch.equal(r.certified, (r.radius[:, None] >= torch.tensor(radii)) & ~r.abstained[:, None])
     torch.testing.assert_close(r.radius, torch.where(r.abstained, 0.0, sigma * torch.special.ndtri(r.p_lower)))
@@ -325,6 +332,9 @@ def test_an_isotropic_gaussian_is_accepted():
         (dict(radii=[float("nan")]), "radii"),
         (dict(radii=0.5), "radii"),
         (dict(futility=0.0), "futility"),
+        (dict(procedure="bayes", radii=[0.1]), "procedure"),
+        (dict(procedure="prior"), "procedure"),
+        (dict(procedure="sequential"), "procedure"),
         (dict(seed=1.5), "seed"),
     ],
 )
@@ -350,3 +360,33 @@ def test_nan_logits_on_noisy_copies_are_refused():
     model = NonFiniteAbove(_two_class(), threshold=1.0, value=float("nan"))
     with pytest.raises(ValueError, match="NaN or inf logits on noisy copies"):
         probust.certify(model, torch.zeros(2, 2), 1.0, n0=20, n=200, **SETTINGS)
+
+
+def test_fixed_procedure_with_radii_reads_the_clopper_pearson_bound_at_each_radius():
+    model, sigma = _two_class(), 0.5
+    x = torch.tensor([[0.6, 0.0], [0.2, 0.0], [-0.3, 0.0]])
+    radii = (0.0, 0.25, 0.5)
+    r = probust.certify(model, x, sigma, n0=50, n=2000, radii=radii, procedure="fixed", **SETTINGS)
+    plain = probust.certify(model, x, sigma, n0=50, n=2000, **SETTINGS)
+    assert torch.equal(r.p_lower, plain.p_lower) and torch.equal(r.n_drawn, plain.n_drawn)
+    thresholds = torch.tensor([stats.norm.cdf(v / sigma) for v in radii], dtype=torch.float64)
+    assert torch.equal(r.certified, r.p_lower[:, None] >= thresholds)
+
+
+def test_prior_procedure_reports_the_largest_certified_radius():
+    # The analytic-prior test (the default with radii) decides only the thresholds: p_lower is the
+    # largest certified Phi(r / sigma), the radius the largest certified r, and the radii are
+    # certified in increasing order; a point with none abstains.
+    model, sigma = _two_class(), 0.5
+    x = torch.tensor([[3.0, 0.0], [0.2, 0.0], [0.0, 0.0]])  # the last on the boundary: p = 1/2
+    radii = (0.0, 0.25, 0.5)
+    r = probust.certify(model, x, sigma, n0=50, n=4000, radii=radii, **SETTINGS)
+    assert r.certified is not None
+    c = r.certified
+    assert torch.equal(c, c.cummin(dim=1).values)  # a prefix of the radii
+    largest = torch.where(c, torch.tensor(radii, dtype=torch.float64), -1.0).amax(dim=1)
+    assert torch.equal(r.radius, torch.where(c.any(dim=1), largest, 0.0))
+    thresholds = torch.tensor([stats.norm.cdf(v / sigma) for v in radii], dtype=torch.float64)
+    assert torch.allclose(r.p_lower, torch.where(c, thresholds, 0.0).amax(dim=1))
+    assert torch.equal(r.abstained, ~c.any(dim=1))
+    assert c[0].all() and not c[2].any()

@@ -17,6 +17,7 @@ COHEN = {"n0": 100, "n": 100_000, "alpha": 0.001}
 def test_certify_defaults_to_cohens_settings():
     made = Certify(nn.Linear(3, 2), 0.25)
     assert (made.n0, made.n, made.alpha, made.futility, made.radii) == (100, 100_000, 0.001, 0.001, None)
+    assert made.procedure == "fixed" and Certify(nn.Linear(3, 2), 0.25, radii=[0.1]).procedure == "prior"
     defaults = {k: v.default for k, v in inspect.signature(probust.certify).parameters.items() if k in COHEN}
     assert defaults == COHEN
 

@@ -90,15 +90,26 @@ def test_certify_is_wrong_for_at_most_alpha_of_points():
     assert (~r.abstained).double().mean() > 0.5
 
 
+@pytest.mark.parametrize("procedure", ["sequential", "prior"])
 @pytest.mark.parametrize("futility", [0.001, 0.5])
-def test_sequential_certify_is_wrong_for_at_most_alpha_of_points_whenever_it_stops(futility):
+def test_sequential_certify_is_wrong_for_at_most_alpha_of_points_whenever_it_stops(futility, procedure):
     # futility = 0.5 gives radii up early and so stops points at other times: the guarantee
     # does not depend on when a point stops.
     alpha, repeats = 0.05, 500
     model = linear_model(5, 2)
     x = _hard_points(model, repeats)
     r = probust.certify(
-        model, x, SIGMA, n0=100, n=1500, alpha=alpha, radii=RADII, futility=futility, seed=4, **SETTINGS
+        model,
+        x,
+        SIGMA,
+        n0=100,
+        n=1500,
+        alpha=alpha,
+        radii=RADII,
+        futility=futility,
+        procedure=procedure,
+        seed=4,
+        **SETTINGS,
     )
     wrong = _wrong_sequential(model, x, r)
     allowance = _allowance(len(x), alpha)

@@ -78,6 +78,10 @@ class CertifiedAccuracy(PointwiseMetric):
         # A metric inside a validation loop draws no bar of its own unless its execution says so.
         if certify_options.get("execution") is None:
             certify_options["execution"] = Execution()
+        # The metric keeps the uniform-mixture sequential test (its documented figures, and its
+        # "abstained" = no class at all rather than no listed radius); pass procedure="prior" for
+        # the analytic-prior test (docs/certify.md).
+        certify_options.setdefault("procedure", "sequential")
         self.certifier = Certify(model, sigma, n0=n0, n=n, alpha=alpha, radii=radii, seed=seed, **certify_options)
         self.radii: tuple[float, ...] = self.certifier.radii or ()
         zeros = torch.zeros(len(self.radii), dtype=torch.float64)

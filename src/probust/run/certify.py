@@ -117,6 +117,12 @@ def _radii(value: Any, name: str) -> tuple[float, ...] | None:
     return tuple(sorted(set(out)))
 
 
+def _procedure(value: Any, name: str) -> str | None:
+    if value is not None and value not in ("fixed", "sequential", "prior"):
+        raise ConfigError(f"expected one of fixed, sequential, prior, got {value!r}", field=name)
+    return value
+
+
 def _estimate(value: Any, name: str) -> str | None:
     if value is not None and value not in ESTIMATE_METHODS:
         raise ConfigError(f"expected one of none, {', '.join(ESTIMATE_METHODS)}, got {value!r}", field=name)
@@ -178,6 +184,17 @@ class CertifyOptions(SeedOptions):
         metavar="LEVEL",
         check=_level,
         record="futility",
+    )
+    procedure: str | None = option(
+        None,
+        help="how the estimation draws are made and read: fixed (Cohen et al.'s n draws, Clopper-Pearson), "
+        "sequential (the uniform-mixture confidence sequence; needs --radii) or prior (the analytic-prior test, "
+        "centred on Taylor's estimate per point; needs --radii); docs/certify.md",
+        default_help="fixed without --radii, prior with them",
+        choices={"fixed": "fixed", "sequential": "sequential", "prior": "prior"},
+        check=_procedure,
+        record="procedure",
+        implied=None,
     )
     estimate: str | None = option(
         None,
@@ -320,6 +337,7 @@ class _CertifyUnits:
             alpha=s.alpha,
             radii=s.radii,
             futility=s.futility,
+            procedure=s.procedure,
             **estimator_parameters(s, ()),
         )
         estimator = None

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 from scipy import special
+from scipy import stats as scipy_stats
 from torch import Tensor, nn
 
 from probust._checks import check_positive_int
@@ -36,7 +37,7 @@ from probust._inputs import pixel_note
 from probust._progress import Progress, drop, interactive, progress
 from probust._user_model import check_logits, weights_in_format
 from probust.errors import OptionError
-from probust.estimators import AffineLogits, PointwiseMethod, check_noisy_copies, noisy_predictions
+from probust.estimators import AffineLogits, PointwiseMethod, Taylor, check_noisy_copies, noisy_predictions
 from probust.execution import Execution, ForwardPlan
 from probust.noise import STREAM_CERTIFY_ESTIMATE, STREAM_CERTIFY_SELECT, STREAM_PREDICT, Gaussian, Noise, point_keys
 from probust.smoothing import stats
@@ -48,6 +49,14 @@ from probust.smoothing.result import ABSTAIN, CertifyResult, PredictResult, _che
 # the same for every point, so a point's draws do not depend on its batch.
 FIRST_CHECK = 128
 GROWTH = 1.25
+
+#: The analytic-prior test looks more often (its last look is exact, so a look costs it no level
+#: at n): after PRIOR_FIRST_CHECK draws, then each time the draws have grown by PRIOR_GROWTH.
+PRIOR_FIRST_CHECK = 64
+PRIOR_GROWTH = 1.1
+
+#: The estimation procedures of :class:`Certify` (``procedure=``).
+PROCEDURES = ("fixed", "sequential", "prior")
 
 
 def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
@@ -183,9 +192,24 @@ class Certify(_Smoothing):
         n: estimation draws per point (with ``radii``: the most).
         alpha: the probability that the result is wrong for a point (Cohen et al.: 0.001).
         radii: radii to decide (units of x, >= 0), or None for fixed-n CERTIFY.
+        procedure: how the estimation draws are made and read. "fixed": Cohen et al.'s n draws
+            and Clopper-Pearson (with ``radii``, ``certified`` reads that bound at each radius);
+            "sequential": the uniform-mixture confidence sequence above; "prior" (the default
+            with ``radii``): the analytic-prior test (docs/certify.md): per point and radius, a
+            mixture test centred on Taylor's estimate of p_A for the selected class (computed
+            before the estimation draws, from no noise draws), certified at the interim looks by
+            Ville's inequality and at the last look (n draws) by the failures its exact level
+            leaves room for, radii certified in increasing order; ``p_lower`` is then the
+            largest certified threshold Phi(r / sigma) and ``radius`` the largest certified r (a
+            point with none abstains). None: "fixed" without ``radii``, "prior" with them.
         futility: with ``radii``: the level of the test that gives a radius up. Per point and
             radius, the probability of giving up a radius the point has (p_A above Phi(r / sigma))
             is at most this; it can lower the share certified, never the guarantee.
+        predictive_futility: with ``procedure="prior"``: also give a radius up at a look where
+            the predictive probability that the last look certifies it (the failures still to
+            come under a Beta(F + 1/2, S + 1/2) posterior, a beta-binomial law) is below this; 0
+            turns it off. A heuristic that saves draws on points near a threshold: it can lower
+            the share certified (with no stated bound), never the guarantee.
         seed, execution: see :class:`probust.estimators.base.PointwiseMethod` (the execution's
             ``batch_size`` bounds the noisy copies per forward pass). Without ``execution`` a
             progress bar counts the draws where the session is interactive (stderr a terminal,
@@ -206,6 +230,8 @@ class Certify(_Smoothing):
         alpha: float = 0.001,
         radii: Sequence[float] | Tensor | None = None,
         futility: float = 0.001,
+        procedure: str | None = None,
+        predictive_futility: float = 0.01,
         **kwargs,
     ) -> None:
         super().__init__(model, sigma, alpha=alpha, **kwargs)
@@ -213,6 +239,21 @@ class Certify(_Smoothing):
         self.n = check_positive_int(n, "n")
         self.radii = None if radii is None else _check_radii(radii)
         self.futility = stats.check_level(futility, "futility")
+        if procedure is None:
+            procedure = "fixed" if self.radii is None else "prior"
+        if procedure not in PROCEDURES:
+            raise OptionError(f"must be one of {', '.join(PROCEDURES)}, got {procedure!r}", field="procedure")
+        if procedure != "fixed" and self.radii is None:
+            raise OptionError(
+                f"{procedure!r} decides the radii given in radii, and none were given (fixed-n CERTIFY needs none)",
+                field="procedure",
+            )
+        self.procedure = procedure
+        if isinstance(predictive_futility, bool) or not isinstance(predictive_futility, (int, float)):
+            raise OptionError(f"must be a number in [0, 1), got {predictive_futility!r}", field="predictive_futility")
+        if not 0.0 <= predictive_futility < 1.0:
+            raise OptionError(f"must be in [0, 1), got {predictive_futility!r}", field="predictive_futility")
+        self.predictive_futility = float(predictive_futility)
 
     def __call__(self, x: Tensor, *, index_offset: int = 0) -> CertifyResult:
         """Certify each row of ``x``.
@@ -240,18 +281,29 @@ class Certify(_Smoothing):
         ):
             started = time.perf_counter()
             keys = point_keys(self.seed, indices, STREAM_CERTIFY_SELECT)
-            selected = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes, affine=affine).argmax(
-                dim=1
-            )
+            votes = self._count(x, keys, indices, 0, self.n0, plan, bar, classes=classes, affine=affine)
+            selected = votes.argmax(dim=1)
             keys = point_keys(self.seed, indices, STREAM_CERTIFY_ESTIMATE)
-            if self.radii is None:
+            thresholds = (
+                None
+                if self.radii is None
+                else torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
+            )
+            if self.procedure == "fixed":
                 hits = self._count(x, keys, indices, 0, self.n, plan, bar, of=selected, affine=affine)
                 trials = torch.full_like(hits, self.n)
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
                 p_lower = stats.clopper_pearson_lower(hits, trials, self.alpha).cpu()
-                certified = None
-                floor = torch.zeros(batch, dtype=torch.float64)
+                certified = None if thresholds is None else p_lower[:, None] >= thresholds
+            elif self.procedure == "prior":
+                _sync(x.device)
+                seconds += (time.perf_counter() - started) / batch
+                assert thresholds is not None
+                centers = self._centers(x, selected, votes, seconds)
+                hits, trials, certified = self._prior(x, keys, indices, selected, centers, plan, bar, seconds, affine)
+                # Only the tests at the thresholds were made: the bound is the largest certified one.
+                p_lower = torch.where(certified.cpu(), thresholds, 0.0).amax(dim=1)
             else:
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
@@ -259,15 +311,16 @@ class Certify(_Smoothing):
                 p_lower = stats.cs_lower(hits, trials, self.alpha).cpu()
                 # The confidence sequence holds at every look at once, so each radius certified at
                 # an earlier look stays certified, and the bound is at least its threshold.
-                thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
+                assert thresholds is not None
                 floor = torch.where(certified.cpu(), thresholds, 0.0).amax(dim=1)
                 p_lower = torch.maximum(p_lower, floor)
         abstain = p_lower < 0.5
         radius = torch.where(abstain, 0.0, self.sigma * torch.special.ndtri(p_lower))
-        if certified is not None:
+        if certified is not None and self.procedure != "fixed":
             # The radius is at least every radius certified (sigma * Phi^-1(Phi(r / sigma)) may round below r).
             largest = torch.where(certified.cpu(), torch.tensor(self.radii, dtype=torch.float64), 0.0).amax(dim=1)
-            radius = torch.where(abstain, 0.0, torch.maximum(radius, largest))
+            # The prior test decided the thresholds only: its radius is the largest one certified, exactly.
+            radius = torch.where(abstain, 0.0, largest if self.procedure == "prior" else torch.maximum(radius, largest))
         device = x.device
         return CertifyResult(
             prediction=torch.where(abstain.to(device), ABSTAIN, selected),
@@ -282,6 +335,104 @@ class Certify(_Smoothing):
             radii=self.radii,
             certified=None if certified is None else certified.to(device),
         )
+
+    def _centers(self, x: Tensor, selected: Tensor, votes: Tensor, seconds: Tensor) -> np.ndarray:
+        """The prior's center per point: Phi^-1 of Taylor's p for the selected class (float64 [B]).
+
+        From the model's margins and gradients at x only (no noise draws), capped by what the
+        selection draws allow (Phi^-1 of their one-sided 0.999 Clopper-Pearson upper bound),
+        which are independent of the estimation draws; clipped to [-10, 40]. Its time is added
+        to ``seconds``, shared equally."""
+        started = time.perf_counter()
+        with torch.enable_grad():
+            estimate = Taylor(self.model, self.sigma, p_fail=True, check_draws=0, seed=self.seed)(x, selected)
+        fail = estimate.p_fail.detach().double().cpu().numpy()  # type: ignore[union-attr]  # p_fail=True
+        z = -special.ndtri(np.clip(fail, 1e-300, 1.0))
+        k = votes.gather(1, selected[:, None]).flatten().double().cpu().numpy()
+        upper = np.where(k >= self.n0, 1.0, special.betaincinv(k + 1.0, self.n0 - k, 0.999))
+        z = np.minimum(z, special.ndtri(upper))
+        _sync(x.device)
+        seconds += (time.perf_counter() - started) / x.shape[0]
+        return np.clip(np.nan_to_num(z, nan=0.0), -10.0, 40.0)
+
+    def _prior(
+        self,
+        x: Tensor,
+        keys: Tensor,
+        indices: Tensor,
+        selected: Tensor,
+        centers: np.ndarray,
+        plan: ForwardPlan,
+        bar: Progress,
+        seconds: Tensor,
+        affine: AffineLogits | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The analytic-prior test: estimation draws in the rounds of :func:`checkpoints` with
+        :data:`PRIOR_FIRST_CHECK` and :data:`PRIOR_GROWTH`.
+
+        Per point and radius j, :func:`probust.smoothing.stats.prior_allowances` gives the most
+        failures each look certifies (fixed before the draws). Radius j is certified at a look
+        where the failures are within its allowance and radius j - 1 is certified; it is given
+        up where no later look could certify it (more failures than every later allowance),
+        where the mirror test of the uniform mixture shows p_A < Phi(r / sigma) at level
+        ``futility``, where the predictive chance of the last look certifying it is below
+        ``predictive_futility``, or where radius j - 1 was given up. Returns as :meth:`_sequential`."""
+        assert self.radii is not None
+        batch, device = x.shape[0], x.device
+        rounds = list(checkpoints(self.n, PRIOR_FIRST_CHECK, PRIOR_GROWTH))
+        stops = [stop for _, stop in rounds]
+        thresholds = special.ndtr(np.array(self.radii) / self.sigma)
+        # allowed[b, j, l]: failures certified at look l; reachable[b, j, l]: the most any look >= l allows.
+        allowed = stats.prior_allowances_table(stops, thresholds, self.alpha, centers)
+        reachable = np.maximum.accumulate(allowed[..., ::-1], axis=-1)[..., ::-1]
+        allowed_t, reachable_t = torch.from_numpy(allowed), torch.from_numpy(reachable.copy())
+        give_up_at = math.log(1 / self.futility)
+        hits = torch.zeros(batch, dtype=torch.int64)
+        trials = torch.zeros(batch, dtype=torch.int64)
+        certified = torch.zeros(batch, len(self.radii), dtype=torch.bool)
+        given_up = torch.zeros_like(certified)
+        active = torch.ones(batch, dtype=torch.bool)
+        for look, (start, stop) in enumerate(rounds):
+            rows = active.nonzero().flatten()
+            if len(rows) == 0:
+                break
+            started = time.perf_counter()
+            on = rows.to(device)
+            hits[rows] += self._count(
+                x[on],
+                keys[on],
+                indices[on],
+                start,
+                stop - start,
+                plan,
+                bar,
+                of=selected[on],
+                affine=None if affine is None else affine.subset(on),
+            ).cpu()
+            trials[rows] = stop
+            s, t = hits[rows, None], trials[rows, None]
+            failures = t - s
+            passes = failures <= allowed_t[rows, :, look]
+            below = stats.log_evidence_below(s, t, torch.as_tensor(thresholds)) >= give_up_at
+            unreachable = failures > reachable_t[rows, :, look]
+            if self.predictive_futility > 0 and stop < self.n:
+                # P(F_n - F_t <= c_n - F_t) for the n - t draws to come, F_n - F_t ~ BetaBinomial(n - t, F + 1/2, S + 1/2).
+                room = (torch.from_numpy(allowed[..., -1])[rows] - failures).numpy()
+                chance = scipy_stats.betabinom.cdf(room, self.n - stop, failures.numpy() + 0.5, s.numpy() + 0.5)
+                unreachable |= torch.from_numpy(np.asarray(chance) < self.predictive_futility)
+            done = certified[rows] | given_up[rows]
+            for j in range(len(self.radii)):  # in increasing order: radius j needs radius j - 1
+                lower_ok = certified[rows, j - 1] if j > 0 else torch.ones(len(rows), dtype=torch.bool)
+                lower_lost = given_up[rows, j - 1] if j > 0 else torch.zeros(len(rows), dtype=torch.bool)
+                newly = ~done[:, j] & lower_ok & passes[:, j]
+                certified[rows, j] |= newly
+                given_up[rows, j] |= ~done[:, j] & ~newly & (below[:, j] | unreachable[:, j] | lower_lost)
+            active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
+            seconds[rows] += (time.perf_counter() - started) / len(rows)
+            # The bar was opened over n draws a point; a point that stops takes the rest off.
+            stopped = rows[~active[rows]]
+            drop(bar, int((self.n - trials[stopped]).sum()))
+        return hits.to(device), trials.to(device), certified
 
     def _sequential(
         self,
@@ -339,12 +490,12 @@ class Certify(_Smoothing):
         return hits.to(device), trials.to(device), certified
 
 
-def checkpoints(n: int) -> Iterator[tuple[int, int]]:
+def checkpoints(n: int, first: int = FIRST_CHECK, growth: float = GROWTH) -> Iterator[tuple[int, int]]:
     """The rounds of sequential CERTIFY: (first draw, end) pairs covering [0, n), each look
-    :data:`GROWTH` times the draws before it (at least :data:`FIRST_CHECK` more)."""
+    ``growth`` (:data:`GROWTH`) times the draws before it (at least ``first``, :data:`FIRST_CHECK`, more)."""
     start = 0
     while start < n:
-        stop = min(n, max(start + FIRST_CHECK, math.ceil(start * GROWTH)))
+        stop = min(n, max(start + first, math.ceil(start * growth)))
         yield start, stop
         start = stop
 
@@ -421,6 +572,7 @@ def certify(
     n: int = 100_000,
     alpha: float = 0.001,
     radii: Sequence[float] | Tensor | None = None,
+    procedure: str | None = None,
     seed: int = 0,
     index_offset: int = 0,
     **kwargs,
@@ -433,8 +585,9 @@ def certify(
         x: float inputs [B, *S]; the noise N(0, sigma^2 I) is added to x itself, in the units
             the model receives (pixel space for a model with its normalisation inside).
         sigma: noise standard deviation per input coordinate (isotropic Gaussian only).
-        n0, n, alpha, radii: see :class:`Certify` (Cohen et al.'s defaults; ``radii`` makes the
-            estimation sequential).
+        n0, n, alpha, radii, procedure: see :class:`Certify` (Cohen et al.'s defaults; ``radii``
+            makes the estimation sequential: the analytic-prior test unless ``procedure`` says
+            "sequential" or "fixed").
         seed: see :class:`Certify`.
         index_offset: the index of row 0 in the data set (each point's random streams).
         **kwargs: passed to :class:`Certify` (``futility``, ``execution``).
@@ -452,6 +605,7 @@ def certify(
         n=n,
         alpha=alpha,
         radii=radii,
+        procedure=procedure,
         seed=seed,
         **kwargs,
     )(x, index_offset=index_offset)

@@ -36,22 +36,30 @@ evaluated in logarithms. The upper sequence mirrors it (ones and zeros swapped, 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-from scipy import special
+from scipy import signal, special
+from scipy import stats as scipy_stats
 from torch import Tensor
 
 from probust.errors import OptionError
 
 __all__ = [
+    "PRIOR_SCALE",
+    "PRIOR_WEIGHT",
     "binomial_test_half",
     "clopper_pearson_lower",
     "cs_lower",
     "cs_upper",
     "log_evidence_above",
     "log_evidence_below",
+    "log_evidence_prior",
+    "prior_allowances",
+    "prior_allowances_table",
 ]
 
 # The bisection of cs_lower / cs_upper runs on z = Phi^-1(p0) in [-_Z_MAX, _Z_MAX]: Phi(-37) is
@@ -258,3 +266,224 @@ def cs_upper(successes: Tensor, trials: Tensor, alpha: float) -> Tensor:
     k, n, device = _counts(successes, trials)
     z = _bisect_z(n - k, k, alpha)  # the lower bound of 1 - p, read on the zeros
     return torch.from_numpy(np.where(np.isneginf(z), 1.0, special.ndtr(-z))).to(device)
+
+
+# ------------------------------------------------------------------ the analytic-prior test
+
+#: The grid of the point alternatives of :func:`log_evidence_prior`: z0 + PRIOR_STEP * k, k = 1..PRIOR_POINTS.
+PRIOR_STEP = 0.1
+PRIOR_POINTS = 100
+#: Its defaults: the normal weights' standard deviation on z, and the share of the centred part.
+PRIOR_SCALE = 1.0
+PRIOR_WEIGHT = 0.5
+
+
+def _log_evidence_prior(
+    s: np.ndarray, f: np.ndarray, z0: np.ndarray | float, center: np.ndarray | float, scale: float, weight: float
+) -> np.ndarray:
+    """log(weight * sum_k pi_k LR(q_k) + (1 - weight) * M_uniform), broadcasting s, f, z0, center."""
+    s, f, z0, center = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (s, f, z0, center)))
+    grid = z0[..., None] + PRIOR_STEP * np.arange(1, PRIOR_POINTS + 1)
+    log_pi = -0.5 * ((grid - center[..., None]) / scale) ** 2
+    log_pi -= special.logsumexp(log_pi, axis=-1, keepdims=True)
+    up = special.log_ndtr(grid) - special.log_ndtr(z0)[..., None]  # log(q / p0) >= 0
+    down = special.log_ndtr(-grid) - special.log_ndtr(-z0)[..., None]  # log((1 - q) / (1 - p0)) <= 0
+    centred = special.logsumexp(log_pi + s[..., None] * up + f[..., None] * down, axis=-1)
+    if weight >= 1.0:
+        return centred
+    uniform = _log_evidence(s, f, special.ndtr(z0), special.ndtr(-z0))
+    return np.logaddexp(math.log(weight) + centred, math.log1p(-weight) + uniform)
+
+
+def log_evidence_prior(
+    successes: Tensor,
+    trials: Tensor,
+    p0: float | Tensor,
+    center: float | Tensor,
+    scale: float = PRIOR_SCALE,
+    weight: float = PRIOR_WEIGHT,
+) -> Tensor:
+    """log M of the analytic-prior mixture against "p <= p0": a test supermartingale like
+    :func:`log_evidence_above`, with a mixing distribution centred on an estimate of p.
+
+    With z0 = Phi^-1(p0), the mixing distribution over the alternatives q >= p0 is
+
+        weight * sum_k pi_k delta(q_k) + (1 - weight) * uniform on [p0, 1],
+        q_k = Phi(z0 + 0.1 k), k = 1..100,  pi_k proportional to exp(-(z0 + 0.1 k - center)^2 / (2 scale^2)),
+
+    so M = weight * sum_k pi_k (q_k / p0)^S ((1 - q_k) / (1 - p0))^F + (1 - weight) * M_uniform.
+    Every q_k is >= p0, so each likelihood ratio, and any fixed mixture of them, is a
+    non-negative supermartingale under "p <= p0" (the argument of :func:`log_evidence_above`):
+    Ville's inequality holds whatever ``center`` is, provided it is fixed before the draws it
+    is applied to. A center near the true Phi^-1(p) puts weight on the alternative that grows
+    fastest (the likelihood ratio's growth rate is largest at q = p); the uniform part keeps
+    the test within log(1 / (1 - weight)) of :func:`log_evidence_above` where the center is wrong.
+    M increases with S at fixed trials.
+
+    Args:
+        successes, trials: as :func:`log_evidence_above`.
+        p0: the threshold, in (0, 1).
+        center: float or tensor broadcasting with the counts: the estimate of Phi^-1(p) (z units).
+        scale: the standard deviation of the normal weights, in z units (> 0).
+        weight: the share of the centred part, in (0, 1].
+
+    Returns:
+        float64 [...], on the counts' device.
+    """
+    k, n, device = _counts(successes, trials)
+    p = _threshold(p0, k.shape)
+    c = torch.as_tensor(center, dtype=torch.float64).cpu().numpy()
+    if not np.isfinite(c).all():
+        raise ValueError("center must be finite")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+    return torch.from_numpy(np.array(_log_evidence_prior(k, n - k, special.ndtri(p), c, scale, weight))).to(device)
+
+
+def prior_allowances(
+    looks: Sequence[int],
+    p0: float,
+    alpha: float,
+    center: float,
+    scale: float = PRIOR_SCALE,
+    weight: float = PRIOR_WEIGHT,
+) -> tuple[np.ndarray, float]:
+    """The failures each look of the analytic-prior test allows, and its exact level.
+
+    At every look but the last, the test certifies "p > p0" where :func:`log_evidence_prior`
+    reaches log(1 / alpha) (Ville: level alpha at any stopping time); since M increases with the
+    successes, that is "failures <= c_l". The last look (the most draws, n) allows the largest
+    c such that the exact probability, under p = p0, of certifying at any look,
+
+        P_{p0}(F_{t_l} <= c_l for some interim look l, or F_n <= c),
+
+    is at most alpha. It is computed by carrying the distribution of the failures of the paths
+    not yet certified from look to look (binomial increments of failure probability 1 - p0,
+    convolved), so it spends what Ville's inequality leaves unspent. The rule is monotone (more
+    successes never stop a certificate), so the probability is largest at p = p0 among all
+    p <= p0: the test has level alpha, whatever the stopping of the draws by other rules (a
+    point that stops early is certified on a subset of these events). c <= the fixed-n
+    Clopper-Pearson allowance at n.
+
+    Args:
+        looks: increasing draw counts at which the test looks, the last being n (fixed before the draws).
+        p0: the threshold in (0, 1).
+        alpha: the level.
+        center, scale, weight: the prior (:func:`log_evidence_prior`).
+
+    Returns:
+        (allowed int64 [L]: the most failures certified at each look, -1 where none;
+        level: the exact probability of certifying under p = p0, <= alpha).
+    """
+    alpha = check_level(alpha, "alpha")
+    t = _looks_array(looks)
+    allowed = _interim(t, np.asarray(special.ndtri(p0)), np.asarray(center, dtype=np.float64), alpha, scale, weight)
+    last, level = _last_allowance(tuple(t.tolist()), float(p0), alpha, tuple(allowed[:-1].tolist()))
+    allowed[-1] = last
+    return allowed, level
+
+
+def prior_allowances_table(
+    looks: Sequence[int],
+    p0: Sequence[float] | np.ndarray,
+    alpha: float,
+    center: Sequence[float] | np.ndarray,
+    scale: float = PRIOR_SCALE,
+    weight: float = PRIOR_WEIGHT,
+) -> np.ndarray:
+    """:func:`prior_allowances` for every (center, threshold) pair at once: int64 [B, R, L] for
+    B centers and R thresholds (the interim allowances computed together; the last look's
+    computed once per distinct interim allowances and threshold)."""
+    alpha = check_level(alpha, "alpha")
+    t = _looks_array(looks)
+    z0 = special.ndtri(np.asarray(p0, dtype=np.float64))[None, :]
+    c = np.asarray(center, dtype=np.float64)[:, None]
+    allowed = _interim(t, z0, c, alpha, scale, weight)
+    steps = tuple(t.tolist())
+    for b in range(allowed.shape[0]):
+        for r in range(allowed.shape[1]):
+            p = float(special.ndtr(z0[0, r]))
+            allowed[b, r, -1] = _last_allowance(steps, p, alpha, tuple(allowed[b, r, :-1].tolist()))[0]
+    return allowed
+
+
+def _looks_array(looks: Sequence[int]) -> np.ndarray:
+    t = np.asarray(looks, dtype=np.int64)
+    if t.ndim != 1 or len(t) == 0 or (np.diff(t) <= 0).any() or t[0] < 1:
+        raise ValueError("looks must be increasing positive draw counts")
+    return t
+
+
+def _interim(
+    t: np.ndarray, z0: np.ndarray, center: np.ndarray, alpha: float, scale: float, weight: float
+) -> np.ndarray:
+    """The largest f in [-1, t] with log M(t - f, f) >= log(1 / alpha), per look (last axis) and
+    per broadcast (z0, center), by bisection (M decreases in f): int64 [*shape, L]."""
+    target = math.log(1.0 / alpha)
+    shape = (*np.broadcast_shapes(np.shape(z0), np.shape(center)), len(t))
+    z = np.broadcast_to(np.asarray(z0)[..., None], shape)
+    c = np.broadcast_to(np.asarray(center)[..., None], shape)
+    below = np.full(shape, -1, dtype=np.int64)  # always "passes" (no certificate)
+    above = np.broadcast_to(t + 1, shape).copy()  # never passes
+    while (above - below > 1).any():
+        mid = (below + above) // 2
+        f = np.maximum(mid, 0)
+        ok = (_log_evidence_prior(t - f, f, z, c, scale, weight) >= target) & (mid >= 0)
+        open_ = above - below > 1
+        below = np.where(open_ & ok, mid, below)
+        above = np.where(open_ & ~ok, mid, above)
+    return below
+
+
+@functools.lru_cache(maxsize=4096)
+def _last_allowance(t: tuple[int, ...], p0: float, alpha: float, interim: tuple[int, ...]) -> tuple[int, float]:
+    """(the last look's allowance, the exact level): the computation of :func:`prior_allowances`."""
+    q0 = float(special.ndtr(-special.ndtri(p0)))
+    n = t[-1]
+    # The fixed-n Clopper-Pearson allowance at n bounds the last one (P(F_n <= c) <= alpha).
+    cap = int(scipy_stats.binom.ppf(alpha, n, q0))
+    while cap >= 0 and scipy_stats.binom.cdf(cap, n, q0) > alpha:
+        cap -= 1
+    top = max(cap, max(interim, default=-1))
+    if top < 0:
+        return -1, 0.0
+    cap = min(cap, top)
+    # mass[i]: P(F = base + i, not yet certified); states above top can no longer certify (dropped),
+    # and leading states whose mass is below alpha * 1e-16 in all are trimmed (windows of the
+    # binomial increments likewise, 14 standard deviations wide), so each look costs the width of
+    # the distribution, not n.
+    mass, base = np.ones(1), 0
+    spent, before = 0.0, 0
+    negligible = alpha * 1e-16
+    for look, stop in enumerate(t):
+        draws = stop - before
+        mean, sd = draws * q0, math.sqrt(draws * q0 * (1 - q0))
+        least, most = max(0, int(mean - 14 * sd) - 20), min(draws, int(mean + 14 * sd) + 20)
+        step = scipy_stats.binom.pmf(np.arange(least, most + 1), draws, q0)
+        mass = np.clip(signal.fftconvolve(mass, step), 0.0, None)
+        base += least
+        mass = mass[: max(0, top - base + 1)]
+        before = stop
+        if look < len(t) - 1:
+            c = interim[look]
+            if c >= base:
+                spent += mass[: c - base + 1].sum()
+                mass[: c - base + 1] = 0.0
+        cut = int(np.searchsorted(np.cumsum(mass), negligible, side="right"))
+        if 0 < cut < len(mass):
+            mass, base = mass[cut:], base + cut
+        if len(mass) == 0:
+            break
+    # total[c]: the exact level with the last allowance c, for c = 0..cap.
+    below = np.zeros(cap + 1)
+    if cap >= base and len(mass):
+        part = np.cumsum(mass[: cap - base + 1])
+        below[base : base + len(part)] = part
+        below[base + len(part) :] = part[-1] if len(part) else 0.0
+    total = spent + below
+    # 1e-9 relative: room for the convolutions' rounding.
+    fits = np.nonzero(total <= alpha * (1 - 1e-9))[0]
+    last = int(fits[-1]) if len(fits) else -1
+    return last, float(total[last]) if last >= 0 else float(spent)
