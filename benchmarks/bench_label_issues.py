@@ -379,13 +379,15 @@ def markdown(results) -> None:
             return f"| {name} | " + " | ".join(cells) + " |"
 
         print(f"\n**{data}**: fit (share of given labels the run's model predicts) and noise\n\n{head}")
+        count = {s: sum(r["key"].split()[1] == s for r in runs) for s in settings}
+        print(row("seeds", lambda r, count=count: count[r["key"].split()[1]], "{:.0f}"))
         print(row("fit", lambda r: r["fit"], "{:.3f}"))
         print(row("noise", lambda r: r["noise"], "{:.3f}"))
         for metric in ("auroc", "auprc", "precision"):
-            print(f"\n**{data}**: {metric} (mean of {len(runs) // len(settings)} seeds)\n\n{head}")
+            print(f"\n**{data}**: {metric} (mean over the seeds)\n\n{head}")
             for name in runs[0]["scores"]:
                 print(row(name, lambda r, n=name, m=metric: r["scores"][n][m]))
-        print(f"\n**{data}**: flags' F1 (and points flagged)\n\n{head}")
+        print(f"\n**{data}**: flags' F1\n\n{head}")
         for name in runs[0]["flags"]:
             print(row(name, lambda r, n=name: r["flags"][n]["f1"]))
         print(f"\n**{data}**: memorised points, AUROC among the fitted ones (count)\n\n{head}")
