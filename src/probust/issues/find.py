@@ -34,7 +34,7 @@ from probust.issues.store import ChunkStore, fingerprint
 from probust.run import ConfigError
 from probust.run.sources import class_names
 
-__all__ = ["COLUMNS", "default_sigma", "find_issues", "given_labels", "read_sample"]
+__all__ = ["COLUMNS", "default_sigma", "find_issues", "given_labels", "read_sample", "with_class_names"]
 
 #: The columns of :func:`find_issues`' DataFrame, in order (``label_name`` and
 #: ``prediction_name`` follow ``label`` and ``prediction`` where the data set names its classes).
@@ -164,8 +164,12 @@ def find_issues(
         },
     )
     rows = _compute(plan, ds, labels, classes, sigma, seed, store, show_progress, execution)
-    frame = _frame(pd, rows, plan.fold, labels.numpy(), sigma)
-    names = class_names(ds)
+    return with_class_names(_frame(pd, rows, plan.fold, labels.numpy(), sigma), class_names(ds))
+
+
+def with_class_names(frame: Any, names: list[str] | None) -> Any:
+    """``frame`` with ``label_name`` and ``prediction_name`` after ``label`` and ``prediction``,
+    where the data set names its classes (``names``; None: ``frame`` as it is)."""
     if names is not None:
         for column in ("label", "prediction"):
             frame.insert(

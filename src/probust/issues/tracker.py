@@ -49,7 +49,7 @@ from probust._inputs import NO_LABEL, as_dataset, batch, call_error, check_label
 from probust._io import atomic_write_bytes
 from probust._user_model import eval_mode, logits_reading, read_logits, to_format, weights_in_format
 from probust.execution import Execution, ForwardPlan
-from probust.issues.find import given_labels, read_sample
+from probust.issues.find import given_labels, read_sample, with_class_names
 from probust.run import ConfigError, ConfigMismatchError
 from probust.run.sources import class_names
 
@@ -503,14 +503,7 @@ def _frame(pd: Any, st: dict[str, Any], labels: np.ndarray, sigma: float, names:
             "learned_at": st["count_learned_at"],
         }
     )
-    if names is not None:
-        for column in ("label", "prediction"):
-            frame.insert(
-                frame.columns.get_loc(column) + 1,
-                f"{column}_name",
-                [names[c] if 0 <= c < len(names) else None for c in frame[column]],
-            )
-    return frame
+    return with_class_names(frame, names)
 
 
 def _rival(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
