@@ -285,8 +285,8 @@ MUTANTS = (
     Mutant(
         "sequential-looks-doubling",
         "smoothing/smoothed.py",
-        "stop = min(n, max(start + FIRST_CHECK, math.ceil(start * GROWTH)))",
-        "stop = min(n, max(start + FIRST_CHECK, math.ceil(start * 2)))",
+        "stop = min(n, max(start + first, math.ceil(start * growth)))",
+        "stop = min(n, max(start + first, math.ceil(start * 2)))",
         (f"{LEVEL}::test_the_looks_are_the_documented_schedule",),
     ),
     Mutant(
