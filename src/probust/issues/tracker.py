@@ -266,7 +266,9 @@ class Tracker:
               units of sigma (negative on the rival's side); unbounded, so suspects do not tie;
             - ``is_label_issue``: ``label_score < 0``, the points that spent the run on the wrong
               side of their label's boundary, on average;
-            - ``outlier_score`` in [0, 1] (high = atypical): 1 - ``p_robust``;
+            - ``outlier_score`` in [0, 1] (high = atypical): 1 - the last update's largest softmax
+              (on planted atypical training points it ranked them best of what was measured, the
+              binding boundary's 1 - ``p_robust`` included: docs/issues.md);
             - ``memorisation_score`` in [0, 1] (high = fitted only by memorising): for a point the
               last update predicts as its label, ``1 / (1 + exp(mean_margin))``, 0 elsewhere (the
               Area Under the Margin: the z history ranked memorised points no better there,
@@ -490,7 +492,7 @@ def _frame(pd: Any, st: dict[str, Any], labels: np.ndarray, sigma: float, names:
             "prediction": prediction.astype(np.int64),
             "label_score": mean_z,
             "is_label_issue": mean_z < 0,
-            "outlier_score": 1.0 - ndtr(np.abs(z_last)),
+            "outlier_score": 1.0 - probs.max(1),
             "memorisation_score": np.where(fits, expit(-mean_margin), 0.0),
             "p_label": ndtr(z_last),
             "p_robust": ndtr(np.abs(z_last)),
