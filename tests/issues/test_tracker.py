@@ -12,17 +12,9 @@ from torch import nn
 
 from probust.issues import COLUMNS, HISTORY_COLUMNS, Tracker
 from probust.run import ConfigError, ConfigMismatchError
+from tests._helpers import linear_model
 
 SIGMA = 0.5
-
-
-def _linear(seed: int, d: int = 6, classes: int = 4) -> nn.Linear:
-    g = torch.Generator().manual_seed(seed)
-    model = nn.Linear(d, classes)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(classes, d, generator=g))
-        model.bias.copy_(torch.randn(classes, generator=g))
-    return model
 
 
 def _data(n: int = 30, d: int = 6, classes: int = 4, seed: int = 0):
@@ -51,7 +43,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def test_the_cumulative_scores_are_the_hand_computed_sums_over_updates():
     x, y = _data()
-    models = [_linear(s) for s in (1, 2, 3)]
+    models = [linear_model(6, 4, s) for s in (1, 2, 3)]
     tracker = Tracker((x, y), sigma=SIGMA, gradient_every=1, keep_history=True)
     for m in models:
         tracker.update(m)
@@ -84,7 +76,7 @@ def test_each_margin_is_measured_against_the_next_computed_gradient():
     """gradient_every=2 over five updates: gradients at updates 0, 2 and 4; the margins of updates
     1 and 2 are divided by update 2's gradient norm, those of 3 and 4 by update 4's."""
     x, y = _data()
-    models = [_linear(s) for s in (1, 2, 3, 4, 5)]
+    models = [linear_model(6, 4, s) for s in (1, 2, 3, 4, 5)]
     tracker = Tracker((x, y), sigma=SIGMA, gradient_every=2)
     hand = [_by_hand(m, x, y) for m in models]
     for m in models:
@@ -96,8 +88,8 @@ def test_each_margin_is_measured_against_the_next_computed_gradient():
         + (hand[3]["margin"] + hand[4]["margin"]) / norm[4]
     ) / (5 * SIGMA)
     np.testing.assert_allclose(tracker.find_issues()["label_score"], expected, rtol=1e-5, atol=1e-6)
-    tracker.update(_linear(6))  # update 5 computes no gradient: its margin waits, against update 4's
-    six = _by_hand(_linear(6), x, y)["margin"] / (SIGMA * norm[4])
+    tracker.update(linear_model(6, 4, 6))  # update 5 computes no gradient: its margin waits, against update 4's
+    six = _by_hand(linear_model(6, 4, 6), x, y)["margin"] / (SIGMA * norm[4])
     np.testing.assert_allclose(tracker.find_issues()["label_score"], (expected * 5 + six) / 6, rtol=1e-5, atol=1e-6)
 
 
@@ -129,7 +121,7 @@ def test_the_model_keeps_its_mode_and_its_parameters_get_no_gradient():
 
 def test_resuming_from_a_saved_tracker_gives_the_uninterrupted_numbers(tmp_path):
     x, y = _data()
-    models = [_linear(s) for s in (1, 2, 3, 4)]
+    models = [linear_model(6, 4, s) for s in (1, 2, 3, 4)]
     whole = Tracker((x, y), sigma=SIGMA)
     for m in models:
         whole.update(m)
@@ -147,7 +139,7 @@ def test_resuming_from_a_saved_tracker_gives_the_uninterrupted_numbers(tmp_path)
 def test_a_saved_tracker_of_other_points_is_refused(tmp_path):
     x, y = _data()
     t = Tracker((x, y), sigma=SIGMA)
-    t.update(_linear(1))
+    t.update(linear_model(6, 4, 1))
     t.save(tmp_path / "t.npz")
     with pytest.raises(ConfigMismatchError, match="labels") as info:
         Tracker((x, (y + 1) % 4), sigma=SIGMA).load(tmp_path / "t.npz")
@@ -158,7 +150,7 @@ def test_a_saved_tracker_of_other_points_is_refused(tmp_path):
 
 def test_shards_merged_give_the_numbers_of_one_tracker():
     x, y = _data(n=31)
-    models = [_linear(s) for s in (1, 2)]
+    models = [linear_model(6, 4, s) for s in (1, 2)]
     one = Tracker((x, y), sigma=SIGMA)
     shards = [Tracker((x, y), sigma=SIGMA, shard=(r, 3)) for r in range(3)]
     for m in models:
@@ -181,18 +173,18 @@ def test_points_that_change_between_updates_are_refused():
             return x[i] + 0.01 * torch.randn(x.shape[1]), int(y[i])
 
     tracker = Tracker(Augmented(), sigma=SIGMA)
-    tracker.update(_linear(1))
+    tracker.update(linear_model(6, 4, 1))
     with pytest.raises(ConfigError, match="changed since the first update") as info:
-        tracker.update(_linear(1))
+        tracker.update(linear_model(6, 4, 1))
     assert info.value.field == "data"
 
 
 def test_a_model_with_another_number_of_classes_is_refused():
     x, y = _data()
     tracker = Tracker((x, y), sigma=SIGMA)
-    tracker.update(_linear(1))
+    tracker.update(linear_model(6, 4, 1))
     with pytest.raises(ConfigError, match="5 classes where") as info:
-        tracker.update(_linear(1, classes=5))
+        tracker.update(linear_model(6, 5, 1))
     assert info.value.field == "model"
 
 
@@ -217,7 +209,7 @@ def test_labels_outside_the_models_classes_are_refused():
     x, y = _data()
     y[3] = 7
     with pytest.raises(ConfigError, match="label 7 of point 3") as info:
-        Tracker((x, y), sigma=SIGMA).update(_linear(1))
+        Tracker((x, y), sigma=SIGMA).update(linear_model(6, 4, 1))
     assert info.value.field == "data"
 
 
@@ -237,7 +229,7 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
         x, y = _data(n=31)
         tracker = Tracker((x, y), sigma=SIGMA)  # its shard from the process group
         for s in (1, 2):
-            tracker.update(_linear(s))
+            tracker.update(linear_model(6, 4, s))
         frame = tracker.find_issues()
         queue.put((rank, len(tracker.indices), frame.to_dict("list")))
     finally:
@@ -266,7 +258,7 @@ def test_two_gloo_processes_give_one_frame_equal_to_one_process():
     x, y = _data(n=31)
     one = Tracker((x, y), sigma=SIGMA)
     for s in (1, 2):
-        one.update(_linear(s))
+        one.update(linear_model(6, 4, s))
     expected = one.find_issues()
     assert results[0][0] == 16 and results[1][0] == 15  # each rank tracked its shard
     for rank in (0, 1):
