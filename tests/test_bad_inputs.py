@@ -97,14 +97,28 @@ def _track(data, **kw):
     return tracker.find_issues()
 
 
+def _train(data, **kw):
+    x, y = data
+    classes = [str(c) for c in range(10)]
+    return probust.training.train(
+        probust.data.TensorDataset(x, y, name="t", classes=classes), "cnn", epochs=1, show_progress=False
+    )
+
+
 LABELLED = {"find_issues": _find_issues, "score": _score, "Tracker": _track}
 POINTS = {"certify": _certify, "Taylor": _taylor}
+#: Entry points taking a data set object (not a loader or dict items): train, on tensors.
+TENSORS_ONLY = {"train": _train}
+NOT_TENSORS = {"dict items with other keys", "shuffled loader", "no channel dimension"}
 
 
 def _cases():
     for bad, (data, fix) in REFUSED.items():
         for name, call in LABELLED.items():
             yield pytest.param(call, data, fix, id=f"{name}-{bad}")
+        if bad not in NOT_TENSORS:
+            for name, call in TENSORS_ONLY.items():
+                yield pytest.param(call, data, fix, id=f"{name}-{bad}")
         if bad in UNLABELLED:
             for name, call in POINTS.items():
                 yield pytest.param(call, data, fix, id=f"{name}-{bad}")
@@ -116,12 +130,55 @@ def test_a_bad_input_is_refused_naming_the_argument_and_its_fix(call, data, fix)
         warnings.simplefilter("ignore")
         with pytest.raises(ProbustError) as info:
             call(data)
-    assert info.value.field in {"data", "x", "keys"}, info.value
+    assert info.value.field in {"data", "x", "keys", "dataset"}, info.value
     assert fix in str(info.value)
 
 
+def _certified(labels):
+    return probust.certify(MODEL, X, 0.1, n0=10, n=50).certified_accuracy(labels, radii=[0.0])
+
+
+def _certified_metric(labels):
+    from probust.metrics import CertifiedAccuracy
+
+    CertifiedAccuracy(MODEL, 0.1, radii=[0.0], n0=10, n=50).update(X, labels)
+
+
+def _robustness_metric(labels):
+    from probust.metrics import AverageCaseRobustness
+
+    AverageCaseRobustness(MODEL, 0.1, method="taylor").update(X, target=labels)
+
+
+def _target(labels):
+    return probust.Taylor(MODEL, 0.1)(X, labels)
+
+
+#: Every entry point taking labels (or a target class) apart from data, x each bad label of REFUSED.
+LABELS = {"certify": _certified, "CertifiedAccuracy": _certified_metric, "AverageCaseRobustness": _robustness_metric}
+LABELS["Taylor target"] = _target
+
+
+@pytest.mark.parametrize("bad", [b for b in REFUSED if "label" in b])
+@pytest.mark.parametrize("call", list(LABELS.values()), ids=list(LABELS))
+def test_bad_labels_are_refused_by_every_entry_point_taking_them(call, bad):
+    (_, labels), fix = REFUSED[bad]
+    if call is _certified and bad == "label 10":
+        fix = "of the model's 10 outputs"  # CertifyResult knows C
+    with pytest.raises(ProbustError) as info:
+        call(labels)
+    assert info.value.field in {"labels", "target"}, info.value
+    assert fix.split(" of point")[0] in str(info.value)
+
+
+def _certify_class(data, **kw):
+    return probust.smoothing.Certify(MODEL, 0.1, n0=10, n=50)(data[0])
+
+
 @pytest.mark.parametrize(
-    "call", [_find_issues, _score, _certify, _track], ids=["find_issues", "score", "certify", "Tracker"]
+    "call",
+    [_find_issues, _score, _certify, _track, _taylor, _certify_class],
+    ids=["find_issues", "score", "certify", "Tracker", "Taylor", "Certify"],
 )
 def test_images_in_0_to_255_are_warned_of_by_every_entry_point_on_data(call):
     with pytest.warns(UserWarning, match="not \\[0, 1\\].*x / 255"):

@@ -161,4 +161,11 @@ def test_the_extras_in_pyproject_match_the_modules_that_need_them():
 def test_the_lazy_names_are_listed_by_dir_for_tab_completion():
     import probust
 
-    assert {"score", "find_issues", "run_estimate", "plots"} <= set(dir(probust))
+    assert {"score", "find_issues", "run_estimate", "plots", "issues"} <= set(dir(probust))
+
+
+def test_the_subpackages_in_the_docs_are_attributes_of_a_fresh_import():
+    # probust.issues.Tracker as docs/issues.md writes it, in a process where nothing imported it.
+    code = "import probust; print(probust.issues.Tracker.__name__, probust.metrics.__name__, probust.data.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["Tracker", "probust.metrics", "probust.data"]

@@ -46,6 +46,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "run_estimate": ("probust.run", "run_estimate"),
     "score": ("probust.run.score", "score"),
     "find_issues": ("probust.issues", "find_issues"),
+    "issues": ("probust.issues", None),
+    "data": ("probust.data", None),
     "run": ("probust.run", None),
     "metrics": ("probust.metrics", None),
     "plots": ("probust.plots", None),

@@ -16,9 +16,11 @@ the shell's flags (:class:`probust.errors.Phrase`, :class:`probust.errors.Settin
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -35,7 +37,7 @@ from torch.utils.data import (
     default_convert,
 )
 
-from probust.errors import ConfigError, Phrase, ProbustError, first_line
+from probust.errors import ConfigError, Phrase, ProbustError, first_line, user_stacklevel
 
 __all__ = [
     "LABEL_KEYS",
@@ -61,11 +63,11 @@ __all__ = [
     "batch",
     "check_labels",
     "check_target",
-    "check_target_shape",
     "check_sigma",
     "check_x",
     "loader_dataset",
     "pixel_note",
+    "warn_pixels",
 ]
 
 
@@ -167,25 +169,28 @@ def check_x(x: Any, field: str = "x", first: int | np.ndarray = 0) -> Tensor:
     return x
 
 
-def check_labels(labels: Any, n: int, classes: int | None = None, field: str = "data", indices: Any = None) -> Tensor:
-    """The given labels as int64 [n]: integer class indices, in [0, classes) where ``classes`` is
-    known (``indices``: the points' data-set indices, for the message; default 0 to n - 1).
+def check_labels(
+    labels: Any,
+    n: int,
+    classes: int | None = None,
+    field: str = "data",
+    indices: Any = None,
+    missing: bool = False,
+) -> Tensor:
+    """The given labels (or targets) as int64 [n] on their device: integer class indices >= 0,
+    below ``classes`` where it is known (``indices``: the points' data-set indices, for the
+    message; default 0 to n - 1; ``missing``: -1, :data:`NO_LABEL`, marks a point without one).
 
     Raises:
         LabelError: naming ``field``, with the fix (``labels.long()``, ``.argmax(1)``, ...).
     """
     y = torch.as_tensor(labels)
     shape = list(y.shape)
-    if y.ndim == 2 and y.shape[0] == n and y.shape[1] == 1:
-        raise LabelError(
-            f"the labels have shape {shape}, expected one class index per point [{n}]: pass labels.squeeze(1)",
-            field=field,
-        )
     if y.ndim == 2 and y.shape[0] == n:
+        fix = "labels.squeeze(1)" if y.shape[1] == 1 else "labels.argmax(1)"
+        kind = "" if y.shape[1] == 1 else " (one-hot or scores?)"
         raise LabelError(
-            f"the labels have shape {shape} (one-hot or scores?), expected one class index per point [{n}]: pass "
-            "labels.argmax(1)",
-            field=field,
+            f"the labels have shape {shape}{kind}, expected one class index per point [{n}]: pass {fix}", field=field
         )
     if shape != [n]:
         raise LabelError(f"expected one label per point, [{n}], got labels of shape {shape}", field=field)
@@ -196,58 +201,44 @@ def check_labels(labels: Any, n: int, classes: int | None = None, field: str = "
             f"expected integer class indices, got {str(y.dtype).removeprefix('torch.')} labels{fix}", field=field
         )
     y = y.to(torch.int64)
+    outside = (y < 0) & (y != NO_LABEL) if missing else y < 0
     if classes is not None:
-        outside = (y < 0) | (y >= classes)
-        if bool(outside.any()):
-            at = int(outside.nonzero()[0])
-            raise LabelError(
-                f"label {int(y[at])} of point {at if indices is None else int(indices[at])} is not a class of the model's {classes} outputs (labels "
-                f"are 0 to {classes - 1}); {int(outside.sum())} such label(s) in all",
-                field=field,
-            )
+        outside |= y >= classes
+    if bool(outside.any()):
+        at = int(outside.nonzero()[0])
+        kind = (
+            f"a class of the model's {classes} outputs (labels are 0 to {classes - 1})"
+            if classes
+            else "a class index (>= 0)"
+        )
+        raise LabelError(
+            f"label {int(y[at])} of point {at if indices is None else int(indices[at])} is not {kind}; "
+            f"{int(outside.sum())} such label(s) in all",
+            field=field,
+        )
     return y
 
 
-def check_target_shape(target: Tensor | None, batch: int, device: torch.device) -> Tensor | None:
-    """``target`` as a tensor on ``device`` if it has one entry per point (None stays None), so
-    that it can be split into chunks; the class range is checked against the logits later."""
-    if target is None:
-        return None
-    target = torch.as_tensor(target, device=device)
-    if target.is_floating_point() or target.shape != (batch,):
-        raise ValueError(
-            f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}"
-        )
-    return target
-
-
 def check_target(target: Tensor | None, logits: Tensor) -> Tensor:
-    """The class whose survival is measured: given, or the clean prediction (ties refused).
+    """The class whose survival is measured: given (checked by :func:`check_labels`, field
+    ``target``), or the clean prediction (ties refused).
 
     The one policy for ties, shared with ``probust estimate``: p_robust of the prediction is
     undefined where the two largest clean logits are exactly equal, so such a point is refused
     (here naming its rows in the batch; the runner names data-set indices) unless a target is
     given explicitly."""
     batch, classes = logits.shape
-    if target is None:
-        top2 = logits.topk(2, dim=1).values
-        tied = (top2[:, 0] == top2[:, 1]).nonzero().flatten()
-        if len(tied):
-            rows = tied[:5].tolist()
-            raise ValueError(
-                f"the prediction is tied between two classes at rows {rows}{'...' if len(tied) > 5 else ''}: "
-                "p_robust is undefined there; pass target= to choose the class"
-            )
-        return logits.argmax(dim=1)
-    target = torch.as_tensor(target, device=logits.device)
-    if target.is_floating_point() or target.shape != (batch,):
+    if target is not None:
+        return check_labels(target, batch, classes, field="target").to(logits.device)
+    top2 = logits.topk(2, dim=1).values
+    tied = (top2[:, 0] == top2[:, 1]).nonzero().flatten()
+    if len(tied):
+        rows = tied[:5].tolist()
         raise ValueError(
-            f"target must be an integer tensor of shape [{batch}], got {target.dtype} {tuple(target.shape)}"
+            f"the prediction is tied between two classes at rows {rows}{'...' if len(tied) > 5 else ''}: "
+            "p_robust is undefined there; pass target= to choose the class"
         )
-    target = target.long()
-    if (target < 0).any() or (target >= classes).any():
-        raise ValueError(f"target must hold class indices in [0, {classes}), got values outside it")
-    return target
+    return logits.argmax(dim=1)
 
 
 def check_sigma(sigma: Any, field: str = "sigma") -> float:
@@ -305,6 +296,17 @@ def pixel_note(x: Tensor, normalizing: bool = False) -> str | None:
     )
 
 
+def warn_pixels(x: Tensor) -> None:
+    """Warn, at the user's line, where images ``x`` [B, ...] (its first 8 are looked at) are visibly
+    not [0, 1] pixels (:func:`pixel_note`)."""
+    note = pixel_note(x[:8]) if isinstance(x, Tensor) and x.is_floating_point() else None
+    if note is not None:
+        warnings.warn(note, UserWarning, stacklevel=user_stacklevel())
+
+
+_Points = TypeVar("_Points", bound="TensorPoints")
+
+
 class TensorPoints(Dataset):
     """Tensors as a data set: ``ds[i] -> (x float32 [*S], label int)``, for data given as
     tensors (``x`` [N, *S], or ``(x, y)``) rather than a data set.
@@ -347,9 +349,11 @@ class TensorPoints(Dataset):
         """``(x float32 [N, *S], y int64 [N])``."""
         return self._x, self._y
 
-    def subset(self, indices: Tensor) -> TensorPoints:
-        part = TensorPoints(self._x[indices], self._y[indices])
-        part.labelled, part.stored_dtype = self.labelled, self.stored_dtype
+    def subset(self: _Points, indices: Sequence[int] | Tensor) -> _Points:
+        """The points ``indices`` (int64 [k]), with this data set's attributes."""
+        part = copy.copy(self)
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        part._x, part._y = self._x[idx], self._y[idx]
         return part
 
 

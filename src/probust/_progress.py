@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from probust._extras import import_extra
 
-__all__ = ["Progress", "Share", "counted_as", "counting", "drop", "interactive", "progress", "run_bar", "shown"]
+__all__ = ["Progress", "Share", "counted_as", "counting", "drop", "interactive", "progress", "ramp", "run_bar", "shown"]
 
 
 class Progress(Protocol):
@@ -215,3 +215,17 @@ def run_bar(total: int, description: str, enabled: bool, *, initial: int = 0) ->
         smoothing=0.1,
     ) as bar:
         yield bar
+
+
+def ramp(points: int, chunk: int, first: int) -> list[slice]:
+    """The chunks of ``points`` points: ``first`` points, then 4 times as many each time, up to
+    ``chunk``. With ``first`` half a pass of pullbacks, a progress bar's first update comes after
+    one pass's work, not a whole chunk's (up to
+    :data:`probust.execution.engine.MAX_POINTS_PER_CHUNK` points); a chunk's points share its
+    screening and its passes, so the later, larger chunks keep their throughput. A point's numbers
+    do not depend on its chunk (``test_a_points_sketch_stages_and_numbers_do_not_depend_on_the_batch_split``)."""
+    cuts, start, size = [], 0, min(first, chunk)
+    while start < points:
+        cuts.append(slice(start, min(start + size, points)))
+        start, size = start + size, min(chunk, size * 4)
+    return cuts

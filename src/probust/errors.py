@@ -182,11 +182,11 @@ def user_stacklevel() -> int:
     ``skip_file_prefixes`` does the same; probust supports 3.10.)"""
     frame = sys._getframe(1)  # the function that warns: stacklevel 1
     level = 1
-    while frame is not None and _in_probust(frame.f_globals.get("__name__", "")):
+    while frame is not None and in_probust(frame.f_globals.get("__name__", "")):
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
 
 
-def _in_probust(module: str) -> bool:
+def in_probust(module: str) -> bool:
     return module == "probust" or module.startswith("probust.")

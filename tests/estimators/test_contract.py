@@ -310,7 +310,7 @@ BAD_TARGET = {
 @pytest.mark.parametrize("name", METHODS)
 def test_bad_target_is_refused_by_name(name, case):
     model, x, sigma = _linear()
-    with pytest.raises(ValueError, match=r"^target "):
+    with pytest.raises(ValueError, match=r"^target: "):
         build(name, model, sigma)(x, BAD_TARGET[case](POINTS))
 
 

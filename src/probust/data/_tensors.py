@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
 from probust._extras import import_extra
+from probust._inputs import TensorPoints
 from probust._untrusted import numpy_load, torch_load
 from probust.data._errors import DataFormatError
 from probust.errors import Placeholder, Setting
 
 
-class TensorDataset(Dataset):
+class TensorDataset(TensorPoints):
     """Inputs and labels held in memory as tensors: ``ds[i] -> (x float32 [*input_shape], label int)``.
 
     The same interface as :class:`~probust.data.ImageDataset` (``name``, ``split``, ``classes``,
@@ -33,8 +33,9 @@ class TensorDataset(Dataset):
     Attributes:
         details: what else is known about the source (e.g. a table's feature columns), recorded
             in a results folder's ``config.json`` ("data").
-        stored_dtype: the dtype the file stored the inputs in (e.g. "uint8": integer units, such
-            as 0..255 pixels, served as float32), or None when not read from a file.
+        stored_dtype: the dtype the file (or ``x``) stored the inputs in where it is not floating
+            point (e.g. "uint8": integer units, such as 0..255 pixels, served as float32 and
+            refused by every entry point), else None.
     """
 
     def __init__(
@@ -51,10 +52,7 @@ class TensorDataset(Dataset):
         details: dict[str, Any] | None = None,
         stored_dtype: str | None = None,
     ) -> None:
-        if x.ndim < 2 or y.shape != (x.shape[0],):
-            raise ValueError(f"x must be [N, ...] and y [N], got {tuple(x.shape)} and {tuple(y.shape)}")
-        self._x = x.to(torch.float32)
-        self._y = y.to(torch.int64)
+        super().__init__(x, y)  # checked as any tensors a user passes (probust._inputs)
         self.name = name
         self.split = split
         self.classes = list(classes)
@@ -62,44 +60,15 @@ class TensorDataset(Dataset):
         self.mean = tuple(mean) if mean is not None else (0.0,) * x.shape[1]
         self.std = tuple(std) if std is not None else (1.0,) * x.shape[1]
         self.details = dict(details or {})
-        self.stored_dtype = stored_dtype
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self._x.shape[1:])
+        self.stored_dtype = stored_dtype or self.stored_dtype
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
-    @property
-    def targets(self) -> Tensor:
-        return self._y
-
-    def __len__(self) -> int:
-        return int(self._x.shape[0])
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self._x[index], int(self._y[index])
-
     def tensors(self) -> tuple[Tensor, Tensor]:
-        """``(X float32 [N, *input_shape], y int64 [N])``."""
+        """``(X float32 [N, *input_shape], y int64 [N])``, copies."""
         return self._x.clone(), self._y.clone()
-
-    def subset(self, indices: Sequence[int] | Tensor) -> TensorDataset:
-        idx = torch.as_tensor(indices, dtype=torch.int64)
-        return TensorDataset(
-            self._x[idx],
-            self._y[idx],
-            name=self.name,
-            classes=self.classes,
-            split=self.split,
-            source=self.source,
-            mean=self.mean,
-            std=self.std,
-            details=self.details,
-            stored_dtype=self.stored_dtype,
-        )
 
     def __repr__(self) -> str:
         return (

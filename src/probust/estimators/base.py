@@ -14,6 +14,7 @@ gives identical numbers.
 from __future__ import annotations
 
 import contextlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probust._inputs import call_error, check_x
+from probust._inputs import call_error, check_labels, check_x, warn_pixels
 from probust._user_model import (
     CONTRACT,
     LogitsOf,
@@ -36,7 +37,7 @@ from probust._user_model import (
     structure_token,
     to_format,
 )
-from probust.errors import OptionError
+from probust.errors import OptionError, in_probust
 from probust.estimators.affine import AffineLogits, affine_logits
 from probust.estimators.result import Estimate
 from probust.execution import EXECUTION_SETTINGS, Execution, ForwardPlan
@@ -108,6 +109,7 @@ class PointwiseMethod:
         # (model, (input shape, dtype, device), what the computation runs): decided by a probe
         # on the first call for each model and input shape (:meth:`_logits_model`).
         self._logits_model_for: tuple[nn.Module, tuple, nn.Module] | None = None
+        self._units_seen = False
 
     @property
     def batch_size(self) -> int | None:
@@ -152,6 +154,11 @@ class PointwiseMethod:
             (x, indices): the inputs [B, *S] and each row's index in the data set, int64 [B].
         """
         x = check_x(x, first=index_offset if isinstance(index_offset, int) else 0)
+        # Called by the user, the first call warns of images not in [0, 1]; probust's own entry
+        # points (score, find_issues, the tracker, certify()) warn once for the whole data set.
+        if not self._units_seen and not in_probust(sys._getframe(2).f_globals.get("__name__", "")):
+            warn_pixels(x)
+        self._units_seen = True
         if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
             raise OptionError(f"must be an int >= 0, got {index_offset!r}", field="index_offset")
         device = model_device(self.model) if isinstance(self.model, nn.Module) else None
@@ -277,6 +284,8 @@ class Estimator(PointwiseMethod, ABC):
                 consecutive points (a fold, a selection); instead of ``index_offset``.
         """
         x, rows = self._prepare(x, index_offset)
+        if target is not None:
+            target = check_labels(target, x.shape[0], field="target").to(x.device)
         if indices is not None:
             if index_offset:
                 raise OptionError("give index_offset or indices, not both", field="indices")

@@ -15,8 +15,7 @@ from torch import Tensor, nn
 
 from probust import linearisation
 from probust._checks import check_choice, check_fraction, check_positive_float
-from probust._inputs import check_target_shape
-from probust._progress import progress, shown
+from probust._progress import progress, ramp, shown
 from probust._user_model import structure_token, to_format, weights_in_format
 from probust.errors import OptionError
 from probust.estimators import maps, route_plan, trust
@@ -180,12 +179,11 @@ class Linearised(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
-        target = check_target_shape(target, x.shape[0], x.device)
         plan = self._plan(x)
         with progress(x.shape[0], self.method, self.show_progress) as bar:
             # Where a bar shows, the first chunks are small, so that it moves after a pass's work.
             first = max(1, plan.routes.pull_rows // (2 * self.copies)) if shown(bar) else plan.chunk
-            for rows in _ramp(x.shape[0], plan.chunk, first):
+            for rows in ramp(x.shape[0], plan.chunk, first):
                 chunk_target = None if target is None else target[rows]
                 routed = self._routed(plan.routes, x[rows], chunk_target, indices[rows], plan.clean_rows)
                 parts.append(self._from_routed(routed, x[rows], indices[rows], plan.check))
@@ -494,17 +492,3 @@ class Linearised(Estimator):
             p_fail_error=fail_error,
             boundaries_kept=torch.full_like(target, c.shape[1] - 1) if kept is None else kept.kept,
         )
-
-
-def _ramp(points: int, chunk: int, first: int) -> list[slice]:
-    """The chunks of ``points`` points: ``first`` points, then 4 times as many each time, up to
-    ``chunk``. With ``first`` half a pass of pullbacks, a progress bar's first update comes after
-    one pass's work, not a whole chunk's (up to
-    :data:`probust.execution.engine.MAX_POINTS_PER_CHUNK` points); a chunk's points share its
-    screening and its passes, so the later, larger chunks keep their throughput. A point's numbers
-    do not depend on its chunk (``test_a_points_sketch_stages_and_numbers_do_not_depend_on_the_batch_split``)."""
-    cuts, start, size = [], 0, min(first, chunk)
-    while start < points:
-        cuts.append(slice(start, min(start + size, points)))
-        start, size = start + size, min(chunk, size * 4)
-    return cuts

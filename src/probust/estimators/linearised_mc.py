@@ -15,7 +15,6 @@ import torch
 from torch import Tensor, nn
 
 from probust._checks import check_choice, check_fraction, check_positive_int
-from probust._inputs import check_target_shape
 from probust._progress import Progress, progress
 from probust.estimators.base import Estimator
 from probust.estimators.linearised import Linearised
@@ -106,7 +105,6 @@ class LinearisedMonteCarlo(Estimator):
     def _estimate(self, x: Tensor, target: Tensor | None, indices: Tensor) -> Estimate:
         self.noise.check_shape(x.shape[1:])
         parts = []
-        target = check_target_shape(target, x.shape[0], x.device)
         chunk = self.linear.points_per_chunk(x)
         with progress(x.shape[0] * self.n_samples, self.method, self.show_progress, unit="draw") as bar:
             for first in range(0, x.shape[0], chunk):

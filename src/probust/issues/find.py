@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._extras import import_extra
-from probust._inputs import NO_LABEL, as_dataset, batch, check_labels, check_sigma, check_x, pixel_note
+from probust._inputs import NO_LABEL, as_dataset, batch, check_labels, check_sigma, check_x, warn_pixels
 from probust._progress import Share, counting, run_bar
 from probust.estimators import LinearisationWarning, Taylor
 from probust.execution import Execution
@@ -140,13 +140,7 @@ def find_issues(
     pd = import_extra("pandas", extra="run", feature="probust.find_issues")
     ds = as_dataset(data, keys)
     n = len(ds)
-    if n == 0:
-        raise ConfigError("the data set is empty", field="data")
-    labels = check_labels(given_labels(ds, n), n)
-    if bool((labels == NO_LABEL).all()):
-        raise ConfigError(
-            "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
-        )
+    labels = given_labels(ds, n)
     plan = assign(n, model, folds)
     sample, sigma = read_sample(ds, sigma, seed)
     classes = _classes(plan.models, sample[:2])
@@ -198,19 +192,29 @@ def read_sample(ds: Any, sigma: Any, seed: int) -> tuple[Tensor, float]:
             np.random.default_rng(seed).choice(n, SIGMA_POINTS, replace=False) if n > SIGMA_POINTS else np.arange(n)
         )
     sample = check_x(batch(ds, picked)[0], "data", picked)
-    note = pixel_note(sample[:8])
-    if note is not None:
-        warnings.warn(note, UserWarning, stacklevel=3)
+    warn_pixels(sample)
     return sample, default_sigma(sample) if sigma is None else sigma
 
 
 def given_labels(ds: Any, n: int) -> Tensor:
-    """The given labels, int64 [N]: the data set's ``targets`` where it has them, else read point
-    by point."""
+    """The given labels, int64 [N], checked (:func:`probust._inputs.check_labels`): the data
+    set's ``targets`` where it has them, else read point by point.
+
+    Raises:
+        ConfigError: an empty data set, or points without labels (field ``data``).
+        LabelError: labels that are not class indices >= 0.
+    """
+    if n == 0:
+        raise ConfigError("the data set is empty", field="data")
     targets = getattr(ds, "targets", None)
-    if targets is not None and len(targets) == n:
-        return torch.as_tensor(np.asarray(targets), dtype=torch.int64)
-    return torch.as_tensor([int(ds[i][1]) for i in range(n)], dtype=torch.int64)
+    if targets is None or len(targets) != n:
+        targets = [int(ds[i][1]) for i in range(n)]
+    labels = torch.as_tensor(np.asarray(targets))
+    if bool((labels == NO_LABEL).all()):
+        raise ConfigError(
+            "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
+        )
+    return check_labels(labels, n)
 
 
 def _digest(array: np.ndarray) -> str:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from probust._extras import import_extra
-from probust._inputs import NO_LABEL, as_dataset, batch, call_error, check_labels, check_x
+from probust._inputs import as_dataset, batch, call_error, check_labels, check_x
 from probust._io import atomic_write_bytes
 from probust._user_model import eval_mode, logits_reading, read_logits, to_format, weights_in_format
 from probust.execution import Execution, ForwardPlan
@@ -114,13 +114,7 @@ class Tracker:
                 raise ConfigError(f"must be an integer >= 1, got {value!r}", field=name)
         self._ds = as_dataset(data, keys)
         n = len(self._ds)
-        if n == 0:
-            raise ConfigError("the data set is empty", field="data")
-        self.labels = check_labels(given_labels(self._ds, n), n).numpy()
-        if bool((self.labels == NO_LABEL).all()):
-            raise ConfigError(
-                "the points have no labels: give (x, labels), or a data set of (x, label) pairs", field="data"
-            )
+        self.labels = given_labels(self._ds, n).numpy()
         self.sigma = float(read_sample(self._ds, sigma, seed)[1])
         self.gradient_every = gradient_every
         self.batch_size = batch_size

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust._inputs import check_labels
 from probust.errors import OptionError
 from probust.execution import Execution
 from probust.metrics.points import PointwiseMetric, usable_inputs
@@ -102,12 +103,7 @@ class CertifiedAccuracy(PointwiseMetric):
             x: float inputs [B, *S], in the units sigma is measured in.
             labels: int [B], the true classes.
         """
-        labels = torch.as_tensor(labels)
-        if labels.is_floating_point() or labels.shape != (x.shape[0],):
-            raise OptionError(
-                f"must be an integer tensor of shape [{x.shape[0]}], got {labels.dtype} {tuple(labels.shape)}",
-                field="labels",
-            )
+        labels = check_labels(labels, x.shape[0], field="labels")
         rows, first = self._take(x)
         if rows == 0:
             return

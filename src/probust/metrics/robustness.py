@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probust._inputs import check_labels
 from probust.errors import OptionError, user_stacklevel
 from probust.estimators import Estimator, LinearisationWarning, make_estimator, untrusted
 from probust.metrics.points import PointwiseMetric, usable_inputs
@@ -40,18 +41,6 @@ def _check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
     if not all(0.0 <= q <= 1.0 for q in values):
         raise OptionError(f"must be numbers in [0, 1], got {list(values)}", field="quantiles")
     return values
-
-
-def _check_classes(classes: Tensor | None, batch: int, name: str) -> Tensor | None:
-    if classes is None:
-        return None
-    classes = torch.as_tensor(classes)
-    if classes.is_floating_point() or classes.shape != (batch,) or (classes < 0).any():
-        raise OptionError(
-            f"must be an integer tensor of classes >= 0, shape [{batch}], got {classes.dtype} {tuple(classes.shape)}",
-            field=name,
-        )
-    return classes
 
 
 class AverageCaseRobustness(PointwiseMetric):
@@ -155,13 +144,8 @@ class AverageCaseRobustness(PointwiseMetric):
             labels: int [B], the true classes, for :meth:`compute`'s ``class_mean_by_label``
                 (-1 for a point without one). Optional.
         """
-        target = _check_classes(target, x.shape[0], "target")
-        labels = None if labels is None else torch.as_tensor(labels)
-        if labels is not None and (labels.is_floating_point() or labels.shape != (x.shape[0],)):
-            raise OptionError(
-                f"must be an integer tensor of shape [{x.shape[0]}], got {labels.dtype} {tuple(labels.shape)}",
-                field="labels",
-            )
+        target = None if target is None else check_labels(target, x.shape[0], field="target")
+        labels = None if labels is None else check_labels(labels, x.shape[0], field="labels", missing=True)
         rows, first = self._take(x)
         if rows == 0:
             return

@@ -9,21 +9,13 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from probust._inputs import check_labels
 from probust.errors import OptionError
 from probust.estimators import rows_frame
 
 ABSTAIN = -1  #: ``prediction`` where the procedure abstains
 
 _R = TypeVar("_R", bound="_Rows")
-
-
-def _check_labels(labels: Tensor, batch: int) -> Tensor:
-    labels = torch.as_tensor(labels)
-    if labels.is_floating_point() or labels.shape != (batch,):
-        raise ValueError(
-            f"labels must be an integer tensor of shape [{batch}], got {labels.dtype} {tuple(labels.shape)}"
-        )
-    return labels
 
 
 def _check_radii(radii: Sequence[float] | Tensor, name: str = "radii") -> tuple[float, ...]:
@@ -47,7 +39,7 @@ def certified_accuracy(prediction: Tensor, radius: Tensor, labels: Tensor, radii
     Returns:
         float64 [R] on the CPU.
     """
-    labels = _check_labels(labels, prediction.shape[0]).to(prediction.device)
+    labels = check_labels(labels, prediction.shape[0], field="labels").to(prediction.device)
     r = torch.as_tensor(_check_radii(radii), dtype=torch.float64, device=radius.device)
     correct = (prediction == labels) & (prediction != ABSTAIN)
     return ((radius[:, None] >= r[None, :]) & correct[:, None]).double().mean(0).cpu()
@@ -125,6 +117,8 @@ class CertifyResult(_Rows):
         certified: bool [B, len(radii)] with ``radii``: the point is certified at radius
             ``radii[j]`` (with probability at least 1 - alpha, every True in a row is right at
             once); None without ``radii``.
+        classes: C, the model's number of classes (labels given to :meth:`correct` and
+            :meth:`certified_accuracy` are checked against it), where known.
     """
 
     prediction: Tensor
@@ -138,6 +132,7 @@ class CertifyResult(_Rows):
     alpha: float
     radii: tuple[float, ...] | None = None
     certified: Tensor | None = None
+    classes: int | None = None
 
     @property
     def abstained(self) -> Tensor:
@@ -146,7 +141,7 @@ class CertifyResult(_Rows):
 
     def correct(self, labels: Tensor) -> Tensor:
         """bool [B]: the prediction is ``labels`` (False where it abstains): the TSV's ``correct``."""
-        labels = _check_labels(labels, len(self)).to(self.prediction.device)
+        labels = check_labels(labels, len(self), self.classes, field="labels").to(self.prediction.device)
         return (self.prediction == labels) & ~self.abstained
 
     def certified_accuracy(self, labels: Tensor, radii: Sequence[float] | Tensor | None = None) -> Tensor:
@@ -157,6 +152,7 @@ class CertifyResult(_Rows):
             radii: the radii r; default the ``radii`` asked for. A point counts at r when it is
                 correct and ``radius >= r`` (with the ``radii`` asked for: ``certified``).
         """
+        labels = check_labels(labels, len(self), self.classes, field="labels")
         if radii is None:
             if self.radii is None or self.certified is None:
                 raise ValueError("radii is required: this result was certified without radii")
@@ -178,7 +174,7 @@ class CertifyResult(_Rows):
             index_offset: the index of row 0 in the data set (as given to CERTIFY).
         """
         frame = rows_frame(self, index_offset, matrices=True, feature="CertifyResult.to_pandas")
-        frame = frame.drop(columns="radii", errors="ignore")
+        frame = frame.drop(columns=["radii", "classes"], errors="ignore")
         frame.insert(frame.columns.get_loc("prediction") + 1, "abstained", self.abstained.cpu().numpy())
         frame.attrs["radii"] = None if self.radii is None else list(self.radii)
         return frame

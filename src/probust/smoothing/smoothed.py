@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -33,7 +32,7 @@ from scipy import stats as scipy_stats
 from torch import Tensor, nn
 
 from probust._checks import check_positive_int
-from probust._inputs import pixel_note
+from probust._inputs import warn_pixels
 from probust._progress import Progress, drop, interactive, progress
 from probust._user_model import check_logits, weights_in_format
 from probust.errors import OptionError
@@ -95,14 +94,6 @@ def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
             )
         sigma = float(sigma.item())
     return Gaussian(sigma).sigma  # type: ignore[return-value]  # a positive float, checked there
-
-
-def _warn_units(x: Tensor) -> None:
-    """Warn, at the caller's caller's line, where images ``x`` are visibly not [0, 1] pixels
-    (:func:`probust._inputs.pixel_note`, as ``score`` and ``find_issues`` do)."""
-    note = pixel_note(x[:8]) if isinstance(x, Tensor) and x.is_floating_point() else None
-    if note is not None:
-        warnings.warn(note, UserWarning, stacklevel=3)
 
 
 def _sync(device: torch.device) -> None:
@@ -334,6 +325,7 @@ class Certify(_Smoothing):
             alpha=self.alpha,
             radii=self.radii,
             certified=None if certified is None else certified.to(device),
+            classes=classes,
         )
 
     def _centers(self, x: Tensor, selected: Tensor, votes: Tensor, seconds: Tensor) -> np.ndarray:
@@ -597,7 +589,7 @@ def certify(
         abstains), ``radius`` float64 [B] (0 there), ``p_lower``, ``n_drawn``, and with ``radii``
         ``certified`` bool [B, len(radii)].
     """
-    _warn_units(x)
+    warn_pixels(x)
     return Certify(
         model,
         sigma,
@@ -633,7 +625,7 @@ def predict(
     Returns:
         :class:`probust.smoothing.PredictResult`: ``prediction`` int64 [B], -1 where it abstains.
     """
-    _warn_units(x)
+    warn_pixels(x)
     return Predict(
         model,
         sigma,

@@ -291,7 +291,7 @@ def _train(
             return TrainResult(model=model, meta=saved, path=path)
         progress = {k: saved[k] for k in progress}
 
-    X, Y = dataset_tensors(train_ds)
+    X, Y = dataset_tensors(train_ds, train_ds.num_classes)
     meta: dict[str, Any] = {}
     for epoch in range(progress["epochs_completed"], epochs):
         t0 = time.perf_counter()

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from probust import data as _data
+from probust._inputs import batch, check_labels, check_x
 
 #: ``(model, x, y, logits) -> scalar`` added to every batch's loss (e.g. a :class:`RobustLoss`).
 ExtraLoss = Callable[[nn.Module, Tensor, Tensor, Tensor], Tensor]
@@ -78,7 +80,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     try:
-        X, Y = dataset_tensors(dataset)
+        X, Y = dataset_tensors(dataset, field="test_dataset")
         correct = 0
         for start in range(0, len(Y), batch_size):
             xb = X[start : start + batch_size].to(device)
@@ -88,13 +90,10 @@ def evaluate(
         model.train(was_training)
 
 
-def dataset_tensors(ds: Any) -> tuple[Tensor, Tensor]:
-    """``(X, Y)`` of a data set: its ``tensors()`` if it has them, else its items stacked
-    (float32 inputs ``[N, ...]``); labels int64 ``[N]``."""
-    if hasattr(ds, "tensors"):
-        X, Y = ds.tensors()
-    else:  # any map-style data set of (x, label)
-        items = [ds[i] for i in range(len(ds))]
-        X = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x, _ in items])
-        Y = torch.as_tensor([int(y) for _, y in items], dtype=torch.int64)
-    return X, Y.to(torch.int64)
+def dataset_tensors(ds: Any, classes: int | None = None, field: str = "dataset") -> tuple[Tensor, Tensor]:
+    """``(X float32 [N, ...], Y int64 [N])`` of a data set, read and checked as every entry point
+    reads data (:mod:`probust._inputs`: items ``(x, label)``; integer, NaN or inf inputs and labels
+    outside [0, ``classes``) refused with an error naming ``field``)."""
+    n = len(ds)
+    X, Y = batch(ds, np.arange(n), field)
+    return check_x(X, field), check_labels(Y, n, classes, field=field)
