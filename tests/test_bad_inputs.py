@@ -175,10 +175,14 @@ def _certify_class(data, **kw):
     return probust.smoothing.Certify(MODEL, 0.1, n0=10, n=50)(data[0])
 
 
+def _estimate(data, **kw):
+    return probust.estimate(MODEL, data[0], 0.1, method="taylor")
+
+
 @pytest.mark.parametrize(
     "call",
-    [_find_issues, _score, _certify, _track, _taylor, _certify_class],
-    ids=["find_issues", "score", "certify", "Tracker", "Taylor", "Certify"],
+    [_find_issues, _score, _certify, _track, _taylor, _certify_class, _estimate],
+    ids=["find_issues", "score", "certify", "Tracker", "Taylor", "Certify", "estimate"],
 )
 def test_images_in_0_to_255_are_warned_of_by_every_entry_point_on_data(call):
     with pytest.warns(UserWarning, match="not \\[0, 1\\].*x / 255"):
@@ -261,3 +265,17 @@ def test_the_shell_names_the_flag_and_a_fix_in_its_own_words(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert f"error: {flag}" in err and fix in err, err
     assert "allow_pickle=True" not in err and "load_state_dict" not in err
+
+
+def test_the_units_warning_comes_once_per_estimator_and_once_per_score_call():
+    def units_warnings(call):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            call()
+        return [w for w in seen if "not [0, 1]" in str(w.message)]
+
+    taylor = probust.Taylor(MODEL, 0.1)
+    assert len(units_warnings(lambda: (taylor(X * 255), taylor(X * 255)))) == 1
+    # score warns for the data set and its estimators, called by probust, say nothing more
+    found = units_warnings(lambda: _score((X * 255, Y)))
+    assert len(found) == 1 and found[0].filename == __file__

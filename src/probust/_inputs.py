@@ -208,7 +208,7 @@ def check_labels(
         at = int(outside.nonzero()[0])
         kind = (
             f"a class of the model's {classes} outputs (labels are 0 to {classes - 1})"
-            if classes
+            if classes is not None
             else "a class index (>= 0)"
         )
         raise LabelError(

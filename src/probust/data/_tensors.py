@@ -33,9 +33,9 @@ class TensorDataset(TensorPoints):
     Attributes:
         details: what else is known about the source (e.g. a table's feature columns), recorded
             in a results folder's ``config.json`` ("data").
-        stored_dtype: the dtype the file (or ``x``) stored the inputs in where it is not floating
-            point (e.g. "uint8": integer units, such as 0..255 pixels, served as float32 and
-            refused by every entry point), else None.
+        stored_dtype: the dtype the file stored the inputs in (e.g. "uint8": integer units, such
+            as 0..255 pixels, served as float32 and refused by every entry point), or ``x``'s
+            dtype where it is not floating point; else None.
     """
 
     def __init__(

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from torch import Tensor, nn
 
+from probust._inputs import warn_pixels
 from probust.errors import OptionError
 from probust.estimators.base import Estimator
 from probust.estimators.registry import method_spec
@@ -64,4 +65,5 @@ def estimate(
     Returns:
         float64 [B], the probability of keeping the prediction.
     """
+    warn_pixels(x)  # the estimator, called from here, leaves it to its caller
     return make_estimator(method, model, sigma, n_samples=n_samples, **kwargs)(x, target, index_offset=index_offset).p
