@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,8 +65,10 @@ __all__ = [
     "certified_column",
     "certify_layout",
     "execute_certify",
+    "implied_run",
     "prepare_certify",
     "read_certified",
+    "recorded_run",
     "run_certify",
     "tsv_name",
     "write_tsv",
@@ -193,8 +195,7 @@ class CertifyOptions(SeedOptions):
         default_help="fixed without --radii, prior with them",
         choices={"fixed": "fixed", "sequential": "sequential", "prior": "prior"},
         check=_procedure,
-        record="procedure",
-        implied=None,
+        record="procedure",  # the procedure run, never None (recorded_run); older folders: implied_run
     )
     estimate: str | None = option(
         None,
@@ -289,7 +290,39 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
         ("estimate_target", pa.int64()),
         *((certified_column(r), pa.bool_()) for r in radii or ()),
     ]
-    return Layout(FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"))
+    return Layout(
+        FORMAT,
+        pa.schema(fields),
+        ("index", "sigma"),
+        ("p_estimate", "radius_estimate", "estimate_target"),
+        implied=implied_run,
+        resumable=("procedure",),
+    )
+
+
+def recorded_run(settings: CertifySettings) -> dict[str, Any]:
+    """What a ``probust certify`` folder's ``config.json`` records of ``settings`` ("run", beside
+    the data and the model): :func:`~probust.run.settings.recorded`, with the procedure CERTIFY
+    runs (:func:`probust.smoothing.smoothed.effective_procedure`) where ``procedure`` is None, so
+    that a folder keeps its procedure whatever the default of the version that resumes it."""
+    from probust.smoothing.smoothed import effective_procedure
+
+    return {**recorded(settings), "procedure": effective_procedure(settings.procedure, settings.radii)}
+
+
+def implied_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``probust certify`` folder's "run" section as this version reads it: the procedure its
+    rows were computed with where it recorded none. A folder written before ``--procedure``
+    existed (no "procedure" key) ran the sequential test with ``--radii`` and fixed-n CERTIFY
+    without; one written while the option recorded its None default ran the default of then:
+    the analytic-prior test with ``--radii``, fixed-n without."""
+    out = dict(run)
+    if out.get("procedure") is None:
+        if "procedure" not in out:
+            out["procedure"] = "fixed" if out.get("radii") is None else "sequential"
+        else:
+            out["procedure"] = "fixed" if out.get("radii") is None else "prior"
+    return out
 
 
 @dataclass(frozen=True)
@@ -464,7 +497,7 @@ def prepare_certify(settings: CertifySettings, *, argv: Sequence[str] | None = N
         return Grid(
             tasks=[_SigmaTask(sigma) for sigma in s.sigmas],
             request={"sigmas": list(s.sigmas), "n_points": int(len(selected)), "indices": index_ranges(selected)},
-            recorded=recorded(s),
+            recorded=recorded_run(s),
         )
 
     return prepare_folder(s, certify_layout(s.radii), grid, argv=argv)

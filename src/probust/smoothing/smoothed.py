@@ -59,6 +59,14 @@ PRIOR_GROWTH = 1.1
 PROCEDURES = ("fixed", "sequential", "prior")
 
 
+def effective_procedure(procedure: str | None, radii: Sequence[float] | Tensor | None) -> str:
+    """The procedure :class:`Certify` runs for ``procedure`` and ``radii``: the one given, or
+    (None) its default, "fixed" without radii and "prior" with them."""
+    if procedure is not None:
+        return procedure
+    return "fixed" if radii is None else "prior"
+
+
 def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
     """The standard deviation of isotropic Gaussian noise, or an OptionError (field "sigma") saying why not.
 
@@ -239,8 +247,7 @@ class Certify(_Smoothing):
         self.n = check_positive_int(n, "n")
         self.radii = None if radii is None else _check_radii(radii)
         self.futility = stats.check_level(futility, "futility")
-        if procedure is None:
-            procedure = "fixed" if self.radii is None else "prior"
+        procedure = effective_procedure(procedure, self.radii)
         if procedure not in PROCEDURES:
             raise OptionError(f"must be one of {', '.join(PROCEDURES)}, got {procedure!r}", field="procedure")
         if procedure != "fixed" and self.radii is None:
