@@ -350,7 +350,12 @@ def test_a_folder_written_before_the_procedure_was_recorded_reads_as_what_it_ran
     from probust.run.certify import implied_run
     from probust.run.settings import recorded
 
-    assert implied_run({"radii": [0.0, 0.1]}) == {"radii": [0.0, 0.1], "procedure": "sequential"}
+    assert implied_run({"radii": [0.0, 0.1]}) == {
+        "radii": [0.0, 0.1],
+        "procedure": "sequential",
+        "predictive_futility": 0.01,
+    }
+    assert implied_run({"radii": [0.0], "procedure": "prior", "predictive_futility": 0.0})["predictive_futility"] == 0
     assert implied_run({"radii": None})["procedure"] == "fixed" and implied_run({})["procedure"] == "fixed"
     assert implied_run({"radii": [0.0], "procedure": None})["procedure"] == "prior"
     assert implied_run({"radii": None, "procedure": None})["procedure"] == "fixed"
@@ -393,3 +398,26 @@ def test_a_folder_written_before_the_procedure_was_recorded_reads_as_what_it_ran
     assert "(procedure: prior there, sequential here)" in capsys.readouterr().err
     assert main(_args("null")) == 0
     pd.testing.assert_frame_equal(_table(in_root / "null"), reference)
+
+
+def test_the_predictive_futility_is_the_libraries_recorded_and_checked(in_root, reference, capsys):
+    import certnet
+
+    assert _config(in_root / "ref")["run"]["predictive_futility"] == 0.01
+    assert main(_args("pf0", "--predictive-futility", "0")) == 0
+    assert _config(in_root / "pf0")["run"]["predictive_futility"] == 0.0
+    x, _ = _x_y()
+    mine = read_certified(in_root / "pf0")
+    for sigma in (0.25, 1.0):
+        rows = mine[mine.sigma == sigma].sort_values("index")
+        r = probust.certify(
+            certnet.make(), torch.from_numpy(x), sigma, n0=16, n=256, radii=[0, 0.1, 0.3], predictive_futility=0.0
+        )
+        assert rows.n_drawn.tolist() == r.n_drawn.tolist() and rows.hits.tolist() == r.hits.tolist()
+        np.testing.assert_array_equal(rows.radius.to_numpy(), r.radius.numpy())
+    capsys.readouterr()
+    assert main(_args("ref", "--predictive-futility", "0")) == 2  # a folder's identity, as --futility
+    assert "predictive_futility: 0.01 there, 0.0 here" in capsys.readouterr().err
+    assert main(_args("bad", "--predictive-futility", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probust certify: error: --predictive-futility") and "[0, 1)" in err

@@ -55,6 +55,7 @@ from probust.run.settings import (
 from probust.run.sources import batch
 from probust.run.store import ResultStore
 from probust.run.work_units import run_units
+from probust.smoothing.smoothed import PREDICTIVE_FUTILITY, effective_procedure
 
 __all__ = [
     "ESTIMATE_METHODS",
@@ -98,6 +99,16 @@ def _level(value: Any, name: str) -> float:
         level = float("nan")
     if not 0 < level < 1:
         raise ConfigError(f"must be a probability in (0, 1), got {value!r}", field=name)
+    return level
+
+
+def _fraction(value: Any, name: str) -> float:
+    try:
+        level = float(value) if not isinstance(value, (bool, np.bool_)) else float("nan")
+    except (TypeError, ValueError):
+        level = float("nan")
+    if not 0 <= level < 1:
+        raise ConfigError(f"must be a number in [0, 1), got {value!r}", field=name)
     return level
 
 
@@ -186,6 +197,14 @@ class CertifyOptions(SeedOptions):
         metavar="LEVEL",
         check=_level,
         record="futility",
+    )
+    predictive_futility: float = option(
+        PREDICTIVE_FUTILITY,
+        help="with the prior procedure: also give a radius up at a look where the predictive chance that the last "
+        "look certifies it is below P; 0 turns it off (saves draws; lowers the share certified, never the guarantee)",
+        metavar="P",
+        check=_fraction,
+        record="predictive_futility",
     )
     procedure: str | None = option(
         None,
@@ -305,8 +324,6 @@ def recorded_run(settings: CertifySettings) -> dict[str, Any]:
     the data and the model): :func:`~probust.run.settings.recorded`, with the procedure CERTIFY
     runs (:func:`probust.smoothing.smoothed.effective_procedure`) where ``procedure`` is None, so
     that a folder keeps its procedure whatever the default of the version that resumes it."""
-    from probust.smoothing.smoothed import effective_procedure
-
     return {**recorded(settings), "procedure": effective_procedure(settings.procedure, settings.radii)}
 
 
@@ -315,8 +332,10 @@ def implied_run(run: Mapping[str, Any]) -> dict[str, Any]:
     rows were computed with where it recorded none. A folder written before ``--procedure``
     existed (no "procedure" key) ran the sequential test with ``--radii`` and fixed-n CERTIFY
     without; one written while the option recorded its None default ran the default of then:
-    the analytic-prior test with ``--radii``, fixed-n without."""
-    out = dict(run)
+    the analytic-prior test with ``--radii``, fixed-n without. One written before
+    ``--predictive-futility`` ran the prior test with its default
+    (:data:`probust.smoothing.smoothed.PREDICTIVE_FUTILITY`)."""
+    out = {"predictive_futility": PREDICTIVE_FUTILITY, **run}
     if out.get("procedure") is None:
         if "procedure" not in out:
             out["procedure"] = "fixed" if out.get("radii") is None else "sequential"
@@ -371,6 +390,7 @@ class _CertifyUnits:
             radii=s.radii,
             futility=s.futility,
             procedure=s.procedure,
+            predictive_futility=s.predictive_futility,
             **estimator_parameters(s, ()),
         )
         estimator = None

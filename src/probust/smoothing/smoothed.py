@@ -58,6 +58,9 @@ PRIOR_GROWTH = 1.1
 #: The estimation procedures of :class:`Certify` (``procedure=``).
 PROCEDURES = ("fixed", "sequential", "prior")
 
+#: :class:`Certify`'s default ``predictive_futility``.
+PREDICTIVE_FUTILITY = 0.01
+
 
 def effective_procedure(procedure: str | None, radii: Sequence[float] | Tensor | None) -> str:
     """The procedure :class:`Certify` runs for ``procedure`` and ``radii``: the one given, or
@@ -239,7 +242,7 @@ class Certify(_Smoothing):
         radii: Sequence[float] | Tensor | None = None,
         futility: float = 0.001,
         procedure: str | None = None,
-        predictive_futility: float = 0.01,
+        predictive_futility: float = PREDICTIVE_FUTILITY,
         **kwargs,
     ) -> None:
         super().__init__(model, sigma, alpha=alpha, **kwargs)
