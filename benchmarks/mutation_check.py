@@ -278,8 +278,8 @@ MUTANTS = (
     Mutant(
         "sequential-thresholds-at-half-the-radius",
         "smoothing/smoothed.py",
-        "batch, device = x.shape[0], x.device\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma)",
-        "batch, device = x.shape[0], x.device\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / (2 * self.sigma))",
+        "assert self.radii is not None\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma)",
+        "assert self.radii is not None\n        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / (2 * self.sigma))",
         (f"{LEVEL}::test_sequential_certify_certifies_a_radius_the_point_just_misses_at_the_rate_of_its_level",),
     ),
     Mutant(

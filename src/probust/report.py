@@ -307,7 +307,7 @@ def _certified_row(r: Any, root: Path) -> dict[str, Any]:
         for q in config.get("requests") or []
         if isinstance(q, dict)
     )
-    keys = ("n0", "n", "alpha", "futility", "radii", "estimate")
+    keys = ("n0", "n", "alpha", "futility", "predictive_futility", "procedure", "radii", "estimate")
     return {
         "model": r.label,
         "results folder": _rel(r.path, root),

@@ -301,3 +301,123 @@ def test_progress_is_one_bar_over_every_draw(in_root, capsys):
     assert f"{total}/{total}" in err and "eval/s" in err
     assert f"/{N_POINTS} " not in err and "pt/s" not in err  # no bar over points, none per sigma
     assert "certify sigma=1: 100%" in err and f"{N_POINTS * len(SIGMAS)} rows" in err
+
+
+def _config(path) -> dict:
+    import json
+
+    return json.loads((path / "config.json").read_text())
+
+
+def test_the_folder_records_the_procedure_run_and_keeps_it_when_resumed_without_the_flag(in_root, reference):
+    # --radii and no --procedure: the analytic-prior test ran, and the folder says so.
+    assert _config(in_root / "ref")["run"]["procedure"] == "prior"
+    args = _args("fixed-n", "--N", "32")
+    at = args.index("--radii")
+    del args[at : at + 1 + len(RADII)]
+    assert main(args) == 0
+    assert _config(in_root / "fixed-n")["run"]["procedure"] == "fixed"
+    assert main([*_args("seq"), "--procedure", "sequential"]) == 0
+    assert _config(in_root / "seq")["run"]["procedure"] == "sequential"
+    # Resumed (run again, finished here) with no --procedure: the prior folder takes it, rows unchanged.
+    before = _table(in_root / "ref")
+    assert main(_args("ref")) == 0
+    pd.testing.assert_frame_equal(_table(in_root / "ref"), before)
+
+
+def test_resuming_under_another_procedure_is_refused_naming_the_flag_and_the_fix(in_root, reference, capsys):
+    assert main([*_args("seq-only"), "--procedure", "sequential"]) == 0
+    capsys.readouterr()
+    assert main(_args("seq-only")) == 2  # the default with --radii is prior
+    err = capsys.readouterr().err
+    assert "procedure: sequential there, prior here" in err
+    assert "use --procedure sequential to resume it, --overwrite to replace them, or another --out folder" in err
+    assert main([*_args("ref"), "--procedure", "fixed"]) == 2
+    assert "(procedure: prior there, fixed here); use --procedure prior to resume it" in capsys.readouterr().err
+    # Another setting differing too: no resume advice that would not resume it.
+    assert main([*_args("ref"), "--procedure", "fixed", "--N", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "n: 256 there, 128 here" in err and "to resume it" not in err
+
+
+def test_a_folder_written_before_the_procedure_was_recorded_reads_as_what_it_ran(
+    in_root, reference, monkeypatch, capsys
+):
+    """Before --procedure, --radii ran the sequential test: such a folder (no "procedure" in its
+    config) resumes under --procedure sequential only; one that recorded the option's old None
+    default ran that default (prior with --radii, fixed without)."""
+    from probust.run import certify as run_certify
+    from probust.run.certify import implied_run
+    from probust.run.settings import recorded
+
+    assert implied_run({"radii": [0.0, 0.1]}) == {
+        "radii": [0.0, 0.1],
+        "procedure": "sequential",
+        "predictive_futility": 0.01,
+    }
+    assert implied_run({"radii": [0.0], "procedure": "prior", "predictive_futility": 0.0})["predictive_futility"] == 0
+    assert implied_run({"radii": None})["procedure"] == "fixed" and implied_run({})["procedure"] == "fixed"
+    assert implied_run({"radii": [0.0], "procedure": None})["procedure"] == "prior"
+    assert implied_run({"radii": None, "procedure": None})["procedure"] == "fixed"
+    assert implied_run({"radii": [0.0], "procedure": "fixed"})["procedure"] == "fixed"
+
+    def interrupted(args: list[str]) -> None:  # the run's first two parts, then an interruption
+        from probust.run.store import ResultStore
+
+        write_part, written = ResultStore.write_part, []
+
+        def two(self, *a, **k):
+            if len(written) == 2:
+                raise KeyboardInterrupt
+            written.append(1)
+            return write_part(self, *a, **k)
+
+        with monkeypatch.context() as m:
+            m.setattr(ResultStore, "write_part", two)
+            assert main(args) == 130
+
+    # Written as before the option existed (no "procedure" recorded; --radii ran the sequential test).
+    with monkeypatch.context() as m:
+        m.setattr(run_certify, "recorded_run", lambda s: {k: v for k, v in recorded(s).items() if k != "procedure"})
+        interrupted([*_args("old"), "--procedure", "sequential"])
+    assert "procedure" not in _config(in_root / "old")["run"]
+    capsys.readouterr()
+    assert main(_args("old")) == 2
+    err = capsys.readouterr().err
+    assert "(procedure: sequential there, prior here); use --procedure sequential to resume it" in err
+    assert main([*_args("old"), "--procedure", "sequential"]) == 0
+    assert "procedure" not in _config(in_root / "old")["run"]  # the folder's record is left as written
+    assert main([*_args("seq-ref"), "--procedure", "sequential"]) == 0
+    pd.testing.assert_frame_equal(_table(in_root / "old"), _table(in_root / "seq-ref"))
+    # Written while the option recorded its None default: --radii ran the prior test.
+    with monkeypatch.context() as m:
+        m.setattr(run_certify, "recorded_run", recorded)
+        interrupted(_args("null"))
+    assert _config(in_root / "null")["run"]["procedure"] is None
+    assert main([*_args("null"), "--procedure", "sequential"]) == 2
+    assert "(procedure: prior there, sequential here)" in capsys.readouterr().err
+    assert main(_args("null")) == 0
+    pd.testing.assert_frame_equal(_table(in_root / "null"), reference)
+
+
+def test_the_predictive_futility_is_the_libraries_recorded_and_checked(in_root, reference, capsys):
+    import certnet
+
+    assert _config(in_root / "ref")["run"]["predictive_futility"] == 0.01
+    assert main(_args("pf0", "--predictive-futility", "0")) == 0
+    assert _config(in_root / "pf0")["run"]["predictive_futility"] == 0.0
+    x, _ = _x_y()
+    mine = read_certified(in_root / "pf0")
+    for sigma in (0.25, 1.0):
+        rows = mine[mine.sigma == sigma].sort_values("index")
+        r = probust.certify(
+            certnet.make(), torch.from_numpy(x), sigma, n0=16, n=256, radii=[0, 0.1, 0.3], predictive_futility=0.0
+        )
+        assert rows.n_drawn.tolist() == r.n_drawn.tolist() and rows.hits.tolist() == r.hits.tolist()
+        np.testing.assert_array_equal(rows.radius.to_numpy(), r.radius.numpy())
+    capsys.readouterr()
+    assert main(_args("ref", "--predictive-futility", "0")) == 2  # a folder's identity, as --futility
+    assert "predictive_futility: 0.01 there, 0.0 here" in capsys.readouterr().err
+    assert main(_args("bad", "--predictive-futility", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probust certify: error: --predictive-futility") and "[0, 1)" in err

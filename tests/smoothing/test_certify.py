@@ -9,6 +9,7 @@ test_guarantee.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ import probust
 from probust.execution import Execution
 from probust.noise import STREAM_CERTIFY_ESTIMATE, STREAM_CERTIFY_SELECT, STREAM_PREDICT, point_keys
 from probust.smoothing import ABSTAIN, Certify, CertifyResult, Predict, PredictResult
+from probust.smoothing.smoothed import PRIOR_FIRST_CHECK, PRIOR_GROWTH
 from tests._helpers import NonFiniteAbove, TinyCNN, linear_model, points_near_boundaries
 
 SETTINGS = dict(execution=Execution(batch_size=64, memory_budget="256MB", channels_last=False))
@@ -205,6 +207,77 @@ def test_sequential_draws_are_the_first_of_the_fixed_draws():
         rows = (seq.n_drawn == t).nonzero().flatten()
         fixed = probust.certify(model, x, sigma, n0=30, n=t - 30, seed=2, **SETTINGS).take(rows)
         assert torch.equal(fixed.hits, seq.hits[rows]) and torch.equal(fixed.selected, seq.selected[rows])
+
+
+def _replay(model, x, sigma, *, n0, n, radii, alpha, futility, seed, procedure, predictive=0.01):
+    """Sequential CERTIFY replayed one point at a time: the documented streams and the rules the
+    docstrings state, with test_level.py's oracles of the looks, the uniform mixture's evidence and
+    the prior's allowances (whose center is Taylor's Phi^-1(p) for the selected class, capped by
+    the 0.999 Clopper-Pearson upper bound of its selection votes). Returns, per point, the hits,
+    the estimation draws and the radii certified."""
+    from tests.smoothing.test_level import _log_evidence, _looks, _prior_allowed
+
+    selection = votes(model, x, sigma, seed, STREAM_CERTIFY_SELECT, n0)
+    selected = selection.argmax(1)
+    keys = point_keys(seed, torch.arange(len(x)), STREAM_CERTIFY_ESTIMATE)
+    eps = probust.Gaussian(sigma).sample(keys, 0, n, x.shape[1:])
+    with torch.no_grad():
+        kept = (model((x[:, None] + eps).flatten(0, 1)).argmax(1).view(len(x), n).numpy() == selected[:, None]).cumsum(
+            1
+        )
+    p0 = stats.norm.cdf(np.array(radii) / sigma)
+    prior = procedure == "prior"
+    looks = _looks(n, PRIOR_FIRST_CHECK, PRIOR_GROWTH) if prior else _looks(n)
+    if prior:
+        p_fail = probust.Taylor(model, sigma, p_fail=True, check_draws=0, seed=seed)(x, torch.from_numpy(selected))
+        z = -stats.norm.ppf(p_fail.p_fail.double().numpy())
+        k = selection[np.arange(len(x)), selected]
+        upper = np.where(k >= n0, 1.0, stats.beta.ppf(0.999, k + 1, np.maximum(n0 - k, 1)))
+        centers = np.clip(np.minimum(z, stats.norm.ppf(upper)), -10.0, 40.0)
+    at = (math.log(1 / alpha), math.log(1 / futility))
+    out = []
+    for b in range(len(x)):
+        certified, given_up = [False] * len(radii), [False] * len(radii)
+        need = [_prior_allowed(q, n, alpha, centers[b]) for q in p0] if prior else []
+        for i, t in enumerate(looks):
+            s = int(kept[b, t - 1])
+            done = [c or g for c, g in zip(certified, given_up, strict=True)]
+            for j, q in enumerate(p0):
+                below = _log_evidence(np.array([t - s]), t, 1 - q)[0] >= at[1]
+                if not prior:
+                    certified[j] |= bool(_log_evidence(np.array([s]), t, q)[0] >= at[0])
+                    given_up[j] |= bool(below or _log_evidence(np.array([s + n - t]), n, q)[0] < at[0])
+                    continue
+                if done[j]:
+                    continue
+                lower_ok, lower_lost = (certified[j - 1], given_up[j - 1]) if j else (True, False)
+                if lower_ok and s >= need[j][i]:
+                    certified[j] = True
+                    continue
+                most = max(u - v for u, v in zip(looks[i:], need[j][i:], strict=True))
+                hopeless = (
+                    t < n and stats.betabinom.cdf(n - need[j][-1] - (t - s), n - t, t - s + 0.5, s + 0.5) < predictive
+                )
+                given_up[j] = bool(below or t - s > most or hopeless or lower_lost)
+            if all(c or g for c, g in zip(certified, given_up, strict=True)):
+                break
+        out.append((s, t, certified))
+    return out
+
+
+@pytest.mark.parametrize("procedure", ["sequential", "prior"])
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_sequential_draws_and_verdicts_are_the_stated_rules_replayed_point_by_point(model_name, procedure):
+    model, x, sigma = MODELS[model_name]()
+    radii = [0.0, 0.05, 0.1, 0.2, 0.4] if model_name == "linear" else [0.0, 0.5, 1.0, 2.0]
+    kw = dict(n0=50, n=2000, radii=radii, alpha=0.01, futility=0.01, seed=4)
+    r = probust.certify(model, x, sigma, procedure=procedure, **kw, **SETTINGS)
+    replayed = _replay(model, x, sigma, procedure=procedure, **kw)
+    assert r.hits.tolist() == [s for s, _, _ in replayed]
+    assert (r.n_drawn - 50).tolist() == [t for _, t, _ in replayed]
+    assert r.certified.tolist() == [c for _, _, c in replayed]
+    # The rules are exercised: some radii certified, some given up before n, some points stop early.
+    assert r.certified.any() and not r.certified.all() and (r.n_drawn < 50 + 2000).any()
 
 
 # ---------------------------------------------------------------- batching and random streams

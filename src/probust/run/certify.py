@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,6 +55,7 @@ from probust.run.settings import (
 from probust.run.sources import batch
 from probust.run.store import ResultStore
 from probust.run.work_units import run_units
+from probust.smoothing.smoothed import PREDICTIVE_FUTILITY, effective_procedure
 
 __all__ = [
     "ESTIMATE_METHODS",
@@ -65,8 +66,10 @@ __all__ = [
     "certified_column",
     "certify_layout",
     "execute_certify",
+    "implied_run",
     "prepare_certify",
     "read_certified",
+    "recorded_run",
     "run_certify",
     "tsv_name",
     "write_tsv",
@@ -96,6 +99,16 @@ def _level(value: Any, name: str) -> float:
         level = float("nan")
     if not 0 < level < 1:
         raise ConfigError(f"must be a probability in (0, 1), got {value!r}", field=name)
+    return level
+
+
+def _fraction(value: Any, name: str) -> float:
+    try:
+        level = float(value) if not isinstance(value, (bool, np.bool_)) else float("nan")
+    except (TypeError, ValueError):
+        level = float("nan")
+    if not 0 <= level < 1:
+        raise ConfigError(f"must be a number in [0, 1), got {value!r}", field=name)
     return level
 
 
@@ -185,6 +198,14 @@ class CertifyOptions(SeedOptions):
         check=_level,
         record="futility",
     )
+    predictive_futility: float = option(
+        PREDICTIVE_FUTILITY,
+        help="with the prior procedure: also give a radius up at a look where the predictive chance that the last "
+        "look certifies it is below P; 0 turns it off (saves draws; lowers the share certified, never the guarantee)",
+        metavar="P",
+        check=_fraction,
+        record="predictive_futility",
+    )
     procedure: str | None = option(
         None,
         help="how the estimation draws are made and read: fixed (Cohen et al.'s n draws, Clopper-Pearson), "
@@ -193,8 +214,7 @@ class CertifyOptions(SeedOptions):
         default_help="fixed without --radii, prior with them",
         choices={"fixed": "fixed", "sequential": "sequential", "prior": "prior"},
         check=_procedure,
-        record="procedure",
-        implied=None,
+        record="procedure",  # the procedure run, never None (recorded_run); older folders: implied_run
     )
     estimate: str | None = option(
         None,
@@ -289,7 +309,39 @@ def certify_layout(radii: Sequence[float] | None = None) -> Layout:
         ("estimate_target", pa.int64()),
         *((certified_column(r), pa.bool_()) for r in radii or ()),
     ]
-    return Layout(FORMAT, pa.schema(fields), ("index", "sigma"), ("p_estimate", "radius_estimate", "estimate_target"))
+    return Layout(
+        FORMAT,
+        pa.schema(fields),
+        ("index", "sigma"),
+        ("p_estimate", "radius_estimate", "estimate_target"),
+        implied=implied_run,
+        resumable=("procedure",),
+    )
+
+
+def recorded_run(settings: CertifySettings) -> dict[str, Any]:
+    """What a ``probust certify`` folder's ``config.json`` records of ``settings`` ("run", beside
+    the data and the model): :func:`~probust.run.settings.recorded`, with the procedure CERTIFY
+    runs (:func:`probust.smoothing.smoothed.effective_procedure`) where ``procedure`` is None, so
+    that a folder keeps its procedure whatever the default of the version that resumes it."""
+    return {**recorded(settings), "procedure": effective_procedure(settings.procedure, settings.radii)}
+
+
+def implied_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``probust certify`` folder's "run" section as this version reads it: the procedure its
+    rows were computed with where it recorded none. A folder written before ``--procedure``
+    existed (no "procedure" key) ran the sequential test with ``--radii`` and fixed-n CERTIFY
+    without; one written while the option recorded its None default ran the default of then:
+    the analytic-prior test with ``--radii``, fixed-n without. One written before
+    ``--predictive-futility`` ran the prior test with its default
+    (:data:`probust.smoothing.smoothed.PREDICTIVE_FUTILITY`)."""
+    out = {"predictive_futility": PREDICTIVE_FUTILITY, **run}
+    if out.get("procedure") is None:
+        if "procedure" not in out:
+            out["procedure"] = "fixed" if out.get("radii") is None else "sequential"
+        else:
+            out["procedure"] = "fixed" if out.get("radii") is None else "prior"
+    return out
 
 
 @dataclass(frozen=True)
@@ -338,6 +390,7 @@ class _CertifyUnits:
             radii=s.radii,
             futility=s.futility,
             procedure=s.procedure,
+            predictive_futility=s.predictive_futility,
             **estimator_parameters(s, ()),
         )
         estimator = None
@@ -464,7 +517,7 @@ def prepare_certify(settings: CertifySettings, *, argv: Sequence[str] | None = N
         return Grid(
             tasks=[_SigmaTask(sigma) for sigma in s.sigmas],
             request={"sigmas": list(s.sigmas), "n_points": int(len(selected)), "indices": index_ranges(selected)},
-            recorded=recorded(s),
+            recorded=recorded_run(s),
         )
 
     return prepare_folder(s, certify_layout(s.radii), grid, argv=argv)

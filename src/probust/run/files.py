@@ -7,7 +7,7 @@ for what each column means.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,12 +97,19 @@ class Layout:
         key: the columns that identify a row; the first is the point's index, the others the
             work unit's grid key (what :meth:`probust.run.store.ResultStore.completed` groups by).
         optional: columns a writer may leave out (nulls) and that older files may lack.
+        implied: how a ``config.json`` "run" section of this kind of folder reads today, where an
+            earlier version did not record a setting (or recorded it otherwise): the section with
+            what that version ran filled in. None: as written.
+        resumable: recorded settings (their key is the option's name) whose value in the folder
+            a refusal to resume suggests giving, when they are all that differs.
     """
 
     format: str
     schema: pa.Schema
     key: tuple[str, ...]
     optional: tuple[str, ...] = ()
+    implied: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    resumable: tuple[str, ...] = ()
 
     @property
     def grid_key(self) -> tuple[str, ...]:

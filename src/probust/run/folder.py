@@ -29,6 +29,7 @@ import torch
 from probust.errors import Setting, first_parts
 from probust.run.distributed import World
 from probust.run.errors import ConfigError, ConfigMismatchError, first_line
+from probust.run.files import Layout
 from probust.run.indices import index_ranges
 from probust.run.methods import LINEARISED_MC_METHODS, sample_kind, uses_mmse_samples
 from probust.run.prepared import PreparedRun
@@ -126,10 +127,17 @@ def _check_versions(old: ResultsConfig, new: dict[str, Any], path: Path, allow_v
 
 
 def _compare(
-    found: Any, new: dict[str, Any], extend: bool, path: Path, allow_version_change: bool = False
+    found: Any,
+    new: dict[str, Any],
+    extend: bool,
+    path: Path,
+    allow_version_change: bool = False,
+    layout: Layout | None = None,
 ) -> dict[str, Any] | None:
     """The config to write when ``new`` may go into a folder holding ``found`` (its
-    ``config.json`` as read); None to keep it.
+    ``config.json`` as read); None to keep it. ``layout``: the folder's kind, whose ``implied``
+    reads an older "run" section and whose ``resumable`` settings a refusal names with the
+    folder's values.
 
     Raises:
         ConfigMismatchError: naming what differs.
@@ -154,15 +162,22 @@ def _compare(
     # Everything under "run" must match: the data, the model and the settings of the estimators
     # (a setting newer than the folder's config counts as its default there).
     old_run = old.run_values
+    if layout is not None and layout.implied is not None:
+        old_run = layout.implied(old_run)
     keys = list(new["run"]) + [k for k in old_run if k not in new["run"]]
-    diffs = [
-        f"{k}: {_show(old_run.get(k))} there, {_show(new['run'].get(k))} here"
-        for k in keys
-        if old_run.get(k) != new["run"].get(k)
-    ]
+    differing = [k for k in keys if old_run.get(k) != new["run"].get(k)]
+    diffs = [f"{k}: {_show(old_run.get(k))} there, {_show(new['run'].get(k))} here" for k in differing]
     if diffs:
+        resumable = layout.resumable if layout is not None else ()
+        # Settings the user may give the folder's value of, where nothing else differs.
+        resume: list[Any] = []
+        if all(k in resumable for k in differing):
+            for k in differing:
+                resume += [Setting(k, old_run[k]), ", "]
+            resume[-1] = " to resume it, "
         raise ConfigMismatchError(
             f"{path} holds results of a different run ({'; '.join(diffs)}); use ",
+            *resume,
             OVERWRITE,
             " to replace them, or another ",
             OUT,
@@ -305,7 +320,7 @@ def claim_folder(
                     f"{path} holds result files but no config.json; use ", OVERWRITE, " to replace them", field="out"
                 )
         return config
-    kept = _compare(old, config, extend, path, allow_version_change)
+    kept = _compare(old, config, extend, path, allow_version_change, store.layout)
     return old if kept is None else kept
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -54,8 +54,24 @@ GROWTH = 1.25
 PRIOR_FIRST_CHECK = 64
 PRIOR_GROWTH = 1.1
 
+#: A sequential test's verdicts on its points' radii after a look: (certified, given up), bool [k, R].
+Verdicts = tuple[Tensor, Tensor]
+#: Its decision step: (look, rows, hits [k, 1], trials [k, 1], certified, given up) -> the verdicts after the look.
+Decide = Callable[[int, Tensor, Tensor, Tensor, Tensor, Tensor], Verdicts]
+
 #: The estimation procedures of :class:`Certify` (``procedure=``).
 PROCEDURES = ("fixed", "sequential", "prior")
+
+#: :class:`Certify`'s default ``predictive_futility``.
+PREDICTIVE_FUTILITY = 0.01
+
+
+def effective_procedure(procedure: str | None, radii: Sequence[float] | Tensor | None) -> str:
+    """The procedure :class:`Certify` runs for ``procedure`` and ``radii``: the one given, or
+    (None) its default, "fixed" without radii and "prior" with them."""
+    if procedure is not None:
+        return procedure
+    return "fixed" if radii is None else "prior"
 
 
 def isotropic_sigma(sigma: float | Tensor | Noise) -> float:
@@ -222,7 +238,7 @@ class Certify(_Smoothing):
         radii: Sequence[float] | Tensor | None = None,
         futility: float = 0.001,
         procedure: str | None = None,
-        predictive_futility: float = 0.01,
+        predictive_futility: float = PREDICTIVE_FUTILITY,
         **kwargs,
     ) -> None:
         super().__init__(model, sigma, alpha=alpha, **kwargs)
@@ -230,8 +246,7 @@ class Certify(_Smoothing):
         self.n = check_positive_int(n, "n")
         self.radii = None if radii is None else _check_radii(radii)
         self.futility = stats.check_level(futility, "futility")
-        if procedure is None:
-            procedure = "fixed" if self.radii is None else "prior"
+        procedure = effective_procedure(procedure, self.radii)
         if procedure not in PROCEDURES:
             raise OptionError(f"must be one of {', '.join(PROCEDURES)}, got {procedure!r}", field="procedure")
         if procedure != "fixed" and self.radii is None:
@@ -291,14 +306,19 @@ class Certify(_Smoothing):
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
                 assert thresholds is not None
-                centers = self._centers(x, selected, votes, seconds)
-                hits, trials, certified = self._prior(x, keys, indices, selected, centers, plan, bar, seconds, affine)
+                rounds, decide = self._prior(self._centers(x, selected, votes, seconds))
+                hits, trials, certified = self._draw_until_decided(
+                    x, keys, indices, selected, plan, bar, seconds, affine, rounds, decide
+                )
                 # Only the tests at the thresholds were made: the bound is the largest certified one.
                 p_lower = torch.where(certified.cpu(), thresholds, 0.0).amax(dim=1)
             else:
                 _sync(x.device)
                 seconds += (time.perf_counter() - started) / batch
-                hits, trials, certified = self._sequential(x, keys, indices, selected, plan, bar, seconds, affine)
+                rounds, decide = self._sequential()
+                hits, trials, certified = self._draw_until_decided(
+                    x, keys, indices, selected, plan, bar, seconds, affine, rounds, decide
+                )
                 p_lower = stats.cs_lower(hits, trials, self.alpha).cpu()
                 # The confidence sequence holds at every look at once, so each radius certified at
                 # an earlier look stays certified, and the bound is at least its threshold.
@@ -347,38 +367,29 @@ class Certify(_Smoothing):
         seconds += (time.perf_counter() - started) / x.shape[0]
         return np.clip(np.nan_to_num(z, nan=0.0), -10.0, 40.0)
 
-    def _prior(
+    def _draw_until_decided(
         self,
         x: Tensor,
         keys: Tensor,
         indices: Tensor,
         selected: Tensor,
-        centers: np.ndarray,
         plan: ForwardPlan,
         bar: Progress,
         seconds: Tensor,
         affine: AffineLogits | None,
+        rounds: list[tuple[int, int]],
+        decide: Decide,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The analytic-prior test: estimation draws in the rounds of :func:`checkpoints` with
-        :data:`PRIOR_FIRST_CHECK` and :data:`PRIOR_GROWTH`.
+        """Estimation draws in ``rounds`` until every radius of every point is decided.
 
-        Per point and radius j, :func:`probust.smoothing.stats.prior_allowances` gives the most
-        failures each look certifies (fixed before the draws). Radius j is certified at a look
-        where the failures are within its allowance and radius j - 1 is certified; it is given
-        up where no later look could certify it (more failures than every later allowance),
-        where the mirror test of the uniform mixture shows p_A < Phi(r / sigma) at level
-        ``futility``, where the predictive chance of the last look certifying it is below
-        ``predictive_futility``, or where radius j - 1 was given up. Returns as :meth:`_sequential`."""
+        After each round, ``decide(look, rows, s, t, certified, given_up)`` (the round's index,
+        the points that drew, their hits and trials int64 [k, 1], their verdicts so far bool
+        [k, R], copies it may change in place) returns their verdicts after it; a point draws on
+        while one of its radii is neither certified nor given up.
+        Returns (hits int64 [B], trials int64 [B], certified bool [B, R]) on x's device; adds
+        each round's wall time to ``seconds`` (float64 [B], CPU) of the points it drew for."""
         assert self.radii is not None
         batch, device = x.shape[0], x.device
-        rounds = list(checkpoints(self.n, PRIOR_FIRST_CHECK, PRIOR_GROWTH))
-        stops = [stop for _, stop in rounds]
-        thresholds = special.ndtr(np.array(self.radii) / self.sigma)
-        # allowed[b, j, l]: failures certified at look l; reachable[b, j, l]: the most any look >= l allows.
-        allowed = stats.prior_allowances_table(stops, thresholds, self.alpha, centers)
-        reachable = np.maximum.accumulate(allowed[..., ::-1], axis=-1)[..., ::-1]
-        allowed_t, reachable_t = torch.from_numpy(allowed), torch.from_numpy(reachable.copy())
-        give_up_at = math.log(1 / self.futility)
         hits = torch.zeros(batch, dtype=torch.int64)
         trials = torch.zeros(batch, dtype=torch.int64)
         certified = torch.zeros(batch, len(self.radii), dtype=torch.bool)
@@ -402,7 +413,57 @@ class Certify(_Smoothing):
                 affine=None if affine is None else affine.subset(on),
             ).cpu()
             trials[rows] = stop
-            s, t = hits[rows, None], trials[rows, None]
+            certified[rows], given_up[rows] = decide(
+                look, rows, hits[rows, None], trials[rows, None], certified[rows], given_up[rows]
+            )
+            active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
+            seconds[rows] += (time.perf_counter() - started) / len(rows)
+            # The bar was opened over n draws a point; a point that stops takes the rest off.
+            stopped = rows[~active[rows]]
+            drop(bar, int((self.n - trials[stopped]).sum()))
+        return hits.to(device), trials.to(device), certified
+
+    def _sequential(self) -> tuple[list[tuple[int, int]], Decide]:
+        """The sequential test's looks (:func:`checkpoints`) and verdicts, for :meth:`_draw_until_decided`.
+
+        A radius is certified at a look where the uniform mixture's evidence that p_A > Phi(r / sigma)
+        reaches 1 / ``alpha``; given up where the mirror test shows p_A < Phi(r / sigma) at level
+        ``futility``, or where even n - t more hits could not certify it."""
+        assert self.radii is not None
+        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
+        certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / self.futility)
+
+        def decide(look: int, rows: Tensor, s: Tensor, t: Tensor, certified: Tensor, given_up: Tensor) -> Verdicts:
+            certified = certified | (stats.log_evidence_above(s, t, thresholds) >= certify_at)
+            below = stats.log_evidence_below(s, t, thresholds) >= give_up_at
+            reach = stats.log_evidence_above(s + (self.n - t), torch.full_like(t, self.n), thresholds) >= certify_at
+            return certified, given_up | below | ~reach
+
+        return list(checkpoints(self.n)), decide
+
+    def _prior(self, centers: np.ndarray) -> tuple[list[tuple[int, int]], Decide]:
+        """The analytic-prior test's looks (:func:`checkpoints` with :data:`PRIOR_FIRST_CHECK` and
+        :data:`PRIOR_GROWTH`) and verdicts, for :meth:`_draw_until_decided`.
+
+        Per point and radius j, :func:`probust.smoothing.stats.prior_allowances` gives the most
+        failures each look certifies (fixed before the draws). Radius j is certified at a look
+        where the failures are within its allowance and radius j - 1 is certified; it is given
+        up where no later look could certify it (more failures than every later allowance),
+        where the mirror test of the uniform mixture shows p_A < Phi(r / sigma) at level
+        ``futility``, where the predictive chance of the last look certifying it is below
+        ``predictive_futility``, or where radius j - 1 was given up."""
+        assert self.radii is not None
+        rounds = list(checkpoints(self.n, PRIOR_FIRST_CHECK, PRIOR_GROWTH))
+        stops = [stop for _, stop in rounds]
+        thresholds = special.ndtr(np.array(self.radii) / self.sigma)
+        # allowed[b, j, l]: failures certified at look l; reachable[b, j, l]: the most any look >= l allows.
+        allowed = stats.prior_allowances_table(stops, thresholds, self.alpha, centers)
+        reachable = np.maximum.accumulate(allowed[..., ::-1], axis=-1)[..., ::-1]
+        allowed_t, reachable_t = torch.from_numpy(allowed), torch.from_numpy(reachable.copy())
+        give_up_at = math.log(1 / self.futility)
+
+        def decide(look: int, rows: Tensor, s: Tensor, t: Tensor, certified: Tensor, given_up: Tensor) -> Verdicts:
+            stop = stops[look]
             failures = t - s
             passes = failures <= allowed_t[rows, :, look]
             below = stats.log_evidence_below(s, t, torch.as_tensor(thresholds)) >= give_up_at
@@ -412,74 +473,16 @@ class Certify(_Smoothing):
                 room = (torch.from_numpy(allowed[..., -1])[rows] - failures).numpy()
                 chance = scipy_stats.betabinom.cdf(room, self.n - stop, failures.numpy() + 0.5, s.numpy() + 0.5)
                 unreachable |= torch.from_numpy(np.asarray(chance) < self.predictive_futility)
-            done = certified[rows] | given_up[rows]
-            for j in range(len(self.radii)):  # in increasing order: radius j needs radius j - 1
-                lower_ok = certified[rows, j - 1] if j > 0 else torch.ones(len(rows), dtype=torch.bool)
-                lower_lost = given_up[rows, j - 1] if j > 0 else torch.zeros(len(rows), dtype=torch.bool)
+            done = certified | given_up
+            for j in range(len(thresholds)):  # in increasing order: radius j needs radius j - 1
+                lower_ok = certified[:, j - 1] if j > 0 else torch.ones(len(rows), dtype=torch.bool)
+                lower_lost = given_up[:, j - 1] if j > 0 else torch.zeros(len(rows), dtype=torch.bool)
                 newly = ~done[:, j] & lower_ok & passes[:, j]
-                certified[rows, j] |= newly
-                given_up[rows, j] |= ~done[:, j] & ~newly & (below[:, j] | unreachable[:, j] | lower_lost)
-            active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
-            seconds[rows] += (time.perf_counter() - started) / len(rows)
-            # The bar was opened over n draws a point; a point that stops takes the rest off.
-            stopped = rows[~active[rows]]
-            drop(bar, int((self.n - trials[stopped]).sum()))
-        return hits.to(device), trials.to(device), certified
+                certified[:, j] |= newly
+                given_up[:, j] |= ~done[:, j] & ~newly & (below[:, j] | unreachable[:, j] | lower_lost)
+            return certified, given_up
 
-    def _sequential(
-        self,
-        x: Tensor,
-        keys: Tensor,
-        indices: Tensor,
-        selected: Tensor,
-        plan: ForwardPlan,
-        bar: Progress,
-        seconds: Tensor,
-        affine: AffineLogits | None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Estimation draws in rounds until every radius of every point is decided.
-
-        Returns (hits int64 [B], trials int64 [B], certified bool [B, R]) on x's device; adds
-        each round's wall time to ``seconds`` (float64 [B], CPU) of the points it drew for."""
-        assert self.radii is not None
-        batch, device = x.shape[0], x.device
-        thresholds = torch.as_tensor(special.ndtr(np.array(self.radii) / self.sigma), dtype=torch.float64)
-        certify_at, give_up_at = math.log(1 / self.alpha), math.log(1 / self.futility)
-        hits = torch.zeros(batch, dtype=torch.int64)
-        trials = torch.zeros(batch, dtype=torch.int64)
-        certified = torch.zeros(batch, len(self.radii), dtype=torch.bool)
-        given_up = torch.zeros_like(certified)
-        active = torch.ones(batch, dtype=torch.bool)
-        for start, stop in checkpoints(self.n):
-            rows = active.nonzero().flatten()
-            if len(rows) == 0:
-                break
-            started = time.perf_counter()
-            on = rows.to(device)
-            hits[rows] += self._count(
-                x[on],
-                keys[on],
-                indices[on],
-                start,
-                stop - start,
-                plan,
-                bar,
-                of=selected[on],
-                affine=None if affine is None else affine.subset(on),
-            ).cpu()
-            trials[rows] = stop
-            s, t = hits[rows, None], trials[rows, None]
-            certified[rows] |= stats.log_evidence_above(s, t, thresholds) >= certify_at
-            # Given up: the mirror test says p_A < Phi(r / sigma), or even n - t more hits could not certify r.
-            below = stats.log_evidence_below(s, t, thresholds) >= give_up_at
-            reach = stats.log_evidence_above(s + (self.n - t), torch.full_like(t, self.n), thresholds) >= certify_at
-            given_up[rows] |= below | ~reach
-            active[rows] = (~certified[rows] & ~given_up[rows]).any(dim=1)
-            seconds[rows] += (time.perf_counter() - started) / len(rows)
-            # The bar was opened over n draws a point; a point that stops takes the rest off.
-            stopped = rows[~active[rows]]
-            drop(bar, int((self.n - trials[stopped]).sum()))
-        return hits.to(device), trials.to(device), certified
+        return rounds, decide
 
 
 def checkpoints(n: int, first: int = FIRST_CHECK, growth: float = GROWTH) -> Iterator[tuple[int, int]]:
