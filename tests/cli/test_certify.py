@@ -187,16 +187,22 @@ def test_the_table_does_not_depend_on_the_batch_size(in_root, reference):
     pd.testing.assert_frame_equal(_table(in_root / "b5"), reference)
 
 
-def test_an_interrupted_run_resumes_to_the_uninterrupted_table(in_root, reference, monkeypatch):
+def _interrupted_after(parts: int):
+    """ResultStore.write_part, raising KeyboardInterrupt once ``parts`` parts are written."""
     write_part, written = ResultStore.write_part, []
 
-    def interrupt_after_three(self, *args, **kwargs):
-        if len(written) == 3:
+    def write(self, *args, **kwargs):
+        if len(written) == parts:
             raise KeyboardInterrupt
         written.append(1)
         return write_part(self, *args, **kwargs)
 
-    monkeypatch.setattr(ResultStore, "write_part", interrupt_after_three)
+    return write
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_table(in_root, reference, monkeypatch):
+    write_part = ResultStore.write_part
+    monkeypatch.setattr(ResultStore, "write_part", _interrupted_after(3))
     assert main(_args("resumed")) == 130
     assert len(list((in_root / "resumed" / "parts").glob("*.parquet"))) == 3
     assert not (in_root / "resumed" / tsv_name(0.25)).exists()
@@ -362,18 +368,8 @@ def test_a_folder_written_before_the_procedure_was_recorded_reads_as_what_it_ran
     assert implied_run({"radii": [0.0], "procedure": "fixed"})["procedure"] == "fixed"
 
     def interrupted(args: list[str]) -> None:  # the run's first two parts, then an interruption
-        from probust.run.store import ResultStore
-
-        write_part, written = ResultStore.write_part, []
-
-        def two(self, *a, **k):
-            if len(written) == 2:
-                raise KeyboardInterrupt
-            written.append(1)
-            return write_part(self, *a, **k)
-
         with monkeypatch.context() as m:
-            m.setattr(ResultStore, "write_part", two)
+            m.setattr(ResultStore, "write_part", _interrupted_after(2))
             assert main(args) == 130
 
     # Written as before the option existed (no "procedure" recorded; --radii ran the sequential test).
